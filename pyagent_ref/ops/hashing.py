@@ -100,13 +100,17 @@ def _check_extra_keys(keys: Any, name: str) -> list[list[Any]]:
             )
         tag = key[0]
         if len(key) != EXTRA_KEY_ARITY[tag]:
-            raise ValueError(f"{name}: a {tag!r} key has {EXTRA_KEY_ARITY[tag]} fields, got {key!r}")
+            raise ValueError(
+                f"{name}: a {tag!r} key has {EXTRA_KEY_ARITY[tag]} fields, got {key!r}"
+            )
         ok = {
             "lora": lambda k: isinstance(k[1], (str, int)) and not isinstance(k[1], bool),
-            "mm": lambda k: isinstance(k[1], (str, bytes))
-            and isinstance(k[2], int)
-            and not isinstance(k[2], bool)
-            and k[2] >= 0,
+            "mm": lambda k: (
+                isinstance(k[1], (str, bytes))
+                and isinstance(k[2], int)
+                and not isinstance(k[2], bool)
+                and k[2] >= 0
+            ),
             "salt": lambda k: isinstance(k[1], str),
         }[tag](key)
         if not ok:

@@ -199,11 +199,13 @@ def apply_penalties(
 
     Args:
         logits: float32 or float64, shape (batch, vocab).
-        prompt_ids, output_ids: integers, shape (batch, n_prompt) and (batch, n_output),
-            right-padded with negative values (any entry < 0 is padding).
+        prompt_ids: integers, shape (batch, n_prompt), right-padded with negative
+            values (any entry < 0 is padding).
+        output_ids: integers, shape (batch, n_output), padded the same way.
         repetition_penalty: numbers, shape (batch,), each finite and > 0.
-        frequency_penalty, presence_penalty: numbers, shape (batch,), each finite
-            (negative values reward repetition, as in the OpenAI API).
+        frequency_penalty: numbers, shape (batch,), each finite (negative values
+            reward repetition, as in the OpenAI API).
+        presence_penalty: numbers, shape (batch,), each finite.
     Returns:
         A new array like `logits`.
     Raises:
@@ -258,7 +260,9 @@ def apply_logit_bias(logits: Any, token_ids: Any, bias: Any) -> Any:
         raise TypeError(f"bias must hold numbers, got dtype {kind}")
     b = xp.asarray(bias, dtype=xp.float64, device=device(logits))
     if tuple(b.shape) != tuple(ids.shape):
-        raise ValueError(f"bias must have the shape of token_ids {tuple(ids.shape)}, got {tuple(b.shape)}")
+        raise ValueError(
+            f"bias must have the shape of token_ids {tuple(ids.shape)}, got {tuple(b.shape)}"
+        )
     if not bool(xp.all(xp.isfinite(b))):
         raise ValueError("bias must be finite, got a NaN or infinite entry")
     total = bincount_rows(xp, ids, logits.shape[1], weights=b)

@@ -1,0 +1,87 @@
+"""Sessions: tests (the whole suite), conformance, bench, docs, demo, lint.
+
+Every session builds what it needs from this checkout (the Rust wheel included), so a
+clean machine with Python, pip and a Rust toolchain runs any of them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+ACCEL = "pyagent_accel"
+# Tests must not skip the accelerator they are meant to check; mkdocs 1.x nags about 2.x.
+ENV = {"PYAGENT_REQUIRE_ACCEL": "1", "NO_MKDOCS_2_WARNING": "1"}
+CARGO_MANIFEST = f"{ACCEL}/Cargo.toml"
+
+
+def install(session: nox.Session, extras: str, accel: bool = True) -> None:
+    """Install the checkout with `extras` and, if asked, build and install the wheel."""
+    session.install("-e", f".[{extras}]")
+    if accel:
+        session.install(f"./{ACCEL}")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole suite: cargo tests, pytest over ref + accel + conformance, strict docs."""
+    install(session, "torch,hashing,hf,tests,docs")
+    session.run("cargo", "test", "--manifest-path", CARGO_MANIFEST, "--quiet", external=True)
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    session.run("pytest", "tests", f"--hypothesis-profile={profile}", *session.posargs, env=ENV)
+    site = f"{session.create_tmp()}/site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", site, env=ENV)
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """The conformance report of an implementation (default: pyagent_accel)."""
+    install(session, "torch,hashing,hf,tests")
+    target = session.posargs or [ACCEL]
+    session.run("python", "-m", "conformance", *target)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Side-by-side timings: ref on numpy, ref on torch CPU, accel."""
+    install(session, "torch,hashing,bench")
+    session.run("python", "benchmarks/bench_ops.py", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site strictly (warnings are errors)."""
+    install(session, "docs,hashing", accel=False)
+    session.run("mkdocs", "build", "--strict", *session.posargs, env=ENV)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job, until the engine lands: accel's conformance report and the ratios."""
+    install(session, "torch,hashing,tests,bench")
+    session.run("python", "-m", "conformance", ACCEL)
+    session.run("python", "benchmarks/bench_ops.py", "--quick")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff on the Python, cargo fmt and clippy on the Rust."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("cargo", "fmt", "--manifest-path", CARGO_MANIFEST, "--check", external=True)
+    session.run(
+        "cargo",
+        "clippy",
+        "--manifest-path",
+        CARGO_MANIFEST,
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+        external=True,
+    )
