@@ -1,0 +1,54 @@
+"""Paged KV cache management: block pool, prefix cache, eviction, groups, offload."""
+
+from .block import BlockContent, BlockList, KVCacheBlock
+from .block_pool import BlockPool
+from .coordinator import KVCacheCoordinator
+from .events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    KVCacheMetrics,
+    PrefixCacheStats,
+)
+from .eviction import ARCPolicy, KeyList, LRUPolicy, make_policy
+from .manager import KVCacheBlocks, KVCacheManager
+from .request_hashing import RequestBlockHasher, block_extra_keys
+from .specs import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    MLASpec,
+    SlidingWindowSpec,
+)
+
+__all__ = [
+    "ARCPolicy",
+    "AllBlocksCleared",
+    "BlockContent",
+    "BlockList",
+    "BlockPool",
+    "BlockRemoved",
+    "BlockStored",
+    "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec",
+    "FullAttentionSpec",
+    "KVCacheBlock",
+    "KVCacheBlocks",
+    "KVCacheConfig",
+    "KVCacheCoordinator",
+    "KVCacheEvent",
+    "KVCacheGroup",
+    "KVCacheManager",
+    "KVCacheMetrics",
+    "KeyList",
+    "LRUPolicy",
+    "MLASpec",
+    "PrefixCacheStats",
+    "RequestBlockHasher",
+    "SlidingWindowSpec",
+    "block_extra_keys",
+    "make_policy",
+]

@@ -1,0 +1,84 @@
+"""The coordinator: one single-type manager per KV cache group, one shared pool.
+
+For a hybrid model (say full attention plus sliding window layers) a prefix hit must be
+valid for every group at once. Each group's `find_longest_cache_hit` returns the longest
+hit it can serve up to a bound, so the coordinator lowers the bound group by group until
+no group lowers it further: the result is the longest hit valid for all groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .block import KVCacheBlock
+from .block_pool import BlockPool
+from .single_type import ContentOf, SingleTypeManager, make_manager
+from .specs import KVCacheConfig
+
+GroupBlocks = tuple[list[KVCacheBlock], ...]
+
+
+class KVCacheCoordinator:
+    """Routes request-level block operations to every group's manager."""
+
+    def __init__(self, config: KVCacheConfig, pool: BlockPool) -> None:
+        self.config = config
+        self.pool = pool
+        self.block_size = config.block_size
+        self.managers: list[SingleTypeManager] = [
+            make_manager(group.spec, pool, gid) for gid, group in enumerate(config.groups)
+        ]
+
+    def find_longest_cache_hit(
+        self, hashes: Sequence[bytes], max_blocks: int, content_of: ContentOf
+    ) -> tuple[GroupBlocks, int]:
+        """(blocks per group, hit length in blocks) of the longest hit valid for all groups."""
+        caching = [m for m in self.managers if m.caches_prefix]
+        bound = min(max_blocks, len(hashes)) if caching else 0
+        while True:
+            hits = {id(m): m.find_longest_cache_hit(hashes, bound, content_of) for m in caching}
+            new_bound = min((len(h) for h in hits.values()), default=0)
+            if new_bound == bound:
+                return tuple(hits.get(id(m), [])[:bound] for m in self.managers), bound
+            bound = new_bound
+
+    def blocks_needed(
+        self, request_id: str, num_tokens: int, num_encoder_tokens: int, new_computed: GroupBlocks
+    ) -> int:
+        """Free blocks that admitting `new_computed` and growing to `num_tokens` consumes:
+        new blocks, plus computed-hit blocks that are free now (touching takes them)."""
+        total = 0
+        for manager, hit in zip(self.managers, new_computed, strict=True):
+            tokens = manager.tokens_to_hold(num_tokens, num_encoder_tokens)
+            have = len(manager.req_to_blocks.get(request_id, ())) + len(hit)
+            total += max(0, -(-tokens // self.block_size) - have)
+            total += sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
+        return total
+
+    def add_computed_blocks(self, request_id: str, new_computed: GroupBlocks) -> None:
+        for manager, hit in zip(self.managers, new_computed, strict=True):
+            self.pool.touch(hit)
+            manager.add_computed_blocks(request_id, hit)
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def allocate(self, request_id: str, num_tokens: int, num_encoder_tokens: int) -> GroupBlocks:
+        return tuple(
+            m.allocate(request_id, m.tokens_to_hold(num_tokens, num_encoder_tokens))
+            for m in self.managers
+        )
+
+    def cache_blocks(
+        self, request_id: str, num_full: int, hashes: Sequence[bytes], content_of: ContentOf
+    ) -> None:
+        for manager in self.managers:
+            manager.cache_blocks(request_id, num_full, hashes, content_of)
+
+    def free(self, request_id: str) -> None:
+        for manager in self.managers:
+            manager.free(request_id)
+
+    def get_blocks(self, request_id: str) -> GroupBlocks:
+        return tuple(list(m.req_to_blocks.get(request_id, ())) for m in self.managers)

@@ -1,0 +1,179 @@
+"""The KV cache manager: the scheduler's one interface to blocks and the prefix cache.
+
+Per step, for each request the scheduler wants to run:
+    computed, num_computed = manager.get_computed_blocks(request)   # new requests only
+    new = manager.allocate_slots(request, num_new_tokens,
+                                 new_computed_blocks=computed)      # None: preempt someone
+    ... run the model ...
+    manager.free(request)                                           # finished or preempted
+The manager never changes `request.num_computed_tokens`: the scheduler does, after a
+successful allocation, by the `num_computed` it used.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+from types import ModuleType
+
+from ..sched.request import Request
+from .block import KVCacheBlock
+from .block_pool import BlockPool
+from .coordinator import KVCacheCoordinator
+from .events import KVCacheEvent, KVCacheMetrics
+from .request_hashing import RequestBlockHasher
+from .specs import KVCacheConfig
+
+
+@dataclass(frozen=True)
+class KVCacheBlocks:
+    """Blocks per KV cache group (the same length in every prefix-caching group)."""
+
+    blocks: tuple[list[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks[0]) if self.blocks else 0
+
+
+class KVCacheManager:
+    """Block allocation and prefix caching for all running requests.
+
+    Args:
+        config: the number of blocks and the KV cache groups.
+        ops: the ops namespace whose `hashing` computes block hashes (default: ref).
+        enable_caching: reuse KV across requests through the prefix cache.
+        eviction: "lru" or "arc" (see `BlockPool`).
+        hash_algorithm: "sha256" or "xxh3_128".
+        enable_events: record `KVCacheEvent`s for `take_events`.
+    """
+
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        ops: ModuleType | None = None,
+        enable_caching: bool = True,
+        eviction: str = "lru",
+        hash_algorithm: str = "sha256",
+        enable_events: bool = False,
+        clock=time.monotonic,
+    ) -> None:
+        if ops is None:
+            import pyagent_ref.ops as ops
+        self.config = config
+        self.block_size = config.block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(config.num_blocks, enable_caching, eviction, enable_events, clock)
+        self.coordinator = KVCacheCoordinator(config, self.pool)
+        self.hasher = RequestBlockHasher(self.block_size, ops, hash_algorithm)
+        self._empty = KVCacheBlocks(tuple([] for _ in config.groups))
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of `request`, as (blocks, number of tokens).
+
+        Only full blocks count, and never all of the request's tokens: the last token
+        is always computed, because its logits are what the step needs. Every hit is
+        verified against the stored tokens, parent hash and extra keys
+        (`BlockPool.get_cached_block`), so a hash collision is a miss.
+        """
+        if not self.enable_caching:
+            return self._empty, 0
+        self.hasher.update(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        content_of = partial(self.hasher.content, request)
+        hit, num_blocks = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, max_blocks, content_of
+        )
+        stats = self.pool.stats
+        stats.requests += 1
+        stats.queries += request.num_tokens
+        stats.hits += num_blocks * self.block_size
+        return KVCacheBlocks(hit), num_blocks * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_lookahead_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+    ) -> KVCacheBlocks | None:
+        """Make room for `num_new_tokens` more tokens (+ lookahead slots for drafts).
+
+        The request will then hold blocks for request.num_computed_tokens + the tokens
+        of `new_computed_blocks` + num_new_tokens + num_lookahead_tokens tokens. Full
+        blocks among the first num_computed + new tokens enter the prefix cache
+        (lookahead slots never do). Returns the newly allocated blocks, or None — with
+        nothing allocated — when the pool has too few free blocks.
+
+        Raises:
+            ValueError: a negative count, or computed blocks for a request that
+                already holds blocks.
+        """
+        if num_new_tokens < 0 or num_lookahead_tokens < 0:
+            raise ValueError(
+                f"num_new_tokens and num_lookahead_tokens must be >= 0, "
+                f"got {num_new_tokens} and {num_lookahead_tokens}"
+            )
+        computed_blocks = new_computed_blocks or self._empty
+        rid = request.request_id
+        if computed_blocks.num_blocks and any(self.coordinator.get_blocks(rid)):
+            raise ValueError(
+                f"request {rid!r} already holds blocks; computed blocks are for new requests"
+            )
+        computed = request.num_computed_tokens + computed_blocks.num_blocks * self.block_size
+        total = computed + num_new_tokens + num_lookahead_tokens
+        self.coordinator.remove_skipped_blocks(rid, request.num_computed_tokens)
+        needed = self.coordinator.blocks_needed(
+            rid, total, request.num_encoder_tokens, computed_blocks.blocks
+        )
+        if needed > self.pool.num_free_blocks:
+            return None
+        if computed_blocks.num_blocks:
+            self.coordinator.add_computed_blocks(rid, computed_blocks.blocks)
+        new = self.coordinator.allocate(rid, total, request.num_encoder_tokens)
+        if self.enable_caching:
+            self.hasher.update(request)
+            num_full = min(computed + num_new_tokens, request.num_tokens) // self.block_size
+            content_of = partial(self.hasher.content, request)
+            self.coordinator.cache_blocks(rid, num_full, request.block_hashes, content_of)
+        return KVCacheBlocks(new)
+
+    def free(self, request: Request) -> None:
+        """Release every block of the request (finished, aborted or preempted)."""
+        self.coordinator.free(request.request_id)
+
+    def get_blocks(self, request: Request) -> KVCacheBlocks:
+        return KVCacheBlocks(self.coordinator.get_blocks(request.request_id))
+
+    def get_block_ids(self, request: Request) -> tuple[list[int], ...]:
+        return self.get_blocks(request).get_block_ids()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.pool.take_events()
+
+    def metrics(self) -> KVCacheMetrics:
+        s = self.pool.stats
+        return KVCacheMetrics(
+            num_blocks=self.pool.num_blocks,
+            num_free_blocks=self.pool.num_free_blocks,
+            usage=self.pool.usage,
+            requests=s.requests,
+            queries=s.queries,
+            hits=s.hits,
+            hit_rate=s.hit_rate,
+            evictions=s.evictions,
+            collisions=s.collisions,
+            mean_residency_s=s.residency.mean,
+            max_residency_s=s.residency.max,
+        )

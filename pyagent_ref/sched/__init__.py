@@ -1,0 +1,5 @@
+"""Requests and scheduling."""
+
+from .request import MultiModalFeature, Request
+
+__all__ = ["MultiModalFeature", "Request"]
