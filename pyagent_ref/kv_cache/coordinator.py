@@ -28,6 +28,8 @@ class KVCacheCoordinator:
         self.managers: list[SingleTypeManager] = [
             make_manager(group.spec, pool, gid) for gid, group in enumerate(config.groups)
         ]
+        # Only window-like attention ever skips blocks; the rest need no call per step.
+        self._skipping = [m for m in self.managers if m.skips_blocks]
 
     def find_longest_cache_hit(
         self, hashes: Sequence[bytes], max_blocks: int, content_of: ContentOf
@@ -43,16 +45,23 @@ class KVCacheCoordinator:
             bound = new_bound
 
     def blocks_needed(
-        self, request_id: str, num_tokens: int, num_encoder_tokens: int, new_computed: GroupBlocks
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_encoder_tokens: int,
+        new_computed: GroupBlocks | None,
     ) -> int:
         """Free blocks that admitting `new_computed` and growing to `num_tokens` consumes:
         new blocks, plus computed-hit blocks that are free now (touching takes them)."""
         total = 0
-        for manager, hit in zip(self.managers, new_computed, strict=True):
+        for i, manager in enumerate(self.managers):
             tokens = manager.tokens_to_hold(num_tokens, num_encoder_tokens)
-            have = len(manager.req_to_blocks.get(request_id, ())) + len(hit)
+            have = len(manager.req_to_blocks.get(request_id, ()))
+            if new_computed:
+                hit = new_computed[i]
+                have += len(hit)
+                total += sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
             total += max(0, -(-tokens // self.block_size) - have)
-            total += sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
         return total
 
     def add_computed_blocks(self, request_id: str, new_computed: GroupBlocks) -> None:
@@ -61,7 +70,7 @@ class KVCacheCoordinator:
             manager.add_computed_blocks(request_id, hit)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        for manager in self.managers:
+        for manager in self._skipping:
             manager.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def allocate(self, request_id: str, num_tokens: int, num_encoder_tokens: int) -> GroupBlocks:

@@ -71,6 +71,7 @@ class KVCacheManager:
         self.coordinator = KVCacheCoordinator(config, self.pool)
         self.hasher = RequestBlockHasher(self.block_size, ops, hash_algorithm)
         self._empty = KVCacheBlocks(tuple([] for _ in config.groups))
+        self._num_cached: dict[str, int] = {}  # full blocks already offered to the cache
 
     @property
     def usage(self) -> float:
@@ -122,33 +123,37 @@ class KVCacheManager:
                 f"num_new_tokens and num_lookahead_tokens must be >= 0, "
                 f"got {num_new_tokens} and {num_lookahead_tokens}"
             )
-        computed_blocks = new_computed_blocks or self._empty
         rid = request.request_id
-        if computed_blocks.num_blocks and any(self.coordinator.get_blocks(rid)):
+        hit = new_computed_blocks.blocks if new_computed_blocks else None
+        hit_tokens = new_computed_blocks.num_blocks * self.block_size if hit else 0
+        if hit_tokens and any(self.coordinator.get_blocks(rid)):
             raise ValueError(
                 f"request {rid!r} already holds blocks; computed blocks are for new requests"
             )
-        computed = request.num_computed_tokens + computed_blocks.num_blocks * self.block_size
+        computed = request.num_computed_tokens + hit_tokens
         total = computed + num_new_tokens + num_lookahead_tokens
-        self.coordinator.remove_skipped_blocks(rid, request.num_computed_tokens)
-        needed = self.coordinator.blocks_needed(
-            rid, total, request.num_encoder_tokens, computed_blocks.blocks
-        )
+        coordinator = self.coordinator
+        coordinator.remove_skipped_blocks(rid, request.num_computed_tokens)
+        needed = coordinator.blocks_needed(rid, total, request.num_encoder_tokens, hit)
         if needed > self.pool.num_free_blocks:
             return None
-        if computed_blocks.num_blocks:
-            self.coordinator.add_computed_blocks(rid, computed_blocks.blocks)
-        new = self.coordinator.allocate(rid, total, request.num_encoder_tokens)
+        if hit_tokens:
+            coordinator.add_computed_blocks(rid, hit)
+        # A decode step mostly fits in the last block: no allocation, nothing to cache.
+        new = coordinator.allocate(rid, total, request.num_encoder_tokens) if needed else None
         if self.enable_caching:
-            self.hasher.update(request)
             num_full = min(computed + num_new_tokens, request.num_tokens) // self.block_size
-            content_of = partial(self.hasher.content, request)
-            self.coordinator.cache_blocks(rid, num_full, request.block_hashes, content_of)
-        return KVCacheBlocks(new)
+            if num_full > self._num_cached.get(rid, 0):
+                self.hasher.update(request)
+                content_of = partial(self.hasher.content, request)
+                coordinator.cache_blocks(rid, num_full, request.block_hashes, content_of)
+                self._num_cached[rid] = num_full
+        return KVCacheBlocks(new) if new else self._empty
 
     def free(self, request: Request) -> None:
         """Release every block of the request (finished, aborted or preempted)."""
         self.coordinator.free(request.request_id)
+        self._num_cached.pop(request.request_id, None)
 
     def get_blocks(self, request: Request) -> KVCacheBlocks:
         return KVCacheBlocks(self.coordinator.get_blocks(request.request_id))

@@ -33,6 +33,7 @@ class SingleTypeManager:
     hit is the longest run of cached blocks from the start."""
 
     caches_prefix = True
+    skips_blocks = False
 
     def __init__(self, spec: FullAttentionSpec, pool: BlockPool, group_id: int) -> None:
         self.spec = spec
@@ -122,6 +123,8 @@ class SingleTypeManager:
 class SlidingWindowManager(SingleTypeManager):
     """Token t attends to tokens (t - window, t]: only the last window is needed."""
 
+    skips_blocks = True
+
     spec: SlidingWindowSpec
 
     def find_longest_cache_hit(
@@ -153,6 +156,8 @@ class SlidingWindowManager(SingleTypeManager):
 
 class ChunkedLocalManager(SingleTypeManager):
     """Tokens attend within chunks of C tokens: blocks of earlier chunks are not needed."""
+
+    skips_blocks = True
 
     spec: ChunkedLocalAttentionSpec
 
