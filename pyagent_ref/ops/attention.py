@@ -1,0 +1,201 @@
+"""Paged attention: writing new keys/values into the block cache and attending over it.
+
+The KV cache of one layer is a pair of arrays of shape
+(num_blocks, block_size, num_kv_heads, head_size); slot s is row s % block_size of
+block s // block_size. A step's batch is flattened: request r owns query tokens
+[query_start_loc[r], query_start_loc[r + 1]) — a prefill chunk or a single decode
+token, mixed freely — and its sequence of seq_lens[r] tokens lives in the blocks listed
+in block_table[r]. Its query tokens are the last ones of that sequence, so query token i
+of request r sits at position seq_lens[r] - q_len_r + i.
+
+`reshape_and_cache` runs before `paged_attention` in every layer, so a request attends
+to the KV of its own new tokens, and to those of a request earlier in the same batch
+that it shares blocks with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from array_api_compat import device
+
+from ._arrays import dtype_name, namespace
+
+__all__ = ["reshape_and_cache", "paged_attention"]
+
+
+def _check_cache(x: Any, name: str) -> None:
+    if x.ndim != 4:
+        raise ValueError(
+            f"{name} must have shape (num_blocks, block_size, num_kv_heads, head_size), "
+            f"got {tuple(x.shape)}"
+        )
+
+
+def reshape_and_cache(
+    key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any
+) -> None:
+    """Write each token's key and value into its cache slot, in place.
+
+    For token t with slot s = slot_mapping[t] >= 0: key_cache[s // B, s % B] = key[t]
+    and value_cache[s // B, s % B] = value[t] (B = block_size), cast to the cache dtype.
+    Tokens with s < 0 (padding) are skipped. The only op that mutates its arguments:
+    the cache is the state the engine keeps on the device.
+
+    Args:
+        key, value: float arrays, shape (num_tokens, num_kv_heads, head_size).
+        key_cache, value_cache: float arrays, shape (num_blocks, B, num_kv_heads,
+            head_size), C-contiguous (they are written through a reshaped view).
+        slot_mapping: integer array, shape (num_tokens,), each < num_blocks * B.
+    Raises:
+        TypeError: non-integer slot_mapping.
+        ValueError: shapes disagree, a non-contiguous cache, a slot out of range.
+    """
+    xp = namespace(key_cache, "key_cache")
+    _check_cache(key_cache, "key_cache")
+    if tuple(value_cache.shape) != tuple(key_cache.shape):
+        raise ValueError(
+            f"value_cache must have shape {tuple(key_cache.shape)}, got {tuple(value_cache.shape)}"
+        )
+    num_blocks, block_size, heads, head_size = key_cache.shape
+    for name, x in (("key", key), ("value", value)):
+        if tuple(x.shape[1:]) != (heads, head_size) or x.shape[0] != slot_mapping.shape[0]:
+            raise ValueError(
+                f"{name} must have shape ({slot_mapping.shape[0]}, {heads}, {head_size}), "
+                f"got {tuple(x.shape)}"
+            )
+    if "int" not in dtype_name(slot_mapping):
+        raise TypeError(f"slot_mapping must be integers, got dtype {dtype_name(slot_mapping)}")
+    if bool(xp.any(slot_mapping >= num_blocks * block_size)):
+        raise ValueError(
+            f"slot_mapping holds {int(xp.max(slot_mapping))}, "
+            f"past the {num_blocks * block_size} slots"
+        )
+    flat_k = _flat_view(key_cache, "key_cache")
+    flat_v = _flat_view(value_cache, "value_cache")
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    flat_k[slots] = xp.astype(key[keep], key_cache.dtype)
+    flat_v[slots] = xp.astype(value[keep], value_cache.dtype)
+
+
+def _flat_view(cache: Any, name: str) -> Any:
+    """(num_blocks * block_size, heads, head_size) view sharing memory with `cache`."""
+    contiguous = (
+        cache.is_contiguous() if hasattr(cache, "is_contiguous") else cache.flags.c_contiguous
+    )
+    if not contiguous:
+        raise ValueError(f"{name} must be C-contiguous to be written in place")
+    n, b, h, d = cache.shape
+    return cache.reshape(n * b, h, d)
+
+
+def paged_attention(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_table: Any,
+    query_start_loc: Any,
+    seq_lens: Any,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    alibi_slopes: Any = None,
+    custom_masks: Sequence[Any | None] | None = None,
+) -> Any:
+    """Causal multi-head attention of a flattened batch over the paged KV cache.
+
+    For query token i of request r at position p (see the module docstring) and query
+    head h, reading KV head g = h // (num_heads / num_kv_heads) (GQA; MQA when there is
+    one KV head), over the keys at positions j of the same sequence:
+        score_j = scale * (q . k_j)
+        + alibi_slopes[h] * (j - p)            if alibi_slopes is given
+        soft_cap * tanh(score_j / soft_cap)    if soft_cap is given (Gemma 2's capping)
+    A key is visible when j <= p, and j > p - sliding_window if a window is given, and
+    custom_masks[r][i, j] is true if a mask is given for r (AND-ed: for tree attention,
+    where the flattened drafts are in topological order). out = softmax over visible j
+    of the scores, applied to v_j. Scores and softmax are computed in float32 (float64
+    for float64 inputs). Query tokens past query_start_loc[-1] (padding) get zeros.
+
+    Args:
+        query: float array, shape (num_tokens, num_heads, head_size).
+        key_cache, value_cache: shape (num_blocks, block_size, num_kv_heads, head_size).
+        block_table: integer array, shape (num_reqs, max_blocks_per_req).
+        query_start_loc: integer array, shape (num_reqs + 1,), from 0, non-decreasing.
+        seq_lens: integer array, shape (num_reqs,): each request's sequence length
+            including its query tokens (so seq_lens[r] >= q_len_r).
+        scale: the softmax scale, usually head_size ** -0.5.
+        sliding_window: attend to at most this many most recent positions, or None.
+        soft_cap: positive cap on the scores, or None.
+        alibi_slopes: float array, shape (num_heads,), or None.
+        custom_masks: per request, None or a boolean array (q_len_r, seq_lens[r]).
+    Returns:
+        An array like query.
+    Raises:
+        TypeError: non-float query, non-integer index arrays.
+        ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
+            sequence longer than its block table, seq_lens[r] < q_len_r.
+    """
+    xp = namespace(query, "query")
+    _check_cache(key_cache, "key_cache")
+    if "float" not in dtype_name(query):
+        raise TypeError(f"query must be a float array, got dtype {dtype_name(query)}")
+    num_tokens, num_heads, head_size = query.shape
+    _, block_size, num_kv_heads, kv_head_size = key_cache.shape
+    if kv_head_size != head_size or num_heads % num_kv_heads:
+        raise ValueError(
+            f"query heads ({num_heads} x {head_size}) must be a multiple of the cache's "
+            f"KV heads ({num_kv_heads} x {kv_head_size})"
+        )
+    qsl = [int(v) for v in query_start_loc]
+    lens = [int(v) for v in seq_lens]
+    if len(lens) != len(qsl) - 1 or block_table.shape[0] != len(lens):
+        raise ValueError(
+            f"query_start_loc ({len(qsl)}), seq_lens ({len(lens)}) and block_table rows "
+            f"({block_table.shape[0]}) must describe the same requests"
+        )
+    compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
+    group = num_heads // num_kv_heads
+    out = xp.zeros(query.shape, dtype=query.dtype, device=device(query))
+    for r, seq_len in enumerate(lens):
+        start, end = qsl[r], qsl[r + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        if seq_len < q_len or -(-seq_len // block_size) > block_table.shape[1]:
+            raise ValueError(
+                f"request {r}: seq_len {seq_len} must cover its {q_len} query tokens and fit "
+                f"{block_table.shape[1]} blocks of {block_size}"
+            )
+        blocks = xp.astype(block_table[r, : -(-seq_len // block_size)], xp.int64)
+        k = xp.reshape(xp.take(key_cache, blocks, axis=0), (-1, num_kv_heads, head_size))[:seq_len]
+        v = xp.reshape(xp.take(value_cache, blocks, axis=0), (-1, num_kv_heads, head_size))[
+            :seq_len
+        ]
+        # (q_len, heads, d) -> (kv_heads, group, q_len, d); keys (kv_heads, 1, d, seq)
+        q = xp.astype(query[start:end], compute)
+        q = xp.permute_dims(xp.reshape(q, (q_len, num_kv_heads, group, head_size)), (1, 2, 0, 3))
+        kt = xp.permute_dims(xp.astype(k, compute), (1, 2, 0))[:, None, :, :]
+        scores = xp.matmul(q, kt) * scale  # (kv_heads, group, q_len, seq)
+        q_pos = xp.arange(seq_len - q_len, seq_len, device=device(query))[:, None]
+        k_pos = xp.arange(seq_len, device=device(query))[None, :]
+        if alibi_slopes is not None:
+            slopes = xp.reshape(xp.astype(alibi_slopes, compute), (num_kv_heads, group, 1, 1))
+            scores = scores + slopes * xp.astype(k_pos - q_pos, compute)
+        if soft_cap is not None:
+            scores = soft_cap * xp.tanh(scores / soft_cap)
+        visible = k_pos <= q_pos
+        if sliding_window is not None:
+            visible = visible & (k_pos > q_pos - sliding_window)
+        if custom_masks is not None and custom_masks[r] is not None:
+            visible = visible & custom_masks[r]
+        scores = xp.where(visible, scores, -math.inf)
+        weights = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
+        weights = weights / xp.sum(weights, axis=-1, keepdims=True)
+        vr = xp.permute_dims(xp.astype(v, compute), (1, 0, 2))[:, None, :, :]  # (kv, 1, seq, d)
+        o = xp.matmul(weights, vr)  # (kv_heads, group, q_len, d)
+        o = xp.reshape(xp.permute_dims(o, (2, 0, 1, 3)), (q_len, num_heads, head_size))
+        out[start:end] = xp.astype(o, query.dtype)
+    return out

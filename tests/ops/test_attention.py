@@ -1,0 +1,162 @@
+"""Paged attention against a dense masked attention over the same keys and values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pyagent_ref.ops import attention, block_table
+
+torch = pytest.importorskip("torch")
+
+BLOCK = 4
+
+
+def build(seq_lens, q_lens, num_heads=4, num_kv_heads=2, head_size=8, seed=0, dtype=torch.float32):
+    """Random per-request K/V written into a shuffled paged cache, plus queries."""
+    gen = torch.Generator().manual_seed(seed)
+    max_blocks = max(-(-s // BLOCK) for s in seq_lens)
+    num_blocks = 1 + len(seq_lens) * max_blocks
+    perm = torch.randperm(num_blocks - 1, generator=gen) + 1
+    table = perm[: len(seq_lens) * max_blocks].reshape(len(seq_lens), max_blocks)
+    k_cache = torch.zeros(num_blocks, BLOCK, num_kv_heads, head_size, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    keys, values = [], []
+    for r, s in enumerate(seq_lens):
+        k = torch.randn(s, num_kv_heads, head_size, generator=gen).to(dtype)
+        v = torch.randn(s, num_kv_heads, head_size, generator=gen).to(dtype)
+        slots = block_table.compute_slot_mapping(
+            table[r : r + 1], torch.tensor([0, s]), torch.arange(s), BLOCK
+        )
+        attention.reshape_and_cache(k, v, k_cache, v_cache, slots)
+        keys.append(k)
+        values.append(v)
+    qsl = torch.tensor([0, *np.cumsum(q_lens).tolist()])
+    q = torch.randn(int(qsl[-1]), num_heads, head_size, generator=gen).to(dtype)
+    return q, k_cache, v_cache, table, qsl, torch.tensor(seq_lens), keys, values
+
+
+def dense(q, k, v, q_len, window=None, soft_cap=None, slopes=None, mask=None):
+    """Plain attention over one sequence, written independently of the op."""
+    s, kvh, d = k.shape
+    h = q.shape[1]
+    k = k.float().repeat_interleave(h // kvh, dim=1)
+    v = v.float().repeat_interleave(h // kvh, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) / math.sqrt(d)
+    qp = torch.arange(s - q_len, s)[:, None]
+    kp = torch.arange(s)[None, :]
+    if slopes is not None:
+        scores = scores + slopes[:, None, None] * (kp - qp)
+    if soft_cap is not None:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
+    ok = kp <= qp
+    if window is not None:
+        ok &= kp > qp - window
+    if mask is not None:
+        ok &= mask
+    scores = scores.masked_fill(~ok, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+CASES = {
+    "prefill+decode, GQA": dict(seq_lens=[7, 5, 9], q_lens=[7, 1, 3]),
+    "MQA": dict(seq_lens=[6, 10], q_lens=[2, 10], num_kv_heads=1),
+    "MHA": dict(seq_lens=[3], q_lens=[3], num_kv_heads=4),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"sliding_window": 3}, {"soft_cap": 2.0}, {"alibi": True}],
+    ids=["plain", "window", "softcap", "alibi"],
+)
+def test_paged_matches_dense(case, extra):
+    kwargs = {k: v for k, v in CASES[case].items() if k not in ("seq_lens", "q_lens")}
+    q, kc, vc, table, qsl, lens, keys, values = build(
+        CASES[case]["seq_lens"], CASES[case]["q_lens"], **kwargs
+    )
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]) if extra.get("alibi") else None
+    out = attention.paged_attention(
+        q,
+        kc,
+        vc,
+        table,
+        qsl,
+        lens,
+        q.shape[-1] ** -0.5,
+        sliding_window=extra.get("sliding_window"),
+        soft_cap=extra.get("soft_cap"),
+        alibi_slopes=slopes,
+    )
+    for r in range(len(lens)):
+        a, b = int(qsl[r]), int(qsl[r + 1])
+        expected = dense(
+            q[a:b],
+            keys[r],
+            values[r],
+            b - a,
+            extra.get("sliding_window"),
+            extra.get("soft_cap"),
+            slopes,
+        )
+        torch.testing.assert_close(out[a:b], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_custom_mask_restricts_a_tree_of_drafts():
+    q, kc, vc, table, qsl, lens, keys, values = build([6], [3])
+    # drafts at flattened positions 3, 4, 5: 4 and 5 are siblings, both children of 3
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[2, 4] = False
+    out = attention.paged_attention(q, kc, vc, table, qsl, lens, 8**-0.5, custom_masks=[mask])
+    torch.testing.assert_close(
+        out, dense(q, keys[0], values[0], 3, mask=mask), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_padding_tokens_get_zeros_and_numpy_agrees():
+    q, kc, vc, table, qsl, lens, *_ = build([5], [2])
+    q = torch.cat([q, torch.randn(2, *q.shape[1:])])  # two padding tokens
+    out = attention.paged_attention(q, kc, vc, table, qsl, lens, 0.3)
+    assert torch.all(out[2:] == 0)
+    out_np = attention.paged_attention(
+        q.numpy(), kc.numpy(), vc.numpy(), table.numpy(), qsl.numpy(), lens.numpy(), 0.3
+    )
+    np.testing.assert_allclose(out_np, out.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_is_computed_in_float32():
+    q, kc, vc, table, qsl, lens, keys, values = build([9], [9], dtype=torch.bfloat16)
+    out = attention.paged_attention(q, kc, vc, table, qsl, lens, 8**-0.5)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), dense(q, keys[0], values[0], 9), rtol=2e-2, atol=2e-2)
+
+
+def test_reshape_and_cache_skips_padding_slots():
+    kc = torch.zeros(2, BLOCK, 1, 2)
+    vc = torch.zeros_like(kc)
+    k = torch.tensor([[[1.0, 1.0]], [[2.0, 2.0]]])
+    attention.reshape_and_cache(k, -k, kc, vc, torch.tensor([5, -1]))
+    assert kc[1, 1, 0].tolist() == [1.0, 1.0] and vc[1, 1, 0].tolist() == [-1.0, -1.0]
+    assert int((kc != 0).sum()) == 2
+
+
+def test_reshape_and_cache_errors():
+    kc = torch.zeros(2, BLOCK, 1, 2)
+    k = torch.zeros(1, 1, 2)
+    with pytest.raises(ValueError, match="slot_mapping holds 8"):
+        attention.reshape_and_cache(k, k, kc, kc.clone(), torch.tensor([8]))
+    with pytest.raises(ValueError, match="contiguous"):
+        attention.reshape_and_cache(k, k, kc.transpose(0, 1), kc.transpose(0, 1), torch.tensor([0]))
+    with pytest.raises(TypeError, match="slot_mapping"):
+        attention.reshape_and_cache(k, k, kc, kc.clone(), torch.tensor([0.0]))
+
+
+def test_paged_attention_errors():
+    q, kc, vc, table, qsl, lens, *_ = build([5], [2])
+    with pytest.raises(ValueError, match="multiple"):
+        attention.paged_attention(q[:, :3], kc, vc, table, qsl, lens, 1.0)
+    with pytest.raises(ValueError, match="seq_len 9"):
+        attention.paged_attention(q, kc, vc, table, qsl, torch.tensor([9]), 1.0)
