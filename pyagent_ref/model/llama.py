@@ -1,0 +1,204 @@
+"""The Llama family on a paged KV cache: Llama 2/3, Mistral, Qwen2, Qwen3.
+
+One decoder covers the family; the differences are configuration (`ModelConfig`):
+grouped-query attention, q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sliding
+window layers (Mistral), RoPE scaling (Llama 3.1 and others), tied embeddings.
+
+A forward pass takes the flattened batch of a step — token ids and positions of every
+scheduled token of every request, prefill chunks and decodes mixed — and the
+`AttentionMetadata` that says where each request's KV lives. Every layer writes its new
+K/V into its paged cache (`ops.attention.reshape_and_cache`) and attends over it
+(`ops.attention.paged_attention`). Parameters are fused as inference engines keep them:
+q/k/v in one `qkv_proj`, gate/up in one `gate_up_proj` (`loader` fills them from HF's
+separate tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..ops import attention, layers, rope
+from .config import ModelConfig
+
+
+@dataclass
+class AttentionMetadata:
+    """Where the flattened batch's KV goes and comes from (see `ops.attention`).
+
+    slot_mapping: int64 (num_tokens,), PAD_SLOT_ID for padding tokens.
+    block_table: int32/int64 (num_reqs, max_blocks). query_start_loc: (num_reqs + 1,).
+    seq_lens: (num_reqs,) sequence lengths including this step's tokens.
+    """
+
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return layers.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Rotary(nn.Module):
+    """RoPE tables for the model; recomputed per step only for dynamic NTK scaling."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        inv_freq, self.scale = rope.rope_inv_freq(
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling,
+            config.max_position_embeddings,
+            like=torch.empty(0),
+        )
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.dynamic = (config.rope_scaling or {}).get("rope_type") == "dynamic"
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        inv_freq, scale = self.inv_freq, self.scale
+        if self.dynamic and positions.numel():
+            cfg = self.config
+            inv_freq, scale = rope.rope_inv_freq(
+                cfg.head_dim,
+                cfg.rope_theta,
+                cfg.rope_scaling,
+                cfg.max_position_embeddings,
+                seq_len=int(positions.max()) + 1,
+                like=positions,
+            )
+        return rope.apply_rope(positions, q, k, inv_freq, scale, is_neox=True)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        is_sliding = config.layer_types[layer_index] == "sliding_attention"
+        self.sliding_window = config.sliding_window if is_sliding else None
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, positions, hidden, meta: AttentionMetadata, kv_cache, rotary: Rotary):
+        n = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        key_cache, value_cache = kv_cache
+        attention.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = attention.paged_attention(
+            q,
+            key_cache,
+            value_cache,
+            meta.block_table,
+            meta.query_start_loc,
+            meta.seq_lens,
+            self.scale,
+            sliding_window=self.sliding_window,
+        )
+        return self.o_proj(out.reshape(n, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(layers.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer_index)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual, meta, kv_cache, rotary):
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, meta, kv_cache, rotary)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder-only causal LM of the Llama family (see the module docstring)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Final hidden states, shape (num_tokens, hidden), for the flattened batch."""
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, meta, kv_cache, self.rotary)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits of the given hidden states, in float32."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return (hidden @ weight.T).float()
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+        cfg = self.config
+        return (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+
+
+def param_mapping() -> list[tuple[str, str, Any]]:
+    """(fused parameter, HF parameter, shard) pairs: how separate HF tensors fill the
+    fused ones. Shards are "q", "k", "v" for qkv_proj and 0, 1 for gate_up_proj."""
+    return [
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    ]

@@ -1,0 +1,24 @@
+"""Which class implements which `architectures` name of a config.json."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .llama import LlamaForCausalLM
+
+ARCHITECTURES: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+}
+
+
+def resolve_architecture(name: str) -> type[nn.Module]:
+    """The model class for an architecture name; ValueError naming it if unsupported."""
+    try:
+        return ARCHITECTURES[name]
+    except KeyError:
+        raise ValueError(
+            f"architecture {name!r} is not supported; supported: {sorted(ARCHITECTURES)}"
+        ) from None

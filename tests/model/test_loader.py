@@ -1,0 +1,119 @@
+"""Weight loading: single file and shards, dtypes, and the errors that name the culprit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from pyagent_ref.model import ModelConfig, load_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    single = tmp_path_factory.mktemp("single")
+    model.save_pretrained(single)
+    sharded = tmp_path_factory.mktemp("sharded")
+    model.save_pretrained(sharded, max_shard_size="20KB")
+    return single, sharded
+
+
+def test_sharded_equals_single(hf_dir):
+    single, sharded = hf_dir
+    assert (sharded / "model.safetensors.index.json").is_file()
+    a, b = load_model(single, progress=False), load_model(sharded, progress=False)
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_dtypes(hf_dir, dtype):
+    model = load_model(hf_dir[0], dtype=dtype, progress=False)
+    assert {p.dtype for p in model.parameters()} == {getattr(torch, dtype)}
+    assert model.rotary.inv_freq.dtype == torch.float32
+
+
+def test_fused_projections_hold_the_hf_tensors(hf_dir):
+    model = load_model(hf_dir[0], progress=False)
+    tensors = load_file(hf_dir[0] / "model.safetensors")
+    qkv = model.layers[1].self_attn.qkv_proj.weight
+    assert torch.equal(qkv[:32], tensors["model.layers.1.self_attn.q_proj.weight"])
+    assert torch.equal(qkv[32:48], tensors["model.layers.1.self_attn.k_proj.weight"])
+    assert torch.equal(qkv[48:], tensors["model.layers.1.self_attn.v_proj.weight"])
+    gate_up = model.layers[0].mlp.gate_up_proj.weight
+    assert torch.equal(gate_up[48:], tensors["model.layers.0.mlp.up_proj.weight"])
+
+
+def _copy(src, dst, edit):
+    dst.mkdir()
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    tensors = load_file(src / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+def test_missing_tensor_is_named(hf_dir, tmp_path):
+    path = _copy(hf_dir[0], tmp_path / "m", lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(ValueError, match="layers.1.mlp.gate_up_proj.weight"):
+        load_model(path, progress=False)
+
+
+def test_misshaped_tensor_is_named(hf_dir, tmp_path):
+    def edit(t):
+        t["model.norm.weight"] = torch.ones(31)
+
+    with pytest.raises(
+        ValueError, match=r"'model.norm.weight' has shape \(31,\), expected \(32,\)"
+    ):
+        load_model(_copy(hf_dir[0], tmp_path / "m", edit), progress=False)
+
+
+def test_unexpected_tensor_is_named(hf_dir, tmp_path):
+    def edit(t):
+        t["model.extra.weight"] = torch.ones(3)
+
+    with pytest.raises(ValueError, match="model.extra.weight"):
+        load_model(_copy(hf_dir[0], tmp_path / "m", edit), progress=False)
+
+
+def test_unsupported_architecture_is_named(hf_dir, tmp_path):
+    cfg = json.loads((hf_dir[0] / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="'GPT2LMHeadModel' is not supported"):
+        load_model(tmp_path, progress=False)
+
+
+def test_config_needs_one_architecture():
+    with pytest.raises(ValueError, match="exactly one architecture"):
+        ModelConfig.from_hf({"architectures": []})
+
+
+def test_missing_files_are_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(tmp_path, progress=False)
+    sizes = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1)
+    config = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 2, **sizes}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_model(tmp_path, progress=False)
+
+
+def test_bad_dtype(hf_dir):
+    with pytest.raises(ValueError, match="'int8'"):
+        load_model(hf_dir[0], dtype="int8", progress=False)
