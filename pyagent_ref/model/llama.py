@@ -154,6 +154,8 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Decoder-only causal LM of the Llama family (see the module docstring)."""
 
+    supports_cuda_graphs = False  # paged_attention synchronises with the host
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

@@ -1,5 +1,5 @@
-"""Requests and scheduling."""
+"""Requests, queue policies and the scheduler."""
 
-from .request import MultiModalFeature, Request
+from .request import MultiModalFeature, Request, RequestStatus, RequestTimes
 
-__all__ = ["MultiModalFeature", "Request"]
+__all__ = ["MultiModalFeature", "Request", "RequestStatus", "RequestTimes"]

@@ -1,8 +1,54 @@
-"""A request as the KV cache and the scheduler see it: tokens and what changes their KV."""
+"""A request: its tokens, what changes their KV, its state and its timestamps.
+
+State machine (every other move is an error):
+    WAITING --schedule--> RUNNING --preempt--> PREEMPTED --schedule--> RUNNING
+    WAITING | RUNNING | PREEMPTED --finish--> FINISHED_STOPPED | FINISHED_LENGTH
+                                              | FINISHED_ABORTED | FINISHED_ERROR
+A preempted request lost its KV blocks (recompute preemption): it waits again, at the
+front of the queue, and recomputes its prompt and the tokens it had generated.
+"""
 
 from __future__ import annotations
 
+import enum
+import time
 from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.value in ("stop", "length", "abort", "error")
+
+
+_MOVES = {
+    RequestStatus.WAITING: {RequestStatus.RUNNING},
+    RequestStatus.RUNNING: {RequestStatus.PREEMPTED},
+    RequestStatus.PREEMPTED: {RequestStatus.RUNNING},
+}
+
+
+@dataclass
+class RequestTimes:
+    """Wall-clock timestamps (time.monotonic seconds) and counters of one request."""
+
+    arrival: float = 0.0
+    queued: float | None = None
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    num_preemptions: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,6 +90,13 @@ class Request:
             cross-attention KV it needs).
         block_hashes: hashes of the full blocks of all_token_ids, filled by
             `kv_cache.RequestBlockHasher`.
+        sampling_params: a `SamplingParams` (None for bare KV-cache use).
+        seed: the Philox key of its sampling stream.
+        eos_token_id: the tokenizer's EOS, ending the output unless ignored.
+        max_tokens: the generated-token budget (resolved against the context length).
+        priority, client_id, deadline: inputs of the queue policies (lower priority
+            value runs first; deadline is a time.monotonic() instant).
+        status, times, stop_reason: the state machine above and its timestamps.
     """
 
     request_id: str
@@ -55,11 +108,39 @@ class Request:
     cache_salt: str | None = None
     num_encoder_tokens: int = 0
     block_hashes: list[bytes] = field(default_factory=list)
+    sampling_params: Any = None
+    seed: int = 0
+    eos_token_id: int | None = None
+    max_tokens: int = 16
+    priority: int = 0
+    client_id: str = ""
+    deadline: float = float("inf")
+    status: RequestStatus = RequestStatus.WAITING
+    times: RequestTimes = field(default_factory=RequestTimes)
+    stop_reason: int | str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id!r}: prompt_token_ids must not be empty")
         self.prompt_token_ids = list(self.prompt_token_ids)
+        if not self.times.arrival:
+            self.times.arrival = time.monotonic()
+
+    def move_to(self, status: RequestStatus) -> None:
+        """Change state along the state machine; ValueError for a move it does not have."""
+        if self.status.finished or not (status.finished or status in _MOVES[self.status]):
+            raise ValueError(
+                f"request {self.request_id!r} cannot go from {self.status.name} to {status.name}"
+            )
+        self.status = status
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

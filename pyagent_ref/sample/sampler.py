@@ -1,0 +1,141 @@
+"""The sampler: one step's logits and per-request parameters in, one token per request out.
+
+The pipeline, in vLLM's order, every stage an op of the chosen ops namespace:
+    penalties -> logit bias -> min_tokens mask -> (log-probabilities of these logits)
+    -> temperature -> min_p -> top_k -> top_p -> sample
+A stage is skipped when no row of the batch uses it; a disabled stage is the identity
+per row, so skipping never changes a row's token and sampling stays batch-invariant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+import torch
+
+from .params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs of one request this step."""
+
+    params: SamplingParams
+    seed: int
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    stop_ids: Sequence[int] = ()  # masked while len(output) < params.min_tokens
+
+    @property
+    def position(self) -> int:
+        """The output position of the token being drawn (the Philox counter)."""
+        return len(self.output_token_ids)
+
+
+@dataclass
+class SamplerOutput:
+    """Sampled token ids, and if asked, the top log-probabilities of each row."""
+
+    token_ids: list[int]
+    logprobs: list[tuple[list[int], list[float], float, int] | None]
+
+
+def _padded(rows: Sequence[Sequence[int]]) -> np.ndarray:
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), max(width, 1)), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+class Sampler:
+    """Applies the sampling ops of `ops` (ref or accel) to a batch of rows."""
+
+    def __init__(self, ops: ModuleType) -> None:
+        self.ops = ops.sampling
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        s, p = self.ops, [r.params for r in rows]
+        x = logits.float()
+        if any(q.repetition_penalty != 1 or q.frequency_penalty or q.presence_penalty for q in p):
+            x = s.apply_penalties(
+                x,
+                _padded([r.prompt_token_ids for r in rows]),
+                _padded([r.output_token_ids for r in rows]),
+                np.array([q.repetition_penalty for q in p], dtype=np.float32),
+                np.array([q.frequency_penalty for q in p], dtype=np.float32),
+                np.array([q.presence_penalty for q in p], dtype=np.float32),
+            )
+        if any(q.logit_bias for q in p):
+            biases = [sorted((q.logit_bias or {}).items()) for q in p]
+            x = s.apply_logit_bias(
+                x,
+                _padded([[t for t, _ in b] for b in biases]),
+                np.array(_padded_values([[v for _, v in b] for b in biases]), dtype=np.float64),
+            )
+        x = self._mask_early_stops(x, rows)
+        logprobs = self._logprobs(x, rows)
+        temperature = np.array([q.temperature for q in p], dtype=np.float32)
+        x = s.apply_temperature(x, temperature)
+        if any(q.min_p > 0 for q in p):
+            x = s.apply_min_p(x, np.array([q.min_p for q in p], dtype=np.float32))
+        if any(q.top_k_or_disabled for q in p):
+            x = s.apply_top_k(x, np.array([q.top_k_or_disabled for q in p], dtype=np.int64))
+        if any(q.top_p < 1 for q in p):
+            x = s.apply_top_p(x, np.array([q.top_p for q in p], dtype=np.float32))
+        seeds = np.array([r.seed for r in rows], dtype=np.uint64).astype(np.int64)
+        positions = np.array([r.position for r in rows], dtype=np.int64)
+        tokens = s.sample(x, temperature, torch.from_numpy(seeds), torch.from_numpy(positions))
+        token_list = [int(t) for t in tokens]
+        return SamplerOutput(token_list, self._with_sampled(logprobs, x, token_list, rows))
+
+    @staticmethod
+    def _mask_early_stops(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """min_tokens: EOS and stop token ids cannot be drawn before min_tokens outputs."""
+        early = [
+            (i, r.stop_ids)
+            for i, r in enumerate(rows)
+            if len(r.output_token_ids) < r.params.min_tokens
+        ]
+        if not early:
+            return x
+        x = x.clone()
+        for i, ids in early:
+            x[i, list(ids)] = float("-inf")
+        return x
+
+    def _logprobs(self, x: torch.Tensor, rows: Sequence[SamplingRow]):
+        if not any(r.params.logprobs is not None for r in rows):
+            return None
+        return self.ops.log_softmax(x)
+
+    def _with_sampled(self, logprobs, x, tokens, rows):
+        if logprobs is None:
+            return [None] * len(rows)
+        num = max(r.params.logprobs or 0 for r in rows)
+        values, ids, chosen, rank = self.ops.topk_logprobs(
+            logprobs, num, np.array(tokens, dtype=np.int64)
+        )
+        out = []
+        for i, r in enumerate(rows):
+            k = r.params.logprobs
+            if k is None:
+                out.append(None)
+                continue
+            out.append(
+                (
+                    [int(t) for t in ids[i, :k]],
+                    [float(v) for v in values[i, :k]],
+                    float(chosen[i]),
+                    int(rank[i]),
+                )
+            )
+        return out
+
+
+def _padded_values(rows: Sequence[Sequence[float]]) -> list[list[float]]:
+    width = max((len(r) for r in rows), default=0)
+    return [list(r) + [0.0] * (max(width, 1) - len(r)) for r in rows]

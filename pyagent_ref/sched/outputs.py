@@ -1,0 +1,94 @@
+"""The explicit types passed between the engine's stages (vLLM v1's shape).
+
+Scheduler.schedule() -> SchedulerOutput -> ModelRunner.execute() -> ModelRunnerOutput
+-> Scheduler.update_from_output() -> EngineCoreOutputs -> OutputProcessor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..sample.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request the runner has not seen (or that lost its state to preemption): all
+    its tokens so far, its blocks, and how many of its tokens are already computed."""
+
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    sampling_params: SamplingParams
+    seed: int
+    stop_ids: tuple[int, ...]
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """A request the runner holds: the blocks it gained and its computed-token count."""
+
+    req_id: str
+    new_block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: which requests run, with how many new tokens each."""
+
+    new_requests: list[NewRequestData]
+    cached_requests: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+    num_lookahead_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per scheduled request: the token sampled after its last scheduled token (None
+    for a prefill chunk that does not reach the end of its known tokens)."""
+
+    sampled_token_ids: dict[str, int | None]
+    logprobs: dict[str, tuple[list[int], list[float], float, int] | None] = field(
+        default_factory=dict
+    )
+
+
+@dataclass(frozen=True)
+class EngineCoreOutput:
+    """New tokens of one request this step, and whether and why it finished."""
+
+    req_id: str
+    new_token_ids: tuple[int, ...]
+    logprobs: tuple | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"
+    stop_reason: int | str | None = None  # the stop token id, when a stop token ended it
+
+
+@dataclass
+class StepStats:
+    """Per-step metrics: batch shape, budget use, KV usage and prefix hits."""
+
+    num_running: int
+    num_waiting: int
+    num_scheduled_tokens: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preempted: int
+    kv_usage: float
+    prefix_hit_rate: float
+
+
+@dataclass
+class EngineCoreOutputs:
+    outputs: list[EngineCoreOutput]
+    stats: StepStats | None = None

@@ -1,0 +1,288 @@
+"""The scheduler: continuous batching over the paged KV cache.
+
+Each step has a token budget (`max_num_batched_tokens`) and a sequence cap
+(`max_num_seqs`). `schedule()` fills it in two passes:
+
+1. Running requests, in order: each gets the tokens it still lacks — 1 for a decode
+   (plus lookahead slots for speculative drafts), the next chunk for a long prompt —
+   within the budget. If the KV cache cannot grow it, the policy's victim among the
+   running requests is preempted (blocks freed, recomputed later) until it fits; if
+   the victim is the request itself, it waits.
+2. Waiting requests, in the queue's order, while budget and seats remain and no
+   request was preempted this step: the prefix cache skips the tokens it already holds
+   (`get_computed_blocks`), the rest is scheduled, chunked to the budget when
+   `enable_chunked_prefill` (else a prompt that does not fit waits).
+
+A request's computed-token count advances at scheduling time, as the runner will
+compute those tokens in this step. `update_from_output` appends each sampled token and
+applies the stop conditions: EOS (unless ignore_eos), stop token ids, both only from
+min_tokens on, and max_tokens / the model's context length.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..kv_cache import KVCacheManager
+from .outputs import (
+    CachedRequestData,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    StepStats,
+)
+from .policy import make_queue
+from .request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one step. max_model_len caps prompt + output tokens per request."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+    num_lookahead_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_lookahead_tokens < 0:
+            raise ValueError(f"num_lookahead_tokens must be >= 0, got {self.num_lookahead_tokens}")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache: KVCacheManager,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.kv = kv_cache
+        self.clock = clock
+        self.waiting = make_queue(config.policy, clock)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: set[str] = set()
+        self._known_to_runner: set[str] = set()
+
+    # --- requests ----------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if request.num_prompt_tokens >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt of {request.num_prompt_tokens} tokens leaves no room in "
+                f"max_model_len={self.config.max_model_len}"
+            )
+        request.times.queued = self.clock()
+        self.requests[request.request_id] = request
+        self.waiting.push(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests from outside (abort, error): free their blocks. Unknown or
+        already finished ids are ignored; returns the requests it finished."""
+        done = []
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, status)
+            done.append(request)
+        return done
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    # --- scheduling --------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        lookahead = cfg.num_lookahead_tokens
+        scheduled: dict[str, int] = {}
+        new_blocks: dict[str, tuple[list[int], ...]] = {}
+        preempted: list[Request] = []
+
+        for request in list(self.running):
+            if budget == 0 or request not in self.running:
+                continue
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                continue
+            while True:
+                blocks = self.kv.allocate_slots(request, num_new, lookahead)
+                if blocks is not None:
+                    break
+                victim = self.waiting.victim(
+                    [r for r in self.running if r.request_id not in scheduled]
+                )
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if blocks is None:
+                continue
+            scheduled[request.request_id] = num_new
+            new_blocks[request.request_id] = blocks.get_block_ids()
+            budget -= num_new
+
+        admitted: list[Request] = []
+        while (
+            not preempted
+            and budget > 0
+            and len(self.waiting)
+            and len(self.running) < cfg.max_num_seqs
+        ):
+            request = self.waiting.peek()
+            computed, num_computed = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_computed
+            if num_new > budget and not cfg.enable_chunked_prefill:
+                break
+            num_new = min(num_new, budget)
+            blocks = self.kv.allocate_slots(
+                request, num_new, lookahead, new_computed_blocks=computed
+            )
+            if blocks is None:
+                break
+            self.waiting.pop()
+            request.num_computed_tokens = num_computed
+            request.move_to(RequestStatus.RUNNING)
+            if request.times.first_scheduled is None:
+                request.times.first_scheduled = self.clock()
+            self.running.append(request)
+            admitted.append(request)
+            scheduled[request.request_id] = num_new
+            budget -= num_new
+
+        out = self._build_output(scheduled, new_blocks, admitted, preempted)
+        for rid, n in scheduled.items():
+            request = self.requests[rid]
+            request.num_computed_tokens += n
+            self.waiting.charge(request, n)
+        return out
+
+    def _build_output(self, scheduled, new_blocks, admitted, preempted) -> SchedulerOutput:
+        new, cached = [], []
+        for request in admitted:
+            params = request.sampling_params
+            stop_ids = tuple(params.stop_token_ids if params else ())
+            if request.eos_token_id is not None and not (params and params.ignore_eos):
+                stop_ids += (request.eos_token_id,)
+            new.append(
+                NewRequestData(
+                    req_id=request.request_id,
+                    prompt_token_ids=tuple(request.prompt_token_ids),
+                    output_token_ids=tuple(request.output_token_ids),
+                    sampling_params=params,
+                    seed=request.seed,
+                    stop_ids=stop_ids,
+                    block_ids=self.kv.get_block_ids(request),
+                    num_computed_tokens=request.num_computed_tokens,
+                )
+            )
+            self._known_to_runner.add(request.request_id)
+        for rid, ids in new_blocks.items():
+            cached.append(CachedRequestData(rid, ids, self.requests[rid].num_computed_tokens))
+        finished, self._finished_ids = self._finished_ids, set()
+        preempted_ids = {r.request_id for r in preempted}
+        self._known_to_runner -= preempted_ids | finished
+        return SchedulerOutput(
+            new_requests=new,
+            cached_requests=cached,
+            num_scheduled_tokens=dict(scheduled),
+            total_num_scheduled_tokens=sum(scheduled.values()),
+            finished_req_ids=finished,
+            preempted_req_ids=preempted_ids,
+            num_lookahead_tokens=self.config.num_lookahead_tokens,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.move_to(RequestStatus.PREEMPTED)
+        request.times.num_preemptions += 1
+        self.waiting.push_preempted(request)
+
+    # --- results -----------------------------------------------------------------------
+
+    def update_from_output(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Append sampled tokens, apply stop conditions, free finished requests."""
+        outputs = []
+        now = self.clock()
+        for rid in sched.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            token = result.sampled_token_ids.get(rid)
+            if request is None or request.is_finished or token is None:
+                continue
+            request.append_output_token_ids(token)
+            if request.times.first_token is None:
+                request.times.first_token = now
+            request.times.last_token = now
+            request.times.token_times.append(now)
+            status, stop_reason = self._check_stop(request, token)
+            if status is not None:
+                self.running.remove(request)
+                request.stop_reason = stop_reason
+                self._finish(request, status)
+            outputs.append(
+                EngineCoreOutput(
+                    req_id=rid,
+                    new_token_ids=(token,),
+                    logprobs=result.logprobs.get(rid),
+                    finish_reason=status.value if status else None,
+                    stop_reason=stop_reason,
+                )
+            )
+        return EngineCoreOutputs(outputs, self._stats(sched))
+
+    def _check_stop(self, request: Request, token: int) -> tuple[RequestStatus | None, int | None]:
+        params = request.sampling_params
+        n = request.num_output_tokens
+        min_tokens = params.min_tokens if params else 0
+        if n >= min_tokens:
+            if request.eos_token_id == token and not (params and params.ignore_eos):
+                return RequestStatus.FINISHED_STOPPED, None
+            if params and token in params.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED, token
+        if n >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH, None
+        return None, None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.move_to(status)
+        request.times.finished = self.clock()
+        self.kv.free(request)
+        if request.request_id in self._known_to_runner:
+            self._finished_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def _stats(self, sched: SchedulerOutput) -> StepStats:
+        prefill = sum(n for rid, n in sched.num_scheduled_tokens.items() if n > 1)
+        metrics = self.kv.metrics()
+        return StepStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_scheduled_tokens=sched.total_num_scheduled_tokens,
+            num_prefill_tokens=prefill,
+            num_decode_tokens=sched.total_num_scheduled_tokens - prefill,
+            num_preempted=len(sched.preempted_req_ids),
+            kv_usage=metrics.usage,
+            prefix_hit_rate=metrics.hit_rate,
+        )

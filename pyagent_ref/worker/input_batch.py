@@ -1,0 +1,126 @@
+"""The runner's persistent view of its requests, and the flattened batch built from it.
+
+`InputBatch` keeps, per request the runner holds, its tokens, its computed-token count
+and its block ids, in preallocated numpy buffers (one row per request, reused as
+requests come and go). `prepare` turns a `SchedulerOutput` into the arrays a forward
+pass reads: input ids, positions, slot mapping, block table, query_start_loc, seq_lens
+and the logits indices — written into the same buffers every step, never reallocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..sched.outputs import NewRequestData, SchedulerOutput
+from ..sample.sampler import SamplingRow
+
+
+@dataclass
+class CachedState:
+    """What the runner knows of one request between steps."""
+
+    data: NewRequestData
+    token_ids: list[int]
+    num_computed_tokens: int
+    block_ids: list[int]
+    num_prompt_tokens: int
+
+
+@dataclass
+class PreparedBatch:
+    """Views into the persistent buffers for one step (valid until the next prepare)."""
+
+    req_ids: list[str]
+    input_ids: np.ndarray
+    positions: np.ndarray
+    query_start_loc: np.ndarray
+    seq_lens: np.ndarray
+    block_table: np.ndarray
+    logits_indices: np.ndarray
+    samples: list[bool]  # request i samples a token this step (its known tokens are done)
+    num_tokens: int  # real tokens; input_ids may be padded past this
+
+
+class InputBatch:
+    def __init__(
+        self, max_num_reqs: int, max_model_len: int, max_num_tokens: int, block_size: int
+    ) -> None:
+        self.block_size = block_size
+        self.max_blocks = -(-max_model_len // block_size)
+        self.states: dict[str, CachedState] = {}
+        self.input_ids = np.zeros(max_num_tokens, dtype=np.int64)
+        self.positions = np.zeros(max_num_tokens, dtype=np.int64)
+        self.query_start_loc = np.zeros(max_num_reqs + 1, dtype=np.int64)
+        self.seq_lens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.block_table = np.zeros((max_num_reqs, self.max_blocks), dtype=np.int64)
+
+    def update_states(self, sched: SchedulerOutput) -> None:
+        """Drop finished and preempted requests, add new ones, extend block lists."""
+        for rid in sched.finished_req_ids | sched.preempted_req_ids:
+            self.states.pop(rid, None)
+        for data in sched.new_requests:
+            tokens = list(data.prompt_token_ids) + list(data.output_token_ids)
+            self.states[data.req_id] = CachedState(
+                data,
+                tokens,
+                data.num_computed_tokens,
+                list(data.block_ids[0]),
+                len(data.prompt_token_ids),
+            )
+        for cached in sched.cached_requests:
+            state = self.states[cached.req_id]
+            state.block_ids.extend(cached.new_block_ids[0])
+            state.num_computed_tokens = cached.num_computed_tokens
+
+    def prepare(self, sched: SchedulerOutput, pad_to: int | None = None) -> PreparedBatch:
+        """Fill the buffers with this step's flattened batch (in scheduling order)."""
+        req_ids = list(sched.num_scheduled_tokens)
+        offset, samples = 0, []
+        self.query_start_loc[0] = 0
+        for i, rid in enumerate(req_ids):
+            state, n = self.states[rid], sched.num_scheduled_tokens[rid]
+            start = state.num_computed_tokens
+            self.input_ids[offset : offset + n] = state.token_ids[start : start + n]
+            self.positions[offset : offset + n] = np.arange(start, start + n)
+            offset += n
+            self.query_start_loc[i + 1] = offset
+            self.seq_lens[i] = start + n
+            blocks = state.block_ids
+            self.block_table[i, : len(blocks)] = blocks
+            samples.append(start + n >= len(state.token_ids))
+        total = pad_to or offset
+        self.input_ids[offset:total] = 0
+        self.positions[offset:total] = 0
+        num_reqs = len(req_ids)
+        return PreparedBatch(
+            req_ids=req_ids,
+            input_ids=self.input_ids[:total],
+            positions=self.positions[:total],
+            query_start_loc=self.query_start_loc[: num_reqs + 1],
+            seq_lens=self.seq_lens[:num_reqs],
+            block_table=self.block_table[:num_reqs],
+            logits_indices=self.query_start_loc[1 : num_reqs + 1] - 1,
+            samples=samples,
+            num_tokens=offset,
+        )
+
+    def after_step(self, sched: SchedulerOutput, sampled: dict[str, int | None]) -> None:
+        """Advance computed counts; append each sampled token to the request's tokens."""
+        for rid, n in sched.num_scheduled_tokens.items():
+            state = self.states[rid]
+            state.num_computed_tokens += n
+            token = sampled.get(rid)
+            if token is not None:
+                state.token_ids.append(token)
+
+    def sampling_row(self, rid: str) -> SamplingRow:
+        state = self.states[rid]
+        return SamplingRow(
+            params=state.data.sampling_params,
+            seed=state.data.seed,
+            prompt_token_ids=state.token_ids[: state.num_prompt_tokens],
+            output_token_ids=state.token_ids[state.num_prompt_tokens :],
+            stop_ids=state.data.stop_ids,
+        )
