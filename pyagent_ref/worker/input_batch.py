@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sched.outputs import NewRequestData, SchedulerOutput
 from ..sample.sampler import SamplingRow
+from ..sched.outputs import NewRequestData, SchedulerOutput
 
 
 @dataclass
