@@ -176,7 +176,8 @@ class MLFQQueue(_RekeyedQueue):
     def level_of(self, request: Request) -> int:
         """The request's level now, after aging (one level up per aging_s waited)."""
         base = self.level.get(request.request_id, 0)
-        waited = self._clock() - (request.times.queued or request.times.arrival)
+        since = request.times.queued if request.times.queued is not None else request.times.arrival
+        waited = self._clock() - since
         return max(0, base - int(waited // self.aging_s))
 
     def _key(self, request: Request) -> tuple:
