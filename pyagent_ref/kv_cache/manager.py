@@ -72,6 +72,10 @@ class KVCacheManager:
         self.hasher = RequestBlockHasher(self.block_size, ops, hash_algorithm)
         self._empty = KVCacheBlocks(tuple([] for _ in config.groups))
         self._num_cached: dict[str, int] = {}  # full blocks already offered to the cache
+        # the one manager of a single full-attention-like group, for the decode fast path
+        only = self.coordinator.managers
+        simple = len(only) == 1 and only[0].caches_prefix and not only[0].skips_blocks
+        self._single = only[0] if simple else None
 
     @property
     def usage(self) -> float:
@@ -124,6 +128,16 @@ class KVCacheManager:
                 f"got {num_new_tokens} and {num_lookahead_tokens}"
             )
         rid = request.request_id
+        if new_computed_blocks is None and self._single is not None:
+            # Fast path of a decode step: the last block still has room, nothing new to
+            # cache. Same result as the general path below, without its bookkeeping.
+            held = len(self._single.req_to_blocks.get(rid, ()))
+            num_tokens = request.num_computed_tokens + num_new_tokens
+            if (
+                num_tokens + num_lookahead_tokens <= held * self.block_size
+                and num_tokens // self.block_size <= self._num_cached.get(rid, 0)
+            ):
+                return self._empty
         hit = new_computed_blocks.blocks if new_computed_blocks else None
         hit_tokens = new_computed_blocks.num_blocks * self.block_size if hit else 0
         if hit_tokens and any(self.coordinator.get_blocks(rid)):

@@ -26,7 +26,7 @@ class NewRequestData:
     num_computed_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class CachedRequestData:
     """A request the runner holds: the blocks it gained and its computed-token count."""
 
@@ -63,7 +63,7 @@ class ModelRunnerOutput:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EngineCoreOutput:
     """New tokens of one request this step, and whether and why it finished."""
 

@@ -27,9 +27,10 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self.value in ("stop", "length", "abort", "error")
+        return self in _FINISHED
 
 
+_FINISHED = frozenset(s for s in RequestStatus if s.value in ("stop", "length", "abort", "error"))
 _MOVES = {
     RequestStatus.WAITING: {RequestStatus.RUNNING},
     RequestStatus.RUNNING: {RequestStatus.PREEMPTED},
@@ -136,7 +137,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status in _FINISHED
 
     @property
     def num_output_tokens(self) -> int:

@@ -118,8 +118,8 @@ class Scheduler:
         preempted: list[Request] = []
 
         for request in list(self.running):
-            if budget == 0 or request not in self.running:
-                continue
+            if budget == 0 or request.status != RequestStatus.RUNNING:
+                continue  # out of budget, or preempted earlier in this loop
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:
                 continue
@@ -137,7 +137,7 @@ class Scheduler:
             if blocks is None:
                 continue
             scheduled[request.request_id] = num_new
-            new_blocks[request.request_id] = blocks.get_block_ids()
+            new_blocks[request.request_id] = blocks.get_block_ids() if blocks.num_blocks else ()
             budget -= num_new
 
         admitted: list[Request] = []
@@ -226,16 +226,18 @@ class Scheduler:
         """Append sampled tokens, apply stop conditions, free finished requests."""
         outputs = []
         now = self.clock()
+        sampled = result.sampled_token_ids
         for rid in sched.num_scheduled_tokens:
             request = self.requests.get(rid)
-            token = result.sampled_token_ids.get(rid)
-            if request is None or request.is_finished or token is None:
+            token = sampled.get(rid)
+            if request is None or token is None or request.is_finished:
                 continue
-            request.append_output_token_ids(token)
-            if request.times.first_token is None:
-                request.times.first_token = now
-            request.times.last_token = now
-            request.times.token_times.append(now)
+            request.output_token_ids.append(token)
+            times = request.times
+            if times.first_token is None:
+                times.first_token = now
+            times.last_token = now
+            times.token_times.append(now)
             status, stop_reason = self._check_stop(request, token)
             if status is not None:
                 self.running.remove(request)
@@ -243,11 +245,11 @@ class Scheduler:
                 self._finish(request, status)
             outputs.append(
                 EngineCoreOutput(
-                    req_id=rid,
-                    new_token_ids=(token,),
-                    logprobs=result.logprobs.get(rid),
-                    finish_reason=status.value if status else None,
-                    stop_reason=stop_reason,
+                    rid,
+                    (token,),
+                    result.logprobs.get(rid),
+                    status.value if status else None,
+                    stop_reason,
                 )
             )
         return EngineCoreOutputs(outputs, self._stats(sched))

@@ -71,7 +71,8 @@ class InputBatch:
             )
         for cached in sched.cached_requests:
             state = self.states[cached.req_id]
-            state.block_ids.extend(cached.new_block_ids[0])
+            if cached.new_block_ids:
+                state.block_ids.extend(cached.new_block_ids[0])
             state.num_computed_tokens = cached.num_computed_tokens
 
     def prepare(self, sched: SchedulerOutput, pad_to: int | None = None) -> PreparedBatch:

@@ -1,0 +1,70 @@
+"""What the engine hands back to users: request outputs and request metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..sched.request import Request
+
+
+@dataclass
+class RequestMetrics:
+    """Latencies of one request, in seconds (None until the event happened).
+
+    ttft: first token time - arrival. itl: gaps between consecutive tokens.
+    e2e: finish - arrival. queued: first scheduled - queued.
+    """
+
+    arrival: float
+    queued_s: float | None
+    ttft: float | None
+    itl: list[float]
+    e2e: float | None
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    num_preemptions: int
+
+    @classmethod
+    def of(cls, request: Request) -> RequestMetrics:
+        t = request.times
+        gaps = [b - a for a, b in zip(t.token_times, t.token_times[1:])]
+        return cls(
+            arrival=t.arrival,
+            queued_s=None
+            if t.first_scheduled is None or t.queued is None
+            else t.first_scheduled - t.queued,
+            ttft=None if t.first_token is None else t.first_token - t.arrival,
+            itl=gaps,
+            e2e=None if t.finished is None else t.finished - t.arrival,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_generated_tokens=request.num_output_tokens,
+            num_preemptions=t.num_preemptions,
+        )
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a prompt (a request with n > 1 has n of them)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, float]] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """The state of a request: cumulative completions, or the newest delta when streamed."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    metrics: list[RequestMetrics] = field(default_factory=list)
