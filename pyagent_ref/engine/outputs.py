@@ -27,7 +27,7 @@ class RequestMetrics:
     @classmethod
     def of(cls, request: Request) -> RequestMetrics:
         t = request.times
-        gaps = [b - a for a, b in zip(t.token_times, t.token_times[1:])]
+        gaps = [b - a for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
         return cls(
             arrival=t.arrival,
             queued_s=None

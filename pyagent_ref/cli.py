@@ -1,0 +1,151 @@
+"""The `pyagent` command: `pyagent generate "prompt"` and `pyagent demo`."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from .engine.llm import LLM
+from .sample.params import SamplingParams
+
+DEMO_PREFIX = (
+    "# A small library of helpers for reading configuration files.\n"
+    "import os\nimport sys\nimport json\n\n\n"
+)
+DEMO_TAILS = [
+    "def load_config(path):\n",
+    "def read_json(path):\n",
+    "class Config:\n",
+    "def parse_args(argv):\n",
+    "def main():\n",
+    "def merge(a, b):\n",
+    "def find_files(root, pattern):\n",
+    "def write_config(path, data):\n",
+]
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        stop=args.stop or [],
+        repetition_penalty=args.repetition_penalty,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    llm = LLM(args.model, ops=args.ops)
+    out = llm.generate(args.prompt, _sampling(args))[0]
+    sys.stdout.write(args.prompt + out.outputs[0].text + "\n")
+    return 0
+
+
+def _percentiles(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    values = sorted(values)
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))] * 1e3  # noqa: E731
+    return f"p50 {pick(0.5):7.1f} ms  p90 {pick(0.9):7.1f} ms  p99 {pick(0.99):7.1f} ms"
+
+
+def run_demo(ops: str, num_requests: int, max_tokens: int, model: str | None, show: int) -> dict:
+    """Serve `num_requests` concurrent requests sharing a prefix; return the figures."""
+    llm = LLM(model, ops=ops, max_num_seqs=num_requests)
+    prompts = [DEMO_PREFIX + DEMO_TAILS[i % len(DEMO_TAILS)] for i in range(num_requests)]
+    params = [
+        SamplingParams(temperature=0.7, top_p=0.95, max_tokens=max_tokens, seed=i)
+        for i in range(num_requests)
+    ]
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    metrics = [m for o in outs for m in o.metrics]
+    kv = llm.core.kv.metrics()
+    for o in outs[:show]:
+        tail = o.prompt[len(DEMO_PREFIX) :] if o.prompt else ""
+        print(f"--- {tail.strip()}\n{tail}{o.outputs[0].text}")
+    return {
+        "ops": ops,
+        "requests": num_requests,
+        "generated": generated,
+        "seconds": elapsed,
+        "tok_per_s": generated / elapsed,
+        "ttft": _percentiles([m.ttft for m in metrics if m.ttft is not None]),
+        "itl": _percentiles([gap for m in metrics for gap in m.itl]),
+        "hit_rate": kv.hit_rate,
+        "tokens": [o.outputs[0].token_ids for o in outs],
+    }
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    results = []
+    for i, ops in enumerate(args.ops_list):
+        try:
+            print(f"\n=== {args.requests} concurrent requests, ops={ops} ===")
+            results.append(
+                run_demo(
+                    ops, args.requests, args.max_tokens, args.model, args.show if i == 0 else 0
+                )
+            )
+        except ImportError as exc:
+            print(f"ops={ops} unavailable: {exc}")
+    print("\n=== summary ===")
+    for r in results:
+        print(
+            f"ops={r['ops']:<6} {r['generated']} tokens in {r['seconds']:.2f} s = {r['tok_per_s']:.1f} tok/s, "
+            f"prefix-cache hit rate {r['hit_rate']:.1%}\n"
+            f"    TTFT {r['ttft']}\n    ITL  {r['itl']}"
+        )
+    if len(results) == 2:
+        same = results[0]["tokens"] == results[1]["tokens"]
+        print(f"ref and accel ops drew the same tokens for every request: {same}")
+        ratio = results[1]["tok_per_s"] / results[0]["tok_per_s"]
+        print(f"throughput accel / ref: {ratio:.2f}x")
+        if not same:
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pyagent", description="pyagent inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="complete one prompt")
+    gen.add_argument("prompt")
+    gen.add_argument(
+        "--model", default=None, help="HF model directory (default: the embedded model)"
+    )
+    gen.add_argument("--ops", default="auto", choices=["ref", "accel", "auto"])
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    gen.set_defaults(func=cmd_generate)
+    demo = sub.add_parser(
+        "demo", help="concurrent requests on the embedded model, ref vs accel ops"
+    )
+    demo.add_argument("--model", default=None)
+    demo.add_argument("--requests", type=int, default=32)
+    demo.add_argument("--max-tokens", type=int, default=48)
+    demo.add_argument("--show", type=int, default=4, help="generations to print")
+    demo.add_argument("--ops", dest="ops_list", nargs="+", default=["ref", "accel"])
+    demo.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        parser.exit(2, f"pyagent: error: {exc}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

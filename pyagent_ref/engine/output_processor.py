@@ -1,0 +1,164 @@
+"""The output processor: token ids from the engine core in, text out.
+
+Per completion it runs an incremental detokenizer (text deltas that never split a UTF-8
+character) and a stop-string checker (which holds back only text that could still turn
+out to start a stop string). A stop string ends a completion the core knows nothing
+about, so the processor returns those requests for the engine to abort. A prompt with
+n > 1 completions is one parent with n children; it finishes when they all have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..sample.params import SamplingParams
+from ..sched.outputs import EngineCoreOutput
+from ..sched.request import Request
+from ..tokenize import IncrementalDetokenizer, StopChecker
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+@dataclass
+class _Child:
+    request: Request
+    index: int
+    detokenizer: IncrementalDetokenizer
+    stop: StopChecker
+    completion: CompletionOutput
+    new_text: str = ""
+    new_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: dict[str, _Child]
+    stream: bool
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.requests: dict[str, _Parent] = {}
+        self._child_to_parent: dict[str, str] = {}
+        self._deltas: list[tuple[str, RequestOutput]] = []
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        children: Sequence[Request],
+        stream: bool = False,
+    ) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        states = {}
+        for i, child in enumerate(children):
+            states[child.request_id] = _Child(
+                request=child,
+                index=i,
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer,
+                    prompt_token_ids,
+                    skip_special_tokens=params.skip_special_tokens,
+                    spaces_between_special_tokens=params.spaces_between_special_tokens,
+                ),
+                stop=StopChecker(params.stop, params.include_stop_str_in_output),
+                completion=CompletionOutput(
+                    i, "", [], logprobs=[] if params.logprobs is not None else None
+                ),
+            )
+            self._child_to_parent[child.request_id] = request_id
+        self.requests[request_id] = _Parent(
+            request_id, prompt, list(prompt_token_ids), states, stream
+        )
+
+    def abort(self, request_id: str) -> list[str]:
+        """Forget a parent; returns its unfinished children for the core to abort."""
+        parent = self.requests.pop(request_id, None)
+        if parent is None:
+            return []
+        for cid in parent.children:
+            self._child_to_parent.pop(cid, None)
+        return [cid for cid, c in parent.children.items() if not c.completion.finished]
+
+    def process(self, outputs: Sequence[EngineCoreOutput]) -> tuple[list[str], list[RequestOutput]]:
+        """Apply one step's core outputs. Returns (children ended by a stop string, to be
+        aborted in the core; parents that finished this step)."""
+        to_abort, touched = [], {}
+        for out in outputs:
+            pid = self._child_to_parent.get(out.req_id)
+            if pid is None:
+                continue
+            parent = self.requests[pid]
+            child = parent.children[out.req_id]
+            if child.completion.finished:
+                continue
+            if self._apply(child, out):
+                to_abort.append(out.req_id)
+            touched[pid] = parent
+        finished = []
+        for pid, parent in touched.items():
+            done = all(c.completion.finished for c in parent.children.values())
+            if parent.stream:
+                self._deltas.append((pid, self._delta(parent, done)))
+            if done:
+                finished.append(self._final(parent))
+                self.abort(pid)
+        return to_abort, finished
+
+    def take_deltas(self) -> list[tuple[str, RequestOutput]]:
+        deltas, self._deltas = self._deltas, []
+        return deltas
+
+    def _apply(self, child: _Child, out: EngineCoreOutput) -> bool:
+        """Feed one output to a child; True if a stop string ended it."""
+        comp = child.completion
+        comp.token_ids.extend(out.new_token_ids)
+        child.new_ids.extend(out.new_token_ids)
+        if out.logprobs is not None and comp.logprobs is not None:
+            ids, values, _, _ = out.logprobs
+            comp.logprobs.append(dict(zip(ids, values, strict=True)))
+        text = child.detokenizer.update(list(out.new_token_ids))
+        emit, stopped, stop_str = child.stop.feed(text)
+        if not stopped and out.finish_reason is not None:
+            emit += child.stop.flush()
+        comp.text += emit
+        child.new_text += emit
+        if stopped:
+            comp.finish_reason, comp.stop_reason = "stop", stop_str
+            return out.finish_reason is None
+        if out.finish_reason is not None:
+            comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
+        return False
+
+    def _delta(self, parent: _Parent, done: bool) -> RequestOutput:
+        comps = []
+        for c in parent.children.values():
+            comps.append(
+                CompletionOutput(
+                    c.index,
+                    c.new_text,
+                    c.new_ids,
+                    c.completion.finish_reason,
+                    c.completion.stop_reason,
+                )
+            )
+            c.new_text, c.new_ids = "", []
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, comps, done)
+
+    def _final(self, parent: _Parent) -> RequestOutput:
+        children = sorted(parent.children.values(), key=lambda c: c.index)
+        return RequestOutput(
+            parent.request_id,
+            parent.prompt,
+            parent.prompt_token_ids,
+            [c.completion for c in children],
+            finished=True,
+            metrics=[RequestMetrics.of(c.request) for c in children],
+        )
