@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -99,7 +98,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\n=== summary ===")
     for r in results:
         print(
-            f"ops={r['ops']:<6} {r['generated']} tokens in {r['seconds']:.2f} s = {r['tok_per_s']:.1f} tok/s, "
+            f"ops={r['ops']:<6} {r['generated']} tokens in {r['seconds']:.2f} s "
+            f"= {r['tok_per_s']:.1f} tok/s, "
             f"prefix-cache hit rate {r['hit_rate']:.1%}\n"
             f"    TTFT {r['ttft']}\n    ITL  {r['itl']}"
         )
