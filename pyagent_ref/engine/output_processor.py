@@ -64,11 +64,13 @@ class OutputProcessor:
                 index=i,
                 detokenizer=IncrementalDetokenizer(
                     self.tokenizer,
-                    prompt_token_ids,
+                    prompt_ids=prompt_token_ids,
                     skip_special_tokens=params.skip_special_tokens,
                     spaces_between_special_tokens=params.spaces_between_special_tokens,
                 ),
-                stop=StopChecker(params.stop, params.include_stop_str_in_output),
+                stop=StopChecker(
+                    params.stop, include_stop_str_in_output=params.include_stop_str_in_output
+                ),
                 completion=CompletionOutput(
                     i, "", [], logprobs=[] if params.logprobs is not None else None
                 ),
@@ -124,16 +126,19 @@ class OutputProcessor:
         if out.logprobs is not None and comp.logprobs is not None:
             ids, values, _, _ = out.logprobs
             comp.logprobs.append(dict(zip(ids, values, strict=True)))
-        text = child.detokenizer.update(list(out.new_token_ids))
-        emit, stopped, stop_str = child.stop.feed(text)
-        if not stopped and out.finish_reason is not None:
-            emit += child.stop.flush()
+        core_done = out.finish_reason is not None
+        text = child.detokenizer.add_tokens(list(out.new_token_ids))
+        if core_done:
+            text += child.detokenizer.finish()
+        emit, stopped, stop_str = child.stop.update(text)
+        if core_done and not stopped:
+            emit += child.stop.finish()
         comp.text += emit
         child.new_text += emit
         if stopped:
             comp.finish_reason, comp.stop_reason = "stop", stop_str
-            return out.finish_reason is None
-        if out.finish_reason is not None:
+            return not core_done
+        if core_done:
             comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
         return False
 

@@ -1,0 +1,114 @@
+"""LLM and AsyncLLM: text in, text out, on a tiny model with a real BPE tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pyagent_ref.engine.llm import LLM, AsyncLLM  # noqa: E402
+from pyagent_ref.sample.params import SamplingParams  # noqa: E402
+
+ENGINE = dict(block_size=4, num_kv_blocks=128, max_num_batched_tokens=16, max_num_seqs=8, ops="ref")
+PROMPTS = ["Hello world, this is", "def main():\n    print(", "Café, naïve 日本"]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llm_dir):
+    return LLM(tiny_llm_dir[1], **ENGINE)
+
+
+def test_greedy_text_matches_hf_generate(llm, tiny_llm_dir):
+    hf, _ = tiny_llm_dir
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        ids = llm.tokenizer.encode(prompt)
+        assert out.prompt_token_ids == ids
+        expected = hf.generate(
+            torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None
+        )[0, len(ids) :].tolist()
+        completion = out.outputs[0]
+        assert completion.token_ids == expected
+        assert completion.text == llm.tokenizer.decode(expected, skip_special_tokens=True)
+        assert completion.finish_reason == "length" and out.finished
+        assert out.metrics[0].ttft is not None and out.metrics[0].num_generated_tokens == 12
+
+
+def test_stop_string_truncates_and_frees_the_request(llm):
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    full = llm.generate(PROMPTS[0], params)[0].outputs[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    assert stop and stop in full
+    cut = full[: full.index(stop)]
+    out = llm.generate(
+        PROMPTS[0], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop])
+    )[0].outputs[0]
+    assert out.text == cut and out.finish_reason == "stop" and out.stop_reason == stop
+    kept = llm.generate(
+        PROMPTS[0],
+        SamplingParams(
+            temperature=0,
+            max_tokens=20,
+            ignore_eos=True,
+            stop=[stop],
+            include_stop_str_in_output=True,
+        ),
+    )[0].outputs[0]
+    assert kept.text == cut + stop
+    assert llm.core.kv.pool.num_free_blocks == llm.core.kv.pool.num_blocks - 1
+
+
+def test_n_completions_with_a_seed_are_reproducible(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=42, max_tokens=8, ignore_eos=True)
+    a = llm.generate(PROMPTS[1], params)[0]
+    b = llm.generate(PROMPTS[1], params)[0]
+    assert [c.index for c in a.outputs] == [0, 1, 2]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert len({tuple(c.token_ids) for c in a.outputs}) > 1
+
+
+def test_chat_renders_the_template(llm):
+    out = llm.chat(
+        [{"role": "user", "content": "Hello"}], SamplingParams(temperature=0, max_tokens=4)
+    )[0]
+    rendered = llm.tokenizer.decode(out.prompt_token_ids)
+    assert rendered.endswith("<|im_start|>assistant\n") and "Hello" in rendered
+
+
+def test_bad_params_are_named(llm):
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="params must be one SamplingParams or one per prompt"):
+        llm.generate(PROMPTS, [SamplingParams()])
+
+
+def test_async_stream_and_cancel(tiny_llm_dir):
+    engine = AsyncLLM(tiny_llm_dir[1], **ENGINE)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+    async def stream():
+        text, ids = "", []
+        async for delta in engine.generate(PROMPTS[0], params):
+            text += delta.outputs[0].text
+            ids += delta.outputs[0].token_ids
+        return text, ids
+
+    async def cancel_early():
+        agen = engine.generate(
+            PROMPTS[1], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        )
+        async for _ in agen:
+            break
+        await agen.aclose()  # the consumer goes away: the request is aborted
+
+    async def main():
+        text, ids = await stream()
+        await cancel_early()
+        return text, ids
+
+    text, ids = asyncio.run(main())
+    assert len(ids) == 10 and text == engine.tokenizer.decode(ids, skip_special_tokens=True)
+    assert not engine.core.has_unfinished_requests()
+    assert engine.core.kv.pool.num_free_blocks == engine.core.kv.pool.num_blocks - 1
