@@ -29,7 +29,7 @@ def install(session: nox.Session, extras: str, accel: bool = True) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite: cargo tests, pytest over ref + accel + conformance, strict docs."""
-    install(session, "torch,hashing,hf,tests,docs")
+    install(session, "engine,hf,tiktoken,tests,docs")
     session.run("cargo", "test", "--manifest-path", CARGO_MANIFEST, "--quiet", external=True)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
     session.run("pytest", "tests", f"--hypothesis-profile={profile}", *session.posargs, env=ENV)
@@ -40,7 +40,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The conformance report of an implementation (default: pyagent_accel)."""
-    install(session, "torch,hashing,hf,tests")
+    install(session, "engine,hf,tests")
     target = session.posargs or [ACCEL]
     session.run("python", "-m", "conformance", *target)
 
@@ -48,21 +48,21 @@ def conformance(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Side-by-side timings: ref on numpy, ref on torch CPU, accel."""
-    install(session, "torch,hashing,bench")
+    install(session, "engine,bench")
     session.run("python", "benchmarks/bench_ops.py", *session.posargs)
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the documentation site strictly (warnings are errors)."""
-    install(session, "docs,hashing", accel=False)
+    install(session, "engine,docs", accel=False)
     session.run("mkdocs", "build", "--strict", *session.posargs, env=ENV)
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job, until the engine lands: accel's conformance report and the ratios."""
-    install(session, "torch,hashing,tests,bench")
+    install(session, "engine,tests,bench")
     session.run("python", "-m", "conformance", ACCEL)
     session.run("python", "benchmarks/bench_ops.py", "--quick")
 

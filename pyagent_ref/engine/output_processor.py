@@ -22,6 +22,7 @@ from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 @dataclass
 class _Child:
     request: Request
+    params: SamplingParams
     index: int
     detokenizer: IncrementalDetokenizer
     stop: StopChecker
@@ -61,6 +62,7 @@ class OutputProcessor:
         for i, child in enumerate(children):
             states[child.request_id] = _Child(
                 request=child,
+                params=params,
                 index=i,
                 detokenizer=IncrementalDetokenizer(
                     self.tokenizer,
@@ -127,7 +129,10 @@ class OutputProcessor:
             ids, values, _, _ = out.logprobs
             comp.logprobs.append(dict(zip(ids, values, strict=True)))
         core_done = out.finish_reason is not None
-        text = child.detokenizer.add_tokens(list(out.new_token_ids))
+        ids = list(out.new_token_ids)
+        if out.finish_reason == "stop" and not child.params.include_stop_str_in_output:
+            ids = ids[:-1]  # the core stopped on EOS or a stop token id: not part of the text
+        text = child.detokenizer.add_tokens(ids)
         if core_done:
             text += child.detokenizer.finish()
         emit, stopped, stop_str = child.stop.update(text)

@@ -1,0 +1,44 @@
+"""Tokenizers, chat templates, incremental detokenization and stop handling.
+
+* `Tokenizer`: the protocol the engine programs against, with two backends:
+  `HFTokenizer` (``tokenizer.json`` via the `tokenizers` library) and
+  `TiktokenTokenizer` (a ``*.tiktoken`` rank file via the optional `tiktoken` package);
+  `load_tokenizer(model_dir)` picks the one a checkpoint needs.
+* `render_chat_template`: HF chat templates rendered the way transformers renders them.
+* `IncrementalDetokenizer`: generated ids in, text deltas out, never a broken character.
+* `StopChecker`: stop strings (across deltas) and stop token ids on streamed text.
+
+`TiktokenTokenizer` is importable without `tiktoken`; building one needs it.
+"""
+
+from .chat import (
+    ChatTemplateError,
+    compile_chat_template,
+    load_chat_templates,
+    render_chat_template,
+    select_chat_template,
+)
+from .detokenizer import IncrementalDetokenizer
+from .hf import HFTokenizer
+from .loader import load_tokenizer
+from .protocol import Message, Tokenizer
+from .stop import StopChecker, StopResult, find_stop
+from .tiktoken_backend import TiktokenTokenizer, read_tiktoken_ranks
+
+__all__ = [
+    "ChatTemplateError",
+    "HFTokenizer",
+    "IncrementalDetokenizer",
+    "Message",
+    "StopChecker",
+    "StopResult",
+    "TiktokenTokenizer",
+    "Tokenizer",
+    "compile_chat_template",
+    "find_stop",
+    "load_chat_templates",
+    "load_tokenizer",
+    "read_tiktoken_ranks",
+    "render_chat_template",
+    "select_chat_template",
+]

@@ -1,0 +1,54 @@
+"""Pick the tokenizer backend a checkpoint directory needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .protocol import Tokenizer
+from .tiktoken_backend import TIKTOKEN_CONFIG
+
+__all__ = ["load_tokenizer"]
+
+
+def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+    """Load the tokenizer stored in ``model_dir``.
+
+    * ``tokenizer.json`` present: `HFTokenizer.from_pretrained` (the `tokenizers` library);
+    * else a ``*.tiktoken`` rank file and ``tiktoken_config.json``:
+      `TiktokenTokenizer.from_pretrained` (needs the optional `tiktoken` package).
+
+    Raises:
+        FileNotFoundError: ``model_dir`` is not a directory, or holds neither kind of
+            tokenizer (the message says what was looked for and what is missing).
+        ValueError: the files are there but malformed.
+        ImportError: a tiktoken checkpoint without the `tiktoken` package.
+    """
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"model_dir {str(model_dir)!r} is not a directory")
+    if (root / "tokenizer.json").is_file():
+        from .hf import HFTokenizer
+
+        return HFTokenizer.from_pretrained(root)
+    rank_files = sorted(root.glob("*.tiktoken"))
+    has_config = (root / TIKTOKEN_CONFIG).is_file()
+    if rank_files and has_config:
+        from .tiktoken_backend import TiktokenTokenizer
+
+        return TiktokenTokenizer.from_pretrained(root)
+    if rank_files:
+        missing = (
+            f"it has the tiktoken rank file {rank_files[0].name} but no {TIKTOKEN_CONFIG} "
+            f"(the regex pattern and special tokens)"
+        )
+    elif (root / "tokenizer.model").is_file():
+        missing = (
+            "it has only a sentencepiece tokenizer.model: write a tokenizer.json once with "
+            "transformers (AutoTokenizer.from_pretrained(dir).save_pretrained(dir))"
+        )
+    else:
+        missing = "it has neither"
+    raise FileNotFoundError(
+        f"model_dir {str(model_dir)!r} holds no tokenizer: expected tokenizer.json "
+        f"(Hugging Face) or a *.tiktoken rank file with {TIKTOKEN_CONFIG}; {missing}"
+    )
