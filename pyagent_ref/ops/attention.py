@@ -174,11 +174,15 @@ def paged_attention(
         v = xp.reshape(xp.take(value_cache, blocks, axis=0), (-1, num_kv_heads, head_size))[
             :seq_len
         ]
-        # (q_len, heads, d) -> (kv_heads, group, q_len, d); keys (kv_heads, 1, d, seq)
+        # Per KV head g, its `group` query heads attend together: stack them as rows.
+        # q: (q_len, heads, d) -> (kv_heads, group * q_len, d); k, v: (kv_heads, seq, d)
         q = xp.astype(query[start:end], compute)
         q = xp.permute_dims(xp.reshape(q, (q_len, num_kv_heads, group, head_size)), (1, 2, 0, 3))
-        kt = xp.permute_dims(xp.astype(k, compute), (1, 2, 0))[:, None, :, :]
-        scores = xp.matmul(q, kt) * scale  # (kv_heads, group, q_len, seq)
+        q = xp.reshape(q, (num_kv_heads, group * q_len, head_size))
+        k = xp.permute_dims(xp.astype(k, compute), (1, 0, 2))
+        v = xp.permute_dims(xp.astype(v, compute), (1, 0, 2))
+        scores = xp.matmul(q, xp.permute_dims(k, (0, 2, 1))) * scale
+        scores = xp.reshape(scores, (num_kv_heads, group, q_len, seq_len))
         q_pos = xp.arange(seq_len - q_len, seq_len, device=device(query))[:, None]
         k_pos = xp.arange(seq_len, device=device(query))[None, :]
         if alibi_slopes is not None:
@@ -194,8 +198,8 @@ def paged_attention(
         scores = xp.where(visible, scores, -math.inf)
         weights = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
         weights = weights / xp.sum(weights, axis=-1, keepdims=True)
-        vr = xp.permute_dims(xp.astype(v, compute), (1, 0, 2))[:, None, :, :]  # (kv, 1, seq, d)
-        o = xp.matmul(weights, vr)  # (kv_heads, group, q_len, d)
+        weights = xp.reshape(weights, (num_kv_heads, group * q_len, seq_len))
+        o = xp.reshape(xp.matmul(weights, v), (num_kv_heads, group, q_len, head_size))
         o = xp.reshape(xp.permute_dims(o, (2, 0, 1, 3)), (q_len, num_heads, head_size))
         out[start:end] = xp.astype(o, query.dtype)
     return out
