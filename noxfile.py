@@ -16,6 +16,13 @@ nox.options.reuse_existing_virtualenvs = True
 ACCEL = "pyagent_accel"
 # Tests must not skip the accelerator they are meant to check; mkdocs 1.x nags about 2.x.
 ENV = {"PYAGENT_REQUIRE_ACCEL": "1", "NO_MKDOCS_2_WARNING": "1"}
+# The conformance suite on every implementation we ship, with both array libraries.
+CONFORMANCE_RUNS = [
+    ("pyagent_ref", "numpy"),
+    ("pyagent_ref", "torch"),
+    ("pyagent_accel", "numpy"),
+    ("pyagent_accel", "torch"),
+]
 CARGO_MANIFEST = f"{ACCEL}/Cargo.toml"
 
 
@@ -33,6 +40,17 @@ def tests(session: nox.Session) -> None:
     session.run("cargo", "test", "--manifest-path", CARGO_MANIFEST, "--quiet", external=True)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
     session.run("pytest", "tests", f"--hypothesis-profile={profile}", *session.posargs, env=ENV)
+    for impl, array in CONFORMANCE_RUNS:
+        session.run(
+            "pytest",
+            "--pyargs",
+            "conformance",
+            "-q",
+            f"--hypothesis-profile={profile}",
+            f"--conformance-impl={impl}",
+            f"--conformance-array={array}",
+            env=ENV,
+        )
     site = f"{session.create_tmp()}/site"
     session.run("mkdocs", "build", "--strict", "--site-dir", site, env=ENV)
 

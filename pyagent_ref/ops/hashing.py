@@ -169,9 +169,10 @@ def hash_block(
     Returns:
         The digest, 32 bytes (sha256) or 16 bytes (xxh3_128).
     Raises:
-        TypeError: a parent that is not bytes, non-integer tokens, untagged keys.
-        ValueError: unknown algorithm, wrong parent length, a token out of range, a
-            malformed extra key.
+        TypeError: a parent that is not bytes, non-integer tokens, extra_keys that is not
+            a sequence.
+        ValueError: unknown algorithm, wrong parent length, a token out of range, an
+            extra key that is not a tuple with a known tag, or a malformed one.
     """
     parent = _check_parent(parent_hash, algorithm, "parent_hash")
     tokens = _token_list(token_ids)

@@ -1,0 +1,893 @@
+"""Deliberately wrong implementations: the suite must catch every one of them.
+
+Each mutant is the reference with one op replaced by a plausible bug (the kind a port to
+another language or a fast kernel tends to have). `conformance.selftest` runs the op's
+properties on each mutant and fails if a mutant survives, which shows that the
+properties can fail; it also lists the properties no mutant kills.
+
+A mutant validates its arguments with the reference first (so it raises the right
+errors unless the bug is about errors), then computes the wrong answer in numpy and
+returns it in the input's library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from pyagent_ref.ops import hashing as H
+from pyagent_ref.ops import sampling as S
+
+from .core import Impl, library_of, to_numpy
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    module: str
+    op: str
+    bug: str
+    fn: Callable[..., Any]
+
+
+MUTANTS: list[Mutant] = []
+
+
+def mutant(module: str, op: str, bug: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        MUTANTS.append(Mutant(fn.__name__, module, op, bug, fn))
+        return fn
+
+    return deco
+
+
+def _np(x: Any) -> np.ndarray:
+    return np.array(to_numpy(x), copy=True) if hasattr(x, "dtype") else np.asarray(x)
+
+
+def _back(like: Any, arr: np.ndarray) -> Any:
+    """`arr` in the library of `like`."""
+    if library_of(like) == "torch":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(arr))
+    return arr
+
+
+def _probs(row: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
+    x = row.astype(dtype)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+# --- sampling -------------------------------------------------------------------------------
+
+
+@mutant("sampling", "apply_temperature", "multiplies by the temperature instead of dividing")
+def temperature_multiplies(logits: Any, temperature: Any) -> Any:
+    S.apply_temperature(logits, temperature)
+    x, t = _np(logits), _np(temperature).astype(_np(logits).dtype)
+    return _back(logits, x * np.where(t == 0, 1, t)[:, None])
+
+
+@mutant("sampling", "apply_temperature", "greedy rows (t = 0) are divided by a tiny temperature")
+def temperature_zero_as_tiny(logits: Any, temperature: Any) -> Any:
+    S.apply_temperature(logits, temperature)
+    x, t = _np(logits), _np(temperature).astype(_np(logits).dtype)
+    return _back(logits, x / np.where(t == 0, 1e-2, t)[:, None])
+
+
+@mutant(
+    "sampling", "apply_temperature", "no validation: negative/NaN temperatures are silently fixed"
+)
+def temperature_unvalidated(logits: Any, temperature: Any) -> Any:
+    t = np.abs(_np(temperature).astype(np.float64))
+    t = np.where(np.isfinite(t), t, 1.0)
+    if t.shape != (_np(logits).shape[0],) or _np(temperature).dtype == bool:
+        return S.apply_temperature(logits, temperature)
+    return S.apply_temperature(logits, _back(logits, t))
+
+
+@mutant("sampling", "apply_temperature", "writes the result into the input and returns it")
+def temperature_in_place(logits: Any, temperature: Any) -> Any:
+    out = S.apply_temperature(logits, temperature)
+    logits[...] = out
+    return logits
+
+
+@mutant("sampling", "apply_temperature", "returns float64 for float32 logits")
+def temperature_promotes(logits: Any, temperature: Any) -> Any:
+    return _back(logits, _np(S.apply_temperature(logits, temperature)).astype(np.float64))
+
+
+def _keep(logits: Any, keep: np.ndarray) -> Any:
+    x = _np(logits)
+    return _back(logits, np.where(keep, x, NEG_INF).astype(x.dtype))
+
+
+@mutant("sampling", "apply_top_k", "keeps exactly k tokens, dropping ties at the k-th by index")
+def top_k_drops_ties(logits: Any, k: Any) -> Any:
+    S.apply_top_k(logits, k)
+    x, k = _np(logits), _np(k)
+    keep = np.zeros(x.shape, bool)
+    for b, row in enumerate(x):
+        kk = row.size if k[b] <= 0 or k[b] >= row.size else int(k[b])
+        keep[b, np.argsort(-row, kind="stable")[:kk]] = True
+    return _keep(logits, keep)
+
+
+@mutant("sampling", "apply_top_k", "keeps k + 1 tokens")
+def top_k_off_by_one(logits: Any, k: Any) -> Any:
+    kk = _np(k).astype(np.int64)
+    kk = np.where((kk > 0) & (kk < _np(logits).shape[1]), kk + 1, kk)
+    S.apply_top_k(logits, k)
+    return S.apply_top_k(logits, _back(logits, kk))
+
+
+@mutant("sampling", "apply_top_k", "keeps k - 1 tokens")
+def top_k_one_short(logits: Any, k: Any) -> Any:
+    kk = _np(k).astype(np.int64)
+    kk = np.where((kk > 1) & (kk < _np(logits).shape[1]), kk - 1, kk)
+    S.apply_top_k(logits, k)
+    return S.apply_top_k(logits, _back(logits, kk))
+
+
+@mutant("sampling", "apply_top_k", "k <= 0 keeps one token instead of disabling the filter")
+def top_k_zero_keeps_one(logits: Any, k: Any) -> Any:
+    S.apply_top_k(logits, k)
+    kk = _np(k).astype(np.int64)
+    return S.apply_top_k(logits, _back(logits, np.where(kk <= 0, 1, kk)))
+
+
+@mutant("sampling", "apply_top_k", "lowers the kept logits by 1")
+def top_k_changes_values(logits: Any, k: Any) -> Any:
+    out = _np(S.apply_top_k(logits, k))
+    return _back(logits, out - 1)
+
+
+def _top_p(logits: Any, p: Any, dtype: Any = np.float64, extra: int = 0, ties: bool = True) -> Any:
+    S.apply_top_p(logits, p)
+    x, p = _np(logits), _np(p).astype(np.float64)
+    keep = np.ones(x.shape, bool)
+    for b, row in enumerate(x):
+        if p[b] == 1:
+            continue
+        probs = _probs(row, dtype)
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        m = min(int(np.sum(cum < p[b])) + 1 + extra, row.size)
+        keep[b] = probs >= probs[order[m - 1]] if ties else np.isin(np.arange(row.size), order[:m])
+    return _keep(logits, keep)
+
+
+@mutant("sampling", "apply_top_p", "keeps exactly m tokens, dropping ties with the last one")
+def top_p_drops_ties(logits: Any, p: Any) -> Any:
+    return _top_p(logits, p, ties=False)
+
+
+@mutant("sampling", "apply_top_p", "keeps one token more than the smallest set")
+def top_p_one_more(logits: Any, p: Any) -> Any:
+    return _top_p(logits, p, extra=1)
+
+
+@mutant("sampling", "apply_top_p", "computes softmax and the cumulative sum in float32")
+def top_p_float32(logits: Any, p: Any) -> Any:
+    return _top_p(logits, p, dtype=np.float32)
+
+
+@mutant("sampling", "apply_top_p", "treats p == 1 like any other p (cuts the zero-mass tail)")
+def top_p_one_filters(logits: Any, p: Any) -> Any:
+    pp = _np(p).astype(np.float64)
+    S.apply_top_p(logits, p)
+    return _top_p(logits, _back(logits, np.where(pp == 1, 1 - 1e-3, pp)))
+
+
+@mutant("sampling", "apply_top_p", "adds 0.5 to the kept logits")
+def top_p_changes_values(logits: Any, p: Any) -> Any:
+    return _back(logits, _np(S.apply_top_p(logits, p)) + 0.5)
+
+
+@mutant("sampling", "apply_min_p", "compares probabilities with min_p unscaled by the max")
+def min_p_unscaled(logits: Any, min_p: Any) -> Any:
+    S.apply_min_p(logits, min_p)
+    x, m = _np(logits), _np(min_p).astype(np.float64)
+    return _keep(logits, np.stack([_probs(row) >= m[b] for b, row in enumerate(x)]))
+
+
+@mutant("sampling", "apply_min_p", "computes the ratio exp(x - max) in float32")
+def min_p_float32(logits: Any, min_p: Any) -> Any:
+    S.apply_min_p(logits, min_p)
+    x, m = _np(logits).astype(np.float32), _np(min_p).astype(np.float32)
+    ratio = np.exp(x - x.max(1, keepdims=True))
+    return _keep(logits, ~(ratio < m[:, None]))
+
+
+@mutant("sampling", "apply_min_p", "masks tokens tied for the max when min_p == 1 (uses <=)")
+def min_p_non_strict(logits: Any, min_p: Any) -> Any:
+    S.apply_min_p(logits, min_p)
+    x, m = _np(logits).astype(np.float64), _np(min_p).astype(np.float64)
+    ratio = np.exp(x - x.max(1, keepdims=True))
+    keep = ~(ratio <= m[:, None]) | (m[:, None] == 0)
+    return _keep(logits, keep)
+
+
+@mutant("sampling", "apply_min_p", "halves the kept logits")
+def min_p_changes_values(logits: Any, min_p: Any) -> Any:
+    return _back(logits, _np(S.apply_min_p(logits, min_p)) / 2)
+
+
+def _penalties(
+    logits,
+    prompt_ids,
+    output_ids,
+    r,
+    f,
+    q,
+    *,
+    prompt=True,
+    count_prompt=False,
+    order="rfq",
+    wrap=False,
+):
+    S.apply_penalties(logits, prompt_ids, output_ids, r, f, q)
+    x = _np(logits)
+    dt = x.dtype
+    pid, oid = _np(prompt_ids).astype(np.int64), _np(output_ids).astype(np.int64)
+    if wrap:
+        pid, oid = pid % x.shape[1], oid % x.shape[1]
+    r, f, q = (_np(v).astype(dt)[:, None] for v in (r, f, q))
+    c = np.zeros(x.shape, np.int64)
+    seen = np.zeros(x.shape, bool)
+    for b in range(x.shape[0]):
+        for t in oid[b][oid[b] >= 0]:
+            c[b, t] += 1
+            seen[b, t] = True
+        for t in pid[b][pid[b] >= 0]:
+            seen[b, t] |= prompt
+            c[b, t] += count_prompt
+    y = x.copy()
+    for step in order:
+        if step == "r":
+            y = np.where(seen, np.where(y > 0, y / r, y * r), y)
+        elif step == "f":
+            y = y - f * c.astype(dt)
+        else:
+            y = y - q * (c > 0).astype(dt)
+    return _back(logits, y.astype(dt))
+
+
+@mutant("sampling", "apply_penalties", "the repetition penalty ignores prompt tokens")
+def penalties_ignore_prompt(*args: Any) -> Any:
+    return _penalties(*args, prompt=False)
+
+
+@mutant("sampling", "apply_penalties", "frequency counts include the prompt")
+def penalties_count_prompt(*args: Any) -> Any:
+    return _penalties(*args, count_prompt=True)
+
+
+@mutant("sampling", "apply_penalties", "frequency and presence before repetition")
+def penalties_wrong_order(*args: Any) -> Any:
+    return _penalties(*args, order="fqr")
+
+
+@mutant("sampling", "apply_penalties", "padding ids wrap around to the end of the vocab")
+def penalties_padding_wraps(*args: Any) -> Any:
+    return _penalties(*args, wrap=True)
+
+
+@mutant("sampling", "apply_logit_bias", "a token listed twice gets only its last bias")
+def bias_last_wins(logits: Any, token_ids: Any, bias: Any) -> Any:
+    S.apply_logit_bias(logits, token_ids, bias)
+    x, ids, w = _np(logits), _np(token_ids), _np(bias).astype(np.float64)
+    y = x.astype(np.float64)
+    for b in range(x.shape[0]):
+        last = {int(t): float(w[b, j]) for j, t in enumerate(ids[b]) if t >= 0}
+        for t, v in last.items():
+            y[b, t] += v
+    return _back(logits, y.astype(x.dtype))
+
+
+@mutant("sampling", "apply_logit_bias", "rounds the bias to float32 before adding it")
+def bias_float32(logits: Any, token_ids: Any, bias: Any) -> Any:
+    return S.apply_logit_bias(logits, token_ids, _back(logits, _np(bias).astype(np.float32)))
+
+
+@mutant("sampling", "log_softmax", "computes float64 rows in float32")
+def log_softmax_float32(logits: Any) -> Any:
+    x = _np(logits)
+    out = _np(S.log_softmax(_back(logits, x.astype(np.float32))))
+    return _back(logits, out.astype(x.dtype))
+
+
+@mutant("sampling", "log_softmax", "forgets the normalisation (returns x - max)")
+def log_softmax_unnormalised(logits: Any) -> Any:
+    S.log_softmax(logits)
+    x = _np(logits)
+    return _back(logits, x - x.max(1, keepdims=True))
+
+
+@mutant("sampling", "topk_logprobs", "breaks ties by the higher token id")
+def topk_ties_high_id(logprobs: Any, num: int, sampled: Any) -> Any:
+    values, ids, chosen, rank = S.topk_logprobs(logprobs, num, sampled)
+    x = _np(logprobs)
+    order = np.stack(
+        [sorted(range(x.shape[1]), key=lambda i: (-x[b, i], -i))[:num] for b in range(x.shape[0])]
+    ).reshape(x.shape[0], num)
+    return (
+        _back(logprobs, np.take_along_axis(x, order, 1)),
+        _back(logprobs, order.astype(np.int64)),
+        chosen,
+        rank,
+    )
+
+
+@mutant("sampling", "topk_logprobs", "rank counts tied tokens as better (>=)")
+def topk_rank_non_strict(logprobs: Any, num: int, sampled: Any) -> Any:
+    values, ids, chosen, rank = S.topk_logprobs(logprobs, num, sampled)
+    x, s = _np(logprobs), _np(sampled).astype(np.int64)
+    r = np.array([int(np.sum(x[b] >= x[b, s[b]])) for b in range(x.shape[0])], np.int64)
+    return values, ids, chosen, _back(logprobs, r)
+
+
+def _philox(seeds: Any, positions: Any, num: int, *, swap=False, position=None, closed=False):
+    S.philox_uniform(seeds, positions, num)
+    from . import oracles
+
+    s = _np(seeds).astype(np.int64) if _np(seeds).dtype != np.uint64 else _np(seeds).view(np.int64)
+    pos = _np(positions).astype(np.int64)
+    rows = []
+    for b in range(s.shape[0]):
+        p = int(pos[b]) if position is None else position(b, int(pos[b]))
+        seed = int(s[b]) & (2**64 - 1)
+        out = []
+        for j in range((num + 1) // 2):
+            x = oracles.philox4x32_10(
+                (j, 0, p & 0xFFFFFFFF, p >> 32), (seed & 0xFFFFFFFF, seed >> 32)
+            )
+            pairs = ((x[2], x[3]), (x[0], x[1])) if swap else ((x[0], x[1]), (x[2], x[3]))
+            for lo, hi in pairs:
+                m = ((hi << 32) | lo) >> 12
+                out.append(math.ldexp(m, -52) if closed else math.ldexp(2 * m + 1, -53))
+        rows.append(out[:num])
+    return _back(seeds, np.array(rows, np.float64).reshape(s.shape[0], num))
+
+
+@mutant("sampling", "philox_uniform", "uses the two halves of each Philox block in the wrong order")
+def philox_swapped_halves(seeds: Any, positions: Any, num: int) -> Any:
+    return _philox(seeds, positions, num, swap=True)
+
+
+@mutant("sampling", "philox_uniform", "counts by row index instead of position (batch-dependent)")
+def philox_counts_rows(seeds: Any, positions: Any, num: int) -> Any:
+    return _philox(seeds, positions, num, position=lambda b, p: b)
+
+
+@mutant("sampling", "philox_uniform", "maps the 52 bits to [0, 1) (m * 2**-52)")
+def philox_closed_interval(seeds: Any, positions: Any, num: int) -> Any:
+    return _philox(seeds, positions, num, closed=True)
+
+
+def _sample(
+    logits, temperature, seeds, positions, *, score=None, greedy_last=False, row_seed=False
+):
+    tokens = _np(S.sample(logits, temperature, seeds, positions))
+    x = _np(logits).astype(np.float64)
+    t = _np(temperature).astype(np.float64)
+    s = _np(seeds)
+    if row_seed:
+        s = s.astype(np.int64) + np.arange(s.shape[0])
+    u = _np(
+        S.philox_uniform(
+            np.asarray(s).astype(np.int64) if s.dtype != np.uint64 else s,
+            _np(positions),
+            x.shape[1],
+        )
+    )
+    for b in range(x.shape[0]):
+        if t[b] == 0:
+            if greedy_last:
+                tokens[b] = int(np.flatnonzero(x[b] == x[b].max())[-1])
+            continue
+        sc = (score or (lambda xb, ub, tb: xb - np.log(-np.log(ub))))(x[b], u[b], t[b])
+        tokens[b] = int(np.argmax(sc))
+    return _back(logits, tokens.astype(np.int64))
+
+
+@mutant("sampling", "sample", "adds the uniform instead of Gumbel noise (argmax(x + u))")
+def sample_uniform_noise(*args: Any) -> Any:
+    return _sample(*args, score=lambda x, u, t: x + u)
+
+
+@mutant("sampling", "sample", "samples from softmax(2 * logits)")
+def sample_sharpened(*args: Any) -> Any:
+    return _sample(*args, score=lambda x, u, t: 2 * x - np.log(-np.log(u)))
+
+
+@mutant("sampling", "sample", "applies the temperature again")
+def sample_divides_by_temperature(*args: Any) -> Any:
+    return _sample(*args, score=lambda x, u, t: x / t - np.log(-np.log(u)))
+
+
+@mutant("sampling", "sample", "greedy rows take the last of tied maxima")
+def sample_greedy_last_tie(*args: Any) -> Any:
+    return _sample(*args, greedy_last=True)
+
+
+@mutant("sampling", "sample", "mixes the row index into the seed (batch-dependent)")
+def sample_row_seeded(*args: Any) -> Any:
+    return _sample(*args, row_seed=True)
+
+
+# --- generic bugs of the logits ops -----------------------------------------------------------
+
+
+def _in_place(op: Callable[..., Any]) -> Callable[..., Any]:
+    def fn(logits: Any, *args: Any) -> Any:
+        out = op(logits, *args)
+        logits[...] = out
+        return logits
+
+    return fn
+
+
+def _lenient(
+    op: Callable[..., Any], arg: int, fix: Callable[[np.ndarray], np.ndarray]
+) -> Callable[..., Any]:
+    """`op` with argument number `arg` silently repaired instead of rejected."""
+
+    def fn(*args: Any) -> Any:
+        args = list(args)
+        value = args[arg]
+        if hasattr(value, "dtype") and _np(value).dtype.kind in "fiu":
+            args[arg] = _back(value, fix(_np(value)))
+        return op(*args)
+
+    return fn
+
+
+for _op, _arg, _fix, _what in (
+    (
+        "apply_top_p",
+        1,
+        lambda p: np.clip(np.nan_to_num(p, nan=1.0), 1e-9, 1.0),
+        "p outside (0, 1] is clipped",
+    ),
+    (
+        "apply_min_p",
+        1,
+        lambda m: np.clip(np.nan_to_num(m, nan=0.0), 0.0, 1.0),
+        "min_p outside [0, 1] is clipped",
+    ),
+    (
+        "apply_penalties",
+        3,
+        lambda r: np.where(np.isfinite(r) & (r > 0), r, 1.0),
+        "a bad repetition_penalty means 1",
+    ),
+    (
+        "sample",
+        1,
+        lambda t: np.where(np.isfinite(t) & (t >= 0), t, 0.0),
+        "a bad temperature means greedy",
+    ),
+    ("philox_uniform", 1, lambda p: np.abs(p), "negative positions are made positive"),
+    ("topk_logprobs", 2, lambda s: np.clip(s, 0, None), "negative sampled ids are clipped to 0"),
+):
+    MUTANTS.append(
+        Mutant(f"{_op}_lenient", "sampling", _op, _what, _lenient(getattr(S, _op), _arg, _fix))
+    )
+
+
+def _requires_contiguous(op: Callable[..., Any]) -> Callable[..., Any]:
+    def fn(logits: Any, *args: Any) -> Any:
+        contiguous = (
+            logits.is_contiguous() if library_of(logits) == "torch" else logits.flags.c_contiguous
+        )
+        if not contiguous:
+            raise ValueError("logits must be C-contiguous")
+        return op(logits, *args)
+
+    return fn
+
+
+for _op in (
+    "apply_temperature",
+    "apply_top_k",
+    "apply_top_p",
+    "apply_min_p",
+    "apply_penalties",
+    "apply_logit_bias",
+    "log_softmax",
+    "topk_logprobs",
+    "sample",
+):
+    MUTANTS.append(
+        Mutant(
+            f"{_op}_requires_contiguous",
+            "sampling",
+            _op,
+            "rejects a non-contiguous main array",
+            _requires_contiguous(getattr(S, _op)),
+        )
+    )
+
+for _op in (
+    "apply_top_k",
+    "apply_top_p",
+    "apply_min_p",
+    "apply_penalties",
+    "apply_logit_bias",
+    "log_softmax",
+):
+    MUTANTS.append(
+        Mutant(
+            f"{_op}_in_place",
+            "sampling",
+            _op,
+            "writes the result into the input and returns it",
+            _in_place(getattr(S, _op)),
+        )
+    )
+
+
+@mutant("sampling", "apply_temperature", "breaks ties by adding 1e-3 * token index")
+def temperature_jitters_ties(logits: Any, temperature: Any) -> Any:
+    out = _np(S.apply_temperature(logits, temperature))
+    return _back(logits, (out + 1e-3 * np.arange(out.shape[1])).astype(out.dtype))
+
+
+@mutant("sampling", "apply_penalties", "computes float64 logits in float32")
+def penalties_float32(logits: Any, *args: Any) -> Any:
+    x = _np(logits)
+    out = _np(S.apply_penalties(_back(logits, x.astype(np.float32)), *args))
+    return _back(logits, out.astype(x.dtype))
+
+
+@mutant(
+    "sampling",
+    "apply_logit_bias",
+    "padding id -1 indexes the last token (Python negative indexing)",
+)
+def bias_padding_indexes_last(logits: Any, token_ids: Any, bias: Any) -> Any:
+    S.apply_logit_bias(logits, token_ids, bias)
+    x, ids, w = _np(logits), _np(token_ids).astype(np.int64), _np(bias).astype(np.float64)
+    y = x.astype(np.float64)
+    for b in range(x.shape[0]):
+        for j, t in enumerate(ids[b]):
+            y[b, t] += w[b, j]
+    return _back(logits, y.astype(x.dtype))
+
+
+@mutant("sampling", "log_softmax", "normalises by the other tokens' mass only")
+def log_softmax_excludes_max(logits: Any) -> Any:
+    S.log_softmax(logits)
+    x = _np(logits).astype(np.float64)
+    shifted = x - x.max(1, keepdims=True)
+    rest = np.exp(shifted).sum(1, keepdims=True) - 1
+    return _back(logits, (shifted - np.log(np.where(rest > 0, rest, 1))).astype(_np(logits).dtype))
+
+
+@mutant("sampling", "log_softmax", "breaks ties by subtracting 1e-4 * token index")
+def log_softmax_jitters_ties(logits: Any) -> Any:
+    out = _np(S.log_softmax(logits))
+    return _back(logits, (out - 1e-4 * np.arange(out.shape[1])).astype(out.dtype))
+
+
+@mutant("sampling", "philox_uniform", "returns float32")
+def philox_float32(seeds: Any, positions: Any, num: int) -> Any:
+    return _back(seeds, _np(S.philox_uniform(seeds, positions, num)).astype(np.float32))
+
+
+@mutant("sampling", "philox_uniform", "numbers the blocks from the end (the stream depends on num)")
+def philox_depends_on_num(seeds: Any, positions: Any, num: int) -> Any:
+    u = _np(S.philox_uniform(seeds, positions, 2 * ((num + 1) // 2)))
+    blocks = u.reshape(u.shape[0], -1, 2)[:, ::-1, :].reshape(u.shape[0], -1)
+    return _back(seeds, np.ascontiguousarray(blocks[:, :num]))
+
+
+@mutant("sampling", "philox_uniform", "saturates uint64 seeds >= 2**63 to 2**63 - 1")
+def philox_saturates_uint64(seeds: Any, positions: Any, num: int) -> Any:
+    s = _np(seeds)
+    if s.dtype == np.uint64:
+        s = np.minimum(s, np.uint64(2**63 - 1)).astype(np.int64)
+    return S.philox_uniform(_back(seeds, s), positions, num)
+
+
+@mutant("sampling", "philox_uniform", "combines the two uniforms of a block with max")
+def philox_max_of_halves(seeds: Any, positions: Any, num: int) -> Any:
+    u = _np(S.philox_uniform(seeds, positions, num + 1))
+    return _back(seeds, np.ascontiguousarray(np.maximum(u[:, :num], u[:, 1 : num + 1])))
+
+
+@mutant("sampling", "philox_uniform", "advances the positions array in place")
+def philox_advances_positions(seeds: Any, positions: Any, num: int) -> Any:
+    out = S.philox_uniform(seeds, positions, num)
+    positions += 1
+    return out
+
+
+@mutant("sampling", "sample", "replaces -inf by 0 before drawing (nan_to_num)")
+def sample_masks_as_zero(logits: Any, temperature: Any, seeds: Any, positions: Any) -> Any:
+    S.sample(logits, temperature, seeds, positions)
+    x = _np(logits)
+    return S.sample(
+        _back(logits, np.where(np.isneginf(x), 0, x).astype(x.dtype)), temperature, seeds, positions
+    )
+
+
+@mutant("sampling", "sample", "returns int32 token ids")
+def sample_int32(*args: Any) -> Any:
+    return _back(args[0], _np(S.sample(*args)).astype(np.int32))
+
+
+@mutant("sampling", "sample", "overwrites the logits with the race scores")
+def sample_scores_in_place(logits: Any, temperature: Any, seeds: Any, positions: Any) -> Any:
+    out = S.sample(logits, temperature, seeds, positions)
+    logits[...] = logits - 1
+    return out
+
+
+# --- hashing --------------------------------------------------------------------------------
+
+
+def _cbor_long_heads(value: Any) -> bytes:
+    """CBOR whose small arguments (< 24) take a 1-byte extension instead of the head."""
+
+    def head(major: int, n: int) -> bytes:
+        if n < 256:
+            return bytes([major << 5 | 24, n])
+        return H._head(major, n)
+
+    if isinstance(value, bool):
+        raise TypeError("bool")
+    if isinstance(value, int):
+        H.cbor_encode(value)
+        return head(0, value) if value >= 0 else head(1, -1 - value)
+    if isinstance(value, (bytes, bytearray)):
+        return head(2, len(value)) + bytes(value)
+    if isinstance(value, str):
+        return head(3, len(value.encode())) + value.encode()
+    if isinstance(value, (list, tuple)):
+        return head(4, len(value)) + b"".join(_cbor_long_heads(v) for v in value)
+    raise TypeError(type(value).__name__)
+
+
+@mutant("hashing", "cbor_encode", "never uses the 1-byte head for small arguments")
+def cbor_long_heads(value: Any) -> bytes:
+    return _cbor_long_heads(value)
+
+
+@mutant("hashing", "cbor_encode", "encodes bool as an integer")
+def cbor_accepts_bool(value: Any) -> bytes:
+    def fix(v: Any) -> Any:
+        if isinstance(v, bool):
+            return int(v)
+        return [fix(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return H.cbor_encode(fix(value))
+
+
+@mutant("hashing", "cbor_encode", "encodes text strings as byte strings")
+def cbor_text_as_bytes(value: Any) -> bytes:
+    def fix(v: Any) -> Any:
+        if isinstance(v, str):
+            return v.encode()
+        return [fix(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    H.cbor_encode(value)
+    return H.cbor_encode(fix(value))
+
+
+@mutant("hashing", "root_hash", "hashes the label without CBOR framing")
+def root_hash_raw_label(algorithm: str = "sha256") -> bytes:
+    H.root_hash(algorithm)
+    if algorithm == "sha256":
+        return hashlib.sha256(H.ROOT_LABEL.encode()).digest()
+    import xxhash
+
+    return xxhash.xxh3_128(H.ROOT_LABEL.encode()).digest()
+
+
+@mutant("hashing", "hash_block", "ignores the extra keys")
+def hash_block_ignores_keys(
+    parent_hash: bytes, token_ids: Any, extra_keys: Any = (), algorithm: str = "sha256"
+) -> bytes:
+    H.hash_block(parent_hash, token_ids, extra_keys, algorithm)
+    return H.hash_block(parent_hash, token_ids, (), algorithm)
+
+
+@mutant("hashing", "hash_block", "xxh3_128 digest little-endian")
+def hash_block_little_endian(
+    parent_hash: bytes, token_ids: Any, extra_keys: Any = (), algorithm: str = "sha256"
+) -> bytes:
+    out = H.hash_block(parent_hash, token_ids, extra_keys, algorithm)
+    return out[::-1] if algorithm == "xxh3_128" else out
+
+
+@mutant("hashing", "hash_block", "accepts bool tokens as 0/1")
+def hash_block_accepts_bool(
+    parent_hash: bytes, token_ids: Any, extra_keys: Any = (), algorithm: str = "sha256"
+) -> bytes:
+    if isinstance(token_ids, list):
+        token_ids = [int(t) if isinstance(t, bool) else t for t in token_ids]
+    return H.hash_block(parent_hash, token_ids, extra_keys, algorithm)
+
+
+@mutant("hashing", "hash_blocks", "hashes every block on the root (no chaining)")
+def hash_blocks_unchained(
+    token_ids: Any,
+    block_size: int,
+    extra_keys: Any = None,
+    algorithm: str = "sha256",
+    parent: Any = None,
+) -> list[bytes]:
+    out = H.hash_blocks(token_ids, block_size, extra_keys, algorithm, parent)
+    tokens = list(token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)
+    first = parent or H.root_hash(algorithm)
+    return [
+        H.hash_block(
+            first,
+            tokens[i * block_size : (i + 1) * block_size],
+            () if extra_keys is None else extra_keys[i],
+            algorithm,
+        )
+        for i in range(len(out))
+    ]
+
+
+@mutant("hashing", "hash_blocks", "also hashes the trailing partial block")
+def hash_blocks_partial(
+    token_ids: Any,
+    block_size: int,
+    extra_keys: Any = None,
+    algorithm: str = "sha256",
+    parent: Any = None,
+) -> list[bytes]:
+    out = H.hash_blocks(token_ids, block_size, extra_keys, algorithm, parent)
+    tokens = list(token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)
+    if len(tokens) % block_size:
+        out.append(
+            H.hash_block(
+                out[-1] if out else (parent or H.root_hash(algorithm)),
+                tokens[len(out) * block_size :],
+                (),
+                algorithm,
+            )
+        )
+    return out
+
+
+@mutant("hashing", "hash_blocks", "ignores the parent argument")
+def hash_blocks_ignores_parent(
+    token_ids: Any,
+    block_size: int,
+    extra_keys: Any = None,
+    algorithm: str = "sha256",
+    parent: Any = None,
+) -> list[bytes]:
+    H.hash_blocks(token_ids, block_size, extra_keys, algorithm, parent)
+    return H.hash_blocks(token_ids, block_size, extra_keys, algorithm, None)
+
+
+@mutant("hashing", "hash_blocks", "block_size 0 returns [] instead of raising")
+def hash_blocks_zero_block(
+    token_ids: Any,
+    block_size: int,
+    extra_keys: Any = None,
+    algorithm: str = "sha256",
+    parent: Any = None,
+) -> list[bytes]:
+    if block_size == 0:
+        return []
+    return H.hash_blocks(token_ids, block_size, extra_keys, algorithm, parent)
+
+
+@mutant("hashing", "cbor_encode", "rejects bytearray (only bytes accepted)")
+def cbor_rejects_bytearray(value: Any) -> bytes:
+    def check(v: Any) -> None:
+        if isinstance(v, bytearray):
+            raise TypeError("bytearray")
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                check(x)
+
+    check(value)
+    return H.cbor_encode(value)
+
+
+@mutant("hashing", "root_hash", "an unknown algorithm falls back to sha256")
+def root_hash_falls_back(algorithm: str = "sha256") -> bytes:
+    return H.root_hash(algorithm if algorithm in H.ALGORITHMS else "sha256")
+
+
+@mutant("hashing", "hash_block", "xxh3_128 is computed as xxh3_64 (8 bytes)")
+def hash_block_xxh3_64(
+    parent_hash: bytes, token_ids: Any, extra_keys: Any = (), algorithm: str = "sha256"
+) -> bytes:
+    out = H.hash_block(parent_hash, token_ids, extra_keys, algorithm)
+    if algorithm != "xxh3_128":
+        return out
+    import xxhash
+
+    return xxhash.xxh3_64(
+        H.cbor_encode([bytes(parent_hash), list(token_ids), [list(k) for k in extra_keys]])
+    ).digest()
+
+
+@mutant("hashing", "hash_block", "hashes at most 8 tokens (fixed-size buffer)")
+def hash_block_truncates(
+    parent_hash: bytes, token_ids: Any, extra_keys: Any = (), algorithm: str = "sha256"
+) -> bytes:
+    H.hash_block(parent_hash, token_ids, extra_keys, algorithm)
+    return H.hash_block(parent_hash, list(token_ids)[:8], extra_keys, algorithm)
+
+
+@mutant("hashing", "hash_block", "ignores the parent hash")
+def hash_block_ignores_parent(
+    parent_hash: bytes, token_ids: Any, extra_keys: Any = (), algorithm: str = "sha256"
+) -> bytes:
+    H.hash_block(parent_hash, token_ids, extra_keys, algorithm)
+    return H.hash_block(H.root_hash(algorithm), token_ids, extra_keys, algorithm)
+
+
+@mutant("hashing", "hash_block", "hashes an array's raw bytes instead of its values")
+def hash_block_array_bytes(
+    parent_hash: bytes, token_ids: Any, extra_keys: Any = (), algorithm: str = "sha256"
+) -> bytes:
+    out = H.hash_block(parent_hash, token_ids, extra_keys, algorithm)
+    if hasattr(token_ids, "dtype"):
+        raw = _np(token_ids).tobytes()
+        return H._digest(
+            H.cbor_encode([bytes(parent_hash), raw, [list(k) for k in extra_keys]]), algorithm
+        )
+    return out
+
+
+@mutant("hashing", "hash_blocks", "parent=None chains on zero bytes, not the root hash")
+def hash_blocks_zero_parent(
+    token_ids: Any,
+    block_size: int,
+    extra_keys: Any = None,
+    algorithm: str = "sha256",
+    parent: Any = None,
+) -> list[bytes]:
+    H.hash_blocks(token_ids, block_size, extra_keys, algorithm, parent)
+    return H.hash_blocks(
+        token_ids, block_size, extra_keys, algorithm, parent or bytes(H.DIGEST_SIZES[algorithm])
+    )
+
+
+@mutant(
+    "hashing", "hash_blocks", "iterates an array into numpy/torch scalars, which it then rejects"
+)
+def hash_blocks_array_scalars(
+    token_ids: Any,
+    block_size: int,
+    extra_keys: Any = None,
+    algorithm: str = "sha256",
+    parent: Any = None,
+) -> list[bytes]:
+    tokens = list(token_ids) if hasattr(token_ids, "dtype") else token_ids
+    return H.hash_blocks(tokens, block_size, extra_keys, algorithm, parent)
+
+
+def implementation(m: Mutant) -> Impl:
+    """An Impl that is the reference except for mutant `m`."""
+    modules = {}
+    for name, mod in (("sampling", S), ("hashing", H)):
+        ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
+        if name == m.module:
+            setattr(ns, m.op, m.fn)
+        modules[name] = ns
+    return Impl(
+        target=f"mutant:{m.name}", root=SimpleNamespace(**modules), label=f"mutant {m.name}"
+    )
