@@ -1,0 +1,225 @@
+"""Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling and hashing).
+
+    python benchmarks/bench_ops.py            # full grid (a few minutes)
+    python benchmarks/bench_ops.py --quick    # smoke run for CI (seconds)
+
+For every sampling op and shape it times, in one run and on the same inputs: the
+reference on numpy arrays, the reference on torch CPU tensors, and pyagent_accel (on
+numpy arrays; torch CPU input is a zero-copy view of the same memory). It prints the
+median wall time of each and the ratios ref_numpy / accel and ref_torch / accel.
+Hashing compares the reference (pure Python) with accel for token lists and arrays.
+
+Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
+a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
+This is a measurement, not a test: it never fails on a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from the checkout
+
+from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
+from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # torch is optional: the torch column is skipped
+    torch = None
+
+try:
+    import pyagent_accel._native as accel_native
+    from pyagent_accel.ops import hashing as accel_hashing
+    from pyagent_accel.ops import sampling as accel_sampling
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    sys.exit(f"pyagent_accel is not installed ({exc}); build it with: pip install ./pyagent_accel")
+
+
+def timeit(fn: Callable[[], Any], budget: float, min_reps: int, max_reps: int) -> float:
+    """Median seconds of fn() over repeats sized so the total stays near `budget`."""
+    t0 = time.perf_counter()
+    fn()  # warm-up (allocator, caches, lazy init); also sizes the repeats
+    first = time.perf_counter() - t0
+    reps = int(min(max_reps, max(min_reps, budget / max(first, 1e-7))))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def sampling_cases(batch: int, vocab: int, rng: np.random.Generator) -> list[tuple[str, tuple]]:
+    """(op name, args) with numpy inputs; torch inputs are made from them."""
+    logits = rng.normal(0.0, 3.0, (batch, vocab)).astype(np.float32)
+    n_prompt, n_output = 300, 200
+    prompt = rng.integers(0, vocab, (batch, n_prompt))
+    output = rng.integers(0, vocab, (batch, n_output))
+    output[:, n_output - 20 :] = -1  # some right padding
+    logprobs = ref_sampling.log_softmax(logits)
+    return [
+        ("apply_temperature", (logits, np.full(batch, 0.8, np.float32))),
+        ("apply_top_k", (logits, np.full(batch, 50, np.int64))),
+        ("apply_top_p", (logits, np.full(batch, 0.9))),
+        ("apply_min_p", (logits, np.full(batch, 0.05))),
+        (
+            "apply_penalties",
+            (
+                logits,
+                prompt,
+                output,
+                np.full(batch, 1.1, np.float32),
+                np.full(batch, 0.2, np.float32),
+                np.full(batch, 0.3, np.float32),
+            ),
+        ),
+        (
+            "apply_logit_bias",
+            (logits, rng.integers(0, vocab, (batch, 20)), rng.normal(0, 2, (batch, 20))),
+        ),
+        ("log_softmax", (logits,)),
+        ("topk_logprobs", (logprobs, 5, rng.integers(0, vocab, batch))),
+        ("sample", (logits, np.full(batch, 0.8), rng.integers(0, 2**62, batch), np.arange(batch))),
+        ("philox_uniform", (rng.integers(0, 2**62, batch), np.arange(batch), vocab)),
+    ]
+
+
+def to_torch(args: tuple) -> tuple:
+    return tuple(torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in args)
+
+
+def fmt_ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:10.3f}"
+
+
+def fmt_ratio(num: float | None, den: float) -> str:
+    return "-" if num is None else f"{num / den:8.1f}x"
+
+
+def bench_sampling(shapes: list[tuple[int, int]], budget: float, min_reps: int) -> list[dict]:
+    rows = []
+    header = (
+        f"{'op':<18} {'batch':>5} {'vocab':>7} {'ref_numpy ms':>13} {'ref_torch ms':>13} "
+        f"{'accel ms':>10} {'np/accel':>9} {'torch/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(0)
+    for batch, vocab in shapes:
+        for name, args in sampling_cases(batch, vocab, rng):
+            ref_fn = getattr(ref_sampling, name)
+            acc_fn = getattr(accel_sampling, name)
+            # same result first: the benchmark compares implementations of one contract
+            out_ref, out_acc = ref_fn(*args), acc_fn(*args)
+            if name in ("sample", "apply_top_k", "philox_uniform", "apply_penalties"):
+                assert np.array_equal(np.asarray(out_ref), np.asarray(out_acc)), name
+            t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
+            t_torch = None
+            if torch is not None:
+                targs = to_torch(args)
+                t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 50)
+            t_acc = timeit(functools.partial(acc_fn, *args), budget, min_reps, 200)
+            rows.append(
+                dict(op=name, batch=batch, vocab=vocab, np=t_np, torch=t_torch, accel=t_acc)
+            )
+            print(
+                f"{name:<18} {batch:>5} {vocab:>7} {fmt_ms(t_np):>13} {fmt_ms(t_torch):>13} "
+                f"{fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} {fmt_ratio(t_torch, t_acc):>11}",
+                flush=True,
+            )
+    return rows
+
+
+def bench_hashing(lengths: list[int], budget: float, min_reps: int) -> list[dict]:
+    rows = []
+    header = (
+        f"{'hash_blocks':<12} {'algorithm':>9} {'tokens':>7} {'ref ms':>10} "
+        f"{'accel(list) ms':>15} {'accel(array) ms':>16} "
+        f"{'ref/accel(list)':>16} {'ref/accel(array)':>17}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(1)
+    for n in lengths:
+        arr = rng.integers(0, 128256, n)
+        toks = arr.tolist()
+        for alg in ("sha256", "xxh3_128"):
+            ref_fn = functools.partial(ref_hashing.hash_blocks, toks, 16, None, alg)
+            list_fn = functools.partial(accel_hashing.hash_blocks, toks, 16, None, alg)
+            arr_fn = functools.partial(accel_hashing.hash_blocks, arr, 16, None, alg)
+            assert ref_fn() == list_fn() == arr_fn()
+            t_ref = timeit(ref_fn, budget, min_reps, 50)
+            t_list = timeit(list_fn, budget, min_reps, 500)
+            t_arr = timeit(arr_fn, budget, min_reps, 500)
+            rows.append(
+                dict(op=f"hash_blocks/{alg}", tokens=n, ref=t_ref, accel=t_list, accel_arr=t_arr)
+            )
+            print(
+                f"{'':<12} {alg:>9} {n:>7} {fmt_ms(t_ref):>10} {fmt_ms(t_list):>15} "
+                f"{fmt_ms(t_arr):>16} {fmt_ratio(t_ref, t_list):>16} "
+                f"{fmt_ratio(t_ref, t_arr):>17}",
+                flush=True,
+            )
+    return rows
+
+
+TARGET_OPS = ("apply_top_k", "apply_top_p", "apply_min_p", "apply_penalties", "sample")
+
+
+def summary(sampling_rows: list[dict], hashing_rows: list[dict]) -> None:
+    big = max(((r["batch"], r["vocab"]) for r in sampling_rows), default=None)
+    if big is None:
+        return
+    print(f"\ntargets at {big[0]} x {big[1]}: accel >= 10x ref numpy and faster than ref torch")
+    for r in sampling_rows:
+        if (r["batch"], r["vocab"]) == big and r["op"] in TARGET_OPS:
+            ok_np = r["np"] / r["accel"] >= 10
+            ok_t = r["torch"] is None or r["torch"] / r["accel"] > 1
+            verdict = "met" if ok_np and ok_t else "NOT met"
+            vs_torch = "-" if r["torch"] is None else f"{r['torch'] / r['accel']:.1f}x"
+            print(
+                f"  {r['op']:<16} {r['np'] / r['accel']:7.1f}x numpy, {vs_torch} torch: {verdict}"
+            )
+    for r in hashing_rows:
+        verdict = "met" if r["ref"] / r["accel"] >= 10 else "NOT met"
+        ratio = r["ref"] / r["accel"]
+        print(f"  {r['op']:<20} {r['tokens']:>7} tokens: {ratio:7.1f}x pure Python: {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="reduced grid for CI smoke runs")
+    args = parser.parse_args()
+    print(
+        f"python {platform.python_version()}, numpy {np.__version__}, "
+        f"torch {torch.__version__ if torch else 'absent'} "
+        f"({torch.get_num_threads() if torch else 0} threads), cpus {os.cpu_count()}, "
+        f"pyagent_accel SIMD {accel_native.SIMD}, load average {os.getloadavg()[0]:.2f}\n"
+    )
+    if args.quick:
+        shapes, lengths, budget, min_reps = [(4, 32000)], [1024, 16384], 0.02, 1
+    else:
+        shapes = [(b, v) for v in (32000, 128256) for b in (1, 8, 64)]
+        lengths, budget, min_reps = [1024, 32768, 131072], 0.4, 3
+    t0 = time.perf_counter()
+    srows = bench_sampling(shapes, budget, min_reps)
+    print()
+    hrows = bench_hashing(lengths, budget, min_reps)
+    summary(srows, hrows)
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+//! `pyagent_accel._native`: Rust kernels behind `pyagent_accel.ops`.
+//!
+//! The Python package (`python/pyagent_accel/ops/*.py`) normalises arguments exactly
+//! like `pyagent_ref.ops` and calls the functions registered here, which validate what
+//! they are given again (nothing reachable from Python panics) and do the numeric work
+//! with the GIL released.
+
+// Kernels index lanes explicitly (`for l in 0..LANES`) so the compiler vectorises
+// them, and spell NaN-aware tests as `!(x < y)` on purpose (true for NaN).
+#![allow(clippy::needless_range_loop, clippy::neg_cmp_op_on_partial_ord)]
+
+use pyo3::prelude::*;
+
+pub mod float;
+pub mod hashing;
+pub mod philox;
+pub mod sampling;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    sampling::register(m)?;
+    hashing::register(m)?;
+    m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
+    Ok(())
+}
