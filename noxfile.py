@@ -39,7 +39,14 @@ def tests(session: nox.Session) -> None:
     install(session, "engine,hf,tiktoken,tests,docs")
     session.run("cargo", "test", "--manifest-path", CARGO_MANIFEST, "--quiet", external=True)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-    session.run("pytest", "tests", f"--hypothesis-profile={profile}", *session.posargs, env=ENV)
+    session.run(
+        "pytest",
+        "tests",
+        f"{ACCEL}/tests",
+        f"--hypothesis-profile={profile}",
+        *session.posargs,
+        env=ENV,
+    )
     for impl, array in CONFORMANCE_RUNS:
         session.run(
             "pytest",
@@ -79,10 +86,11 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job, until the engine lands: accel's conformance report and the ratios."""
-    install(session, "engine,tests,bench")
+    """The main job: accel's conformance report, then the engine serving concurrent
+    requests on the embedded model with reference and accelerated ops side by side."""
+    install(session, "engine,tests")
     session.run("python", "-m", "conformance", ACCEL)
-    session.run("python", "benchmarks/bench_ops.py", "--quick")
+    session.run("pyagent", "demo", *session.posargs)
 
 
 @nox.session

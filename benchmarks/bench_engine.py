@@ -46,7 +46,8 @@ def hf_model(model_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.generation_config.pad_token_id = model.generation_config.eos_token_id
+    eos = model.generation_config.eos_token_id
+    model.generation_config.pad_token_id = eos[0] if isinstance(eos, list) else eos
     return model
 
 

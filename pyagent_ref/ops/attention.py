@@ -157,11 +157,12 @@ def paged_attention(
             f"({block_table.shape[0]}) must describe the same requests"
         )
     compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
-    group = num_heads // num_kv_heads
     out = xp.zeros(query.shape, dtype=query.dtype, device=device(query))
+    # Requests with the same number of query tokens (all the decodes, typically) are
+    # attended together, padded to the longest sequence among them.
+    by_q_len: dict[int, list[int]] = {}
     for r, seq_len in enumerate(lens):
-        start, end = qsl[r], qsl[r + 1]
-        q_len = end - start
+        q_len = qsl[r + 1] - qsl[r]
         if q_len == 0:
             continue
         if seq_len < q_len or -(-seq_len // block_size) > block_table.shape[1]:
@@ -169,37 +170,95 @@ def paged_attention(
                 f"request {r}: seq_len {seq_len} must cover its {q_len} query tokens and fit "
                 f"{block_table.shape[1]} blocks of {block_size}"
             )
-        blocks = xp.astype(block_table[r, : -(-seq_len // block_size)], xp.int64)
-        k = xp.reshape(xp.take(key_cache, blocks, axis=0), (-1, num_kv_heads, head_size))[:seq_len]
-        v = xp.reshape(xp.take(value_cache, blocks, axis=0), (-1, num_kv_heads, head_size))[
-            :seq_len
-        ]
-        # Per KV head g, its `group` query heads attend together: stack them as rows.
-        # q: (q_len, heads, d) -> (kv_heads, group * q_len, d); k, v: (kv_heads, seq, d)
-        q = xp.astype(query[start:end], compute)
-        q = xp.permute_dims(xp.reshape(q, (q_len, num_kv_heads, group, head_size)), (1, 2, 0, 3))
-        q = xp.reshape(q, (num_kv_heads, group * q_len, head_size))
-        k = xp.permute_dims(xp.astype(k, compute), (1, 0, 2))
-        v = xp.permute_dims(xp.astype(v, compute), (1, 0, 2))
-        scores = xp.matmul(q, xp.permute_dims(k, (0, 2, 1))) * scale
-        scores = xp.reshape(scores, (num_kv_heads, group, q_len, seq_len))
-        q_pos = xp.arange(seq_len - q_len, seq_len, device=device(query))[:, None]
-        k_pos = xp.arange(seq_len, device=device(query))[None, :]
-        if alibi_slopes is not None:
-            slopes = xp.reshape(xp.astype(alibi_slopes, compute), (num_kv_heads, group, 1, 1))
-            scores = scores + slopes * xp.astype(k_pos - q_pos, compute)
-        if soft_cap is not None:
-            scores = soft_cap * xp.tanh(scores / soft_cap)
-        visible = k_pos <= q_pos
-        if sliding_window is not None:
-            visible = visible & (k_pos > q_pos - sliding_window)
-        if custom_masks is not None and custom_masks[r] is not None:
-            visible = visible & custom_masks[r]
-        scores = xp.where(visible, scores, -math.inf)
-        weights = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
-        weights = weights / xp.sum(weights, axis=-1, keepdims=True)
-        weights = xp.reshape(weights, (num_kv_heads, group * q_len, seq_len))
-        o = xp.reshape(xp.matmul(weights, v), (num_kv_heads, group, q_len, head_size))
-        o = xp.reshape(xp.permute_dims(o, (2, 0, 1, 3)), (q_len, num_heads, head_size))
-        out[start:end] = xp.astype(o, query.dtype)
+        by_q_len.setdefault(q_len, []).append(r)
+    for q_len, rows in by_q_len.items():
+        tokens = [t for r in rows for t in range(qsl[r], qsl[r] + q_len)]
+        index = xp.asarray(tokens, dtype=xp.int64, device=device(query))
+        masks = None if custom_masks is None else [custom_masks[r] for r in rows]
+        o = _attend(
+            xp,
+            xp.take(query, index, axis=0),
+            key_cache,
+            value_cache,
+            block_table,
+            rows,
+            [lens[r] for r in rows],
+            q_len,
+            scale,
+            compute,
+            sliding_window,
+            soft_cap,
+            alibi_slopes,
+            masks,
+        )
+        out[index] = xp.astype(o, query.dtype, copy=False)
     return out
+
+
+def _attend(
+    xp: Any,
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_table: Any,
+    rows: list[int],
+    lens: list[int],
+    q_len: int,
+    scale: float,
+    compute: Any,
+    sliding_window: int | None,
+    soft_cap: float | None,
+    alibi_slopes: Any,
+    custom_masks: list[Any] | None,
+) -> Any:
+    """`paged_attention` for n requests of `q_len` query tokens each (see its contract).
+
+    query: (n * q_len, num_heads, d). Keys and values are gathered from each request's
+    blocks and padded to S = max(lens); padded keys lie past every query position, so
+    the causal mask hides them. Returns (n * q_len, num_heads, d) in `compute`.
+    """
+    n, (_, num_heads, d) = len(rows), query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    group, longest = num_heads // num_kv_heads, max(lens)
+    num_blocks = -(-longest // block_size)
+    dev = device(query)
+    # block ids of each request, the unused tail of its row replaced by block 0
+    table = xp.take(block_table, xp.asarray(rows, dtype=xp.int64, device=dev), axis=0)
+    table = xp.astype(table[:, :num_blocks], xp.int64)
+    used = xp.reshape(xp.asarray([-(-s // block_size) for s in lens], device=dev), (n, 1))
+    table = xp.where(xp.arange(num_blocks, device=dev)[None, :] < used, table, 0)
+
+    def gather(cache: Any) -> Any:  # (n, kv_heads, S, d)
+        kv = xp.take(cache, xp.reshape(table, (-1,)), axis=0)
+        kv = xp.reshape(kv, (n, num_blocks * block_size, num_kv_heads, d))[:, :longest]
+        return xp.permute_dims(xp.astype(kv, compute, copy=False), (0, 2, 1, 3))
+
+    k, v = gather(key_cache), gather(value_cache)
+    # Per KV head, its `group` query heads attend together: stack them as rows.
+    q = xp.reshape(xp.astype(query, compute, copy=False), (n, q_len, num_kv_heads, group, d))
+    q = xp.reshape(xp.permute_dims(q, (0, 2, 3, 1, 4)), (n, num_kv_heads, group * q_len, d))
+    scores = xp.matmul(q, xp.permute_dims(k, (0, 1, 3, 2))) * scale
+    scores = xp.reshape(scores, (n, num_kv_heads, group, q_len, longest))
+    seq = xp.reshape(xp.asarray(lens, device=dev), (n, 1, 1, 1, 1))
+    q_pos = seq - q_len + xp.reshape(xp.arange(q_len, device=dev), (1, 1, 1, q_len, 1))
+    k_pos = xp.reshape(xp.arange(longest, device=dev), (1, 1, 1, 1, longest))
+    if alibi_slopes is not None:
+        slopes = xp.reshape(xp.astype(alibi_slopes, compute), (1, num_kv_heads, group, 1, 1))
+        scores = scores + slopes * xp.astype(k_pos - q_pos, compute)
+    if soft_cap is not None:
+        scores = soft_cap * xp.tanh(scores / soft_cap)
+    visible = k_pos <= q_pos
+    if sliding_window is not None:
+        visible = visible & (k_pos > q_pos - sliding_window)
+    if custom_masks is not None and any(m is not None for m in custom_masks):
+        allowed = xp.ones((n, q_len, longest), dtype=xp.bool, device=dev)
+        for i, mask in enumerate(custom_masks):
+            if mask is not None:
+                allowed[i, :, : mask.shape[1]] = xp.asarray(mask, device=dev)
+        visible = visible & xp.reshape(allowed, (n, 1, 1, q_len, longest))
+    scores = xp.where(visible, scores, -math.inf)
+    weights = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
+    weights = weights / xp.sum(weights, axis=-1, keepdims=True)
+    weights = xp.reshape(weights, (n, num_kv_heads, group * q_len, longest))
+    o = xp.reshape(xp.matmul(weights, v), (n, num_kv_heads, group, q_len, d))
+    return xp.reshape(xp.permute_dims(o, (0, 3, 1, 2, 4)), (n * q_len, num_heads, d))

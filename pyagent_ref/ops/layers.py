@@ -57,9 +57,9 @@ def rms_norm(x: Any, weight: Any, eps: float, residual: Any = None) -> Any | tup
             )
         x = x + residual
     compute = xp.float64 if dtype_name(x) == "float64" else xp.float32
-    h = xp.astype(x, compute)
+    h = xp.astype(x, compute, copy=False)
     normed = h / xp.sqrt(xp.mean(h * h, axis=-1, keepdims=True) + eps)
-    out = xp.astype(weight, x.dtype) * xp.astype(normed, x.dtype)
+    out = xp.astype(weight, x.dtype, copy=False) * xp.astype(normed, x.dtype, copy=False)
     return out if residual is None else (out, x)
 
 
@@ -82,5 +82,8 @@ def silu_and_mul(x: Any) -> Any:
         raise ValueError(f"x's last axis must be even (gate and up halves), got {x.shape[-1]}")
     d = x.shape[-1] // 2
     compute = xp.float64 if dtype_name(x) == "float64" else xp.float32
-    gate, up = xp.astype(x[..., :d], compute), xp.astype(x[..., d:], compute)
-    return xp.astype(gate / (1.0 + xp.exp(-gate)) * up, x.dtype)
+    gate, up = (
+        xp.astype(x[..., :d], compute, copy=False),
+        xp.astype(x[..., d:], compute, copy=False),
+    )
+    return xp.astype(gate / (1.0 + xp.exp(-gate)) * up, x.dtype, copy=False)

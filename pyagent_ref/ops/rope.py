@@ -193,7 +193,7 @@ def apply_rope(
 
 def _rotate(xp: Any, x: Any, cos: Any, sin: Any, is_neox: bool) -> Any:
     half = cos.shape[-1]
-    c, s = xp.astype(cos, x.dtype), xp.astype(sin, x.dtype)
+    c, s = xp.astype(cos, x.dtype, copy=False), xp.astype(sin, x.dtype, copy=False)
     rot, rest = x[..., : 2 * half], x[..., 2 * half :]
     if is_neox:
         a, b = rot[..., :half], rot[..., half:]
