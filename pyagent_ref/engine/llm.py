@@ -11,7 +11,9 @@ chat conversation rendered with the model's chat template (`LLM.chat`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import json
 import random
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -31,7 +33,7 @@ class _Frontend:
     def __init__(
         self, config: EngineConfig | None = None, core: EngineCore | None = None, tokenizer=None
     ):
-        from ..model.embedded import default_model_path
+        from ..models import default_model_path
         from ..tokenize import load_tokenizer
 
         self.config = config or EngineConfig()
@@ -39,8 +41,19 @@ class _Frontend:
         self.core = core or EngineCore.from_config(self.config)
         self.tokenizer = tokenizer or load_tokenizer(model_dir)
         self.processor = OutputProcessor(self.tokenizer)
+        self._extra_eos = self._generation_eos_ids(model_dir)
         self._ids = itertools.count()
         self._rng = random.Random()
+
+    def _generation_eos_ids(self, model_dir: Path) -> list[int]:
+        """End-of-sequence ids that generation_config.json adds to the tokenizer's EOS (a chat
+        model's end-of-turn token, say): they stop a request like EOS unless ignore_eos."""
+        path = model_dir / "generation_config.json"
+        if not path.is_file():
+            return []
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        return [int(t) for t in ids if t != self.tokenizer.eos_token_id]
 
     def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -61,6 +74,11 @@ class _Frontend:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         text, ids = self._prompt_ids(prompt)
         rid = request_id or str(next(self._ids))
+        if self._extra_eos and not params.ignore_eos:
+            stops = params.stop_token_ids + [
+                t for t in self._extra_eos if t not in params.stop_token_ids
+            ]
+            params = dataclasses.replace(params, stop_token_ids=stops)
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         max_tokens = params.max_tokens or self.core.max_model_len - len(ids)
         children = []
