@@ -28,7 +28,9 @@ def parser() -> argparse.ArgumentParser:
         "(<target>.ops is used if it exists)",
     )
     p.add_argument(
-        "modules", nargs="*", help="ops modules to check (default: all): sampling, hashing, native"
+        "modules",
+        nargs="*",
+        help="ops modules to check (default: all): sampling, hashing, block_table, native",
     )
     p.add_argument(
         "--profile", choices=profiles.PROFILES, default=os.environ.get("CONFORMANCE_PROFILE", "dev")

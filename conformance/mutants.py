@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pyagent_ref.ops import block_table as BT
 from pyagent_ref.ops import hashing as H
 from pyagent_ref.ops import sampling as S
 
@@ -880,10 +881,186 @@ def hash_blocks_array_scalars(
     return H.hash_blocks(tokens, block_size, extra_keys, algorithm, parent)
 
 
+# --- block_table ----------------------------------------------------------------------------
+
+
+@mutant("block_table", "compute_positions", "restarts every request at 0 (ignores num_computed)")
+def positions_ignore_computed(query_start_loc: Any, num_computed_tokens: Any, n: Any) -> Any:
+    BT.compute_positions(query_start_loc, num_computed_tokens, n)
+    zeros = _back(num_computed_tokens, np.zeros(_np(num_computed_tokens).shape, np.int64))
+    return BT.compute_positions(query_start_loc, zeros, n)
+
+
+@mutant("block_table", "compute_positions", "padding tokens continue the last request's positions")
+def positions_padding_continues(query_start_loc: Any, num_computed_tokens: Any, n: Any) -> Any:
+    out = _np(BT.compute_positions(query_start_loc, num_computed_tokens, n))
+    q = _np(query_start_loc).astype(np.int64)
+    if q.shape[0] > 1 and q[-1] > 0:
+        out[q[-1] :] = out[q[-1] - 1] + 1 + np.arange(n - q[-1])
+    return _back(query_start_loc, out)
+
+
+@mutant("block_table", "compute_positions", "returns positions in query_start_loc's dtype")
+def positions_keep_dtype(query_start_loc: Any, num_computed_tokens: Any, n: Any) -> Any:
+    out = _np(BT.compute_positions(query_start_loc, num_computed_tokens, n))
+    return _back(query_start_loc, out.astype(_np(query_start_loc).dtype))
+
+
+@mutant("block_table", "compute_positions", "num_tokens < query_start_loc[-1] truncates")
+def positions_truncate(query_start_loc: Any, num_computed_tokens: Any, n: Any) -> Any:
+    try:
+        return BT.compute_positions(query_start_loc, num_computed_tokens, n)
+    except ValueError:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise
+        total = int(_np(query_start_loc)[-1])
+        return BT.compute_positions(query_start_loc, num_computed_tokens, total)[:n]
+
+
+@mutant("block_table", "compute_positions", "advances num_computed_tokens in place")
+def positions_advance_computed(query_start_loc: Any, num_computed_tokens: Any, n: Any) -> Any:
+    out = BT.compute_positions(query_start_loc, num_computed_tokens, n)
+    q, c = _np(query_start_loc).astype(np.int64), _np(num_computed_tokens)
+    num_computed_tokens[...] = _back(num_computed_tokens, (c + q[1:] - q[:-1]).astype(c.dtype))
+    return out
+
+
+def _slots(
+    block_table: Any,
+    query_start_loc: Any,
+    positions: Any,
+    block_size: Any,
+    *,
+    row0: bool = False,
+    offset: bool = True,
+    pad: int = BT.PAD_SLOT_ID,
+    shift: int = 0,
+    wrap: bool = False,
+    int16: bool = False,
+) -> Any:
+    """compute_slot_mapping with one of the bugs, in numpy (validated by the reference)."""
+    try:
+        BT.compute_slot_mapping(block_table, query_start_loc, positions, block_size)
+    except ValueError as exc:
+        if not (wrap and "past the block table" in str(exc)):
+            raise
+    table = _np(block_table)
+    if int16 and table.dtype == np.int32:
+        table = table.astype(np.int16)
+    table = table.astype(np.int64)
+    q, p = _np(query_start_loc).astype(np.int64), _np(positions).astype(np.int64)
+    out = np.full(p.shape[0], pad, np.int64)
+    for r in range(q.shape[0] - 1):
+        for t in range(q[r], q[r + 1]):
+            col = (p[t] + shift) // block_size
+            col = col % table.shape[1] if wrap else min(col, table.shape[1] - 1)
+            block = table[0 if row0 else r, col]
+            out[t] = block * block_size + (p[t] % block_size if offset else 0)
+    return _back(block_table, out)
+
+
+_SLOT_BUGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("slots_first_row", "looks every request's blocks up in row 0 of the table", {"row0": True}),
+    (
+        "slots_no_offset",
+        "forgets the offset in the block (slot = block * block_size)",
+        {"offset": False},
+    ),
+    ("slots_padding_zero", "padding tokens get slot 0", {"pad": 0}),
+    ("slots_next_position", "takes the block of position p + 1 (off by one)", {"shift": 1}),
+    (
+        "slots_past_table_wraps",
+        "a position past the table wraps (column % columns)",
+        {"wrap": True},
+    ),
+    ("slots_int16_ids", "reads int32 block ids through a 16-bit type", {"int16": True}),
+)
+for _name, _what, _kwargs in _SLOT_BUGS:
+    MUTANTS.append(
+        Mutant(
+            _name,
+            "block_table",
+            "compute_slot_mapping",
+            _what,
+            lambda *args, _kw=_kwargs: _slots(*args, **_kw),
+        )
+    )
+
+
+@mutant("block_table", "compute_slot_mapping", "returns int32 slots")
+def slots_int32(block_table: Any, query_start_loc: Any, positions: Any, block_size: Any) -> Any:
+    out = BT.compute_slot_mapping(block_table, query_start_loc, positions, block_size)
+    return _back(block_table, _np(out).astype(np.int32))
+
+
+@mutant("block_table", "compute_slot_mapping", "writes the slots into positions")
+def slots_into_positions(block_table: Any, query_start_loc: Any, positions: Any, bs: Any) -> Any:
+    out = BT.compute_slot_mapping(block_table, query_start_loc, positions, bs)
+    positions[...] = _back(positions, _np(out).astype(_np(positions).dtype))
+    return out
+
+
+@mutant("block_table", "compute_logits_indices", "returns query_start_loc[1:] (one past the end)")
+def logits_one_past(query_start_loc: Any) -> Any:
+    BT.compute_logits_indices(query_start_loc)
+    return _back(query_start_loc, _np(query_start_loc).astype(np.int64)[1:])
+
+
+@mutant("block_table", "compute_logits_indices", "a request without tokens is not an error")
+def logits_allow_empty(query_start_loc: Any) -> Any:
+    try:
+        return BT.compute_logits_indices(query_start_loc)
+    except ValueError as exc:
+        if "no scheduled tokens" not in str(exc):
+            raise
+        return _back(query_start_loc, _np(query_start_loc).astype(np.int64)[1:] - 1)
+
+
+@mutant("block_table", "compute_logits_indices", "returns indices in query_start_loc's dtype")
+def logits_keep_dtype(query_start_loc: Any) -> Any:
+    out = _np(BT.compute_logits_indices(query_start_loc))
+    return _back(query_start_loc, out.astype(_np(query_start_loc).dtype))
+
+
+@mutant("block_table", "compute_logits_indices", "subtracts 1 in place, returns a view")
+def logits_in_place(query_start_loc: Any) -> Any:
+    BT.compute_logits_indices(query_start_loc)
+    query_start_loc[1:] -= 1
+    return query_start_loc[1:]
+
+
+def _contiguous_only(op: Callable[..., Any]) -> Callable[..., Any]:
+    def fn(*args: Any) -> Any:
+        for a in args:
+            lib = library_of(a)
+            if (
+                lib == "torch"
+                and not a.is_contiguous()
+                or lib == "numpy"
+                and not (a.flags.c_contiguous)
+            ):
+                raise ValueError("arrays must be C-contiguous")
+        return op(*args)
+
+    return fn
+
+
+for _op in ("compute_positions", "compute_slot_mapping", "compute_logits_indices"):
+    MUTANTS.append(
+        Mutant(
+            f"{_op}_requires_contiguous",
+            "block_table",
+            _op,
+            "rejects non-contiguous arrays",
+            _contiguous_only(getattr(BT, _op)),
+        )
+    )
+
+
 def implementation(m: Mutant) -> Impl:
     """An Impl that is the reference except for mutant `m`."""
     modules = {}
-    for name, mod in (("sampling", S), ("hashing", H)):
+    for name, mod in (("sampling", S), ("hashing", H), ("block_table", BT)):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:
             setattr(ns, m.op, m.fn)

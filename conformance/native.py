@@ -21,7 +21,7 @@ import numpy as np
 
 from .core import Ctx, Spec, reference
 
-spec = Spec("native", ("_native", "sampling", "hashing"))
+spec = Spec("native", ("_native", "sampling", "hashing", "block_table"))
 SPEC = spec
 
 
@@ -51,6 +51,14 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
         "hashing.root_hash": lambda: ("sha256",),
         "hashing.hash_block": lambda: (bytes(32), [1, 2, 3], [("salt", "s")], "sha256"),
         "hashing.hash_blocks": lambda: ([1, 2, 3, 4, 5], 2),
+        "block_table.compute_positions": lambda: (np.array([0, 3, 4]), np.array([2, 9]), 6),
+        "block_table.compute_slot_mapping": lambda: (
+            np.array([[3, 7, 1], [5, 0, 2]], np.int32),
+            np.array([0, 3, 4]),
+            np.array([2, 3, 4, 9, 0]),
+            4,
+        ),
+        "block_table.compute_logits_indices": lambda: (np.array([0, 3, 4]),),
     }
 
 
@@ -161,7 +169,7 @@ def _add_module_checks(module: str) -> None:
     spec.add(module, runs_no_reference_code)
 
 
-for _module in ("sampling", "hashing"):
+for _module in ("sampling", "hashing", "block_table"):
     _add_module_checks(_module)
 
 

@@ -21,8 +21,9 @@ repetition_penalty 1), converts numpy inputs to torch and the result back to the
 library, and raises ValueError when a per-row parameter does not have one entry per
 row. It does not validate anything else: what HF accepts or rejects is what is tested.
 
-`topk_logprobs`, `philox_uniform`, `sample` and the `hashing` ops have no counterpart and
-are declared in CONFORMANCE_MISSING (reported as MISSING with the reason).
+`topk_logprobs`, `philox_uniform`, `sample`, the `hashing` ops and the `block_table` ops
+have no counterpart and are declared in CONFORMANCE_MISSING (reported as MISSING with the
+reason).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ CONFORMANCE_MISSING = {
         "row, so neither reproducible per request nor batch-invariant"
     ),
     "hashing.*": "transformers has no prefix cache, hence no block hashes",
+    "block_table.*": (
+        "transformers computes its paged-cache indices inside the stateful allocators of its "
+        "continuous batching, from Python lists: there is no array op with these signatures"
+    ),
 }
 
 _NAMESPACE: SimpleNamespace | None = None

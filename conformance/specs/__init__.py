@@ -1,4 +1,4 @@
-"""One spec module per ops module: `specs.sampling`, `specs.hashing`.
+"""One spec module per ops module: `specs.sampling`, `specs.hashing`, `specs.block_table`.
 
 Each defines `spec`, a `conformance.core.Spec` holding its properties in report order.
 """
@@ -10,7 +10,7 @@ from functools import cache
 
 from ..core import Spec
 
-MODULES = ("sampling", "hashing")
+MODULES = ("sampling", "hashing", "block_table")
 
 
 @cache

@@ -11,6 +11,7 @@
 
 use pyo3::prelude::*;
 
+pub mod block_table;
 pub mod float;
 pub mod hashing;
 pub mod philox;
@@ -20,6 +21,7 @@ pub mod sampling;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampling::register(m)?;
     hashing::register(m)?;
+    block_table::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())
 }

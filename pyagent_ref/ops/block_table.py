@@ -37,11 +37,13 @@ def _int_array(x: Any, name: str, ndim: int) -> Any:
 def _check_query_start_loc(xp: Any, qsl: Any) -> None:
     if qsl.shape[0] < 1 or int(qsl[0]) != 0:
         raise ValueError("query_start_loc must start with 0 (one entry per request, plus one)")
-    steps = qsl[1:] - qsl[:-1]
+    wide = xp.astype(qsl, xp.int64)  # int32 differences could wrap
+    steps = wide[1:] - wide[:-1]
     if bool(xp.any(steps < 0)):
         row = int(xp.argmax(xp.astype(steps < 0, xp.int8)))
         raise ValueError(
-            f"query_start_loc must be non-decreasing, got {int(qsl[row])} then {int(qsl[row + 1])}"
+            f"query_start_loc must be non-decreasing, "
+            f"got {int(wide[row])} then {int(wide[row + 1])}"
         )
 
 
@@ -154,9 +156,8 @@ def compute_slot_mapping(
             f"past the block table's {max_blocks} columns"
         )
     flat = xp.where(real, req, 0) * max_blocks + xp.where(real, col, 0)
-    blocks = (
-        xp.take(xp.reshape(xp.astype(block_table, xp.int64), (-1,)), flat) if num_reqs else flat
-    )
+    table = xp.reshape(xp.astype(block_table, xp.int64), (-1,))
+    blocks = xp.take(table, flat) if num_reqs and max_blocks else flat  # else: all padding
     return xp.where(real, blocks * block_size + pos % block_size, PAD_SLOT_ID)
 
 

@@ -23,7 +23,6 @@ from types import ModuleType
 import torch
 
 from ..model.llama import AttentionMetadata
-from ..ops import block_table as bt
 from ..sample.sampler import Sampler
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
 from .input_batch import InputBatch
@@ -100,6 +99,7 @@ class ModelRunner:
             for _ in range(len(model.layers))
         ]
         self.batch = InputBatch(max_num_reqs, max_model_len, max_num_tokens, block_size)
+        self.ops = ops
         self.sampler = Sampler(ops)
         use_graphs = (
             self.device.type == "cuda"
@@ -118,15 +118,17 @@ class ModelRunner:
         _, padded = self.dispatcher.dispatch(sched.total_num_scheduled_tokens, num_reqs)
         prep = self.batch.prepare(sched, pad_to=padded)
         dev = self.device
-        qsl = torch.from_numpy(prep.query_start_loc).to(dev)
-        positions = torch.from_numpy(prep.positions).to(dev)
-        table = torch.from_numpy(prep.block_table).to(dev)
+        # addresses are computed on the host arrays by the chosen ops, then moved
+        slots = self.ops.block_table.compute_slot_mapping(
+            prep.block_table, prep.query_start_loc, prep.positions, self.block_size
+        )
         meta = AttentionMetadata(
-            slot_mapping=bt.compute_slot_mapping(table, qsl, positions, self.block_size),
-            block_table=table,
-            query_start_loc=qsl,
+            slot_mapping=torch.as_tensor(slots).to(dev),
+            block_table=torch.from_numpy(prep.block_table).to(dev),
+            query_start_loc=torch.from_numpy(prep.query_start_loc).to(dev),
             seq_lens=torch.from_numpy(prep.seq_lens).to(dev),
         )
+        positions = torch.from_numpy(prep.positions).to(dev)
         hidden = self.forward(
             torch.from_numpy(prep.input_ids).to(dev), positions, meta, self.kv_caches
         )

@@ -63,3 +63,15 @@ def test_float_inputs_are_type_errors(ops, lib):
 def test_logits_indices_reject_empty_requests(ops, lib):
     with pytest.raises(ValueError, match="request 1"):
         ops.block_table.compute_logits_indices(lib([0, 2, 2], "int64"))
+
+
+def test_padding_only_batch_with_an_empty_table(ops, lib):
+    slots = ops.block_table.compute_slot_mapping(
+        lib(np.zeros((2, 0)), "int64"), lib([0, 0, 0], "int64"), lib([0], "int64"), 4
+    )
+    assert lib.np(slots).tolist() == [-1]
+
+
+def test_int32_query_start_loc_cannot_wrap_past_the_check(ops, lib):
+    with pytest.raises(ValueError, match="non-decreasing"):
+        ops.block_table.compute_logits_indices(lib([0, 2**31 - 1, -2], "int32"))

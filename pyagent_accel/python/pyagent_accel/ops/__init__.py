@@ -6,8 +6,8 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import hashing, sampling
+from . import block_table, hashing, sampling
 
-MODULES = ("sampling", "hashing")
+MODULES = ("sampling", "hashing", "block_table")
 
-__all__ = ["MODULES", "hashing", "sampling"]
+__all__ = ["MODULES", "block_table", "hashing", "sampling"]

@@ -1,6 +1,7 @@
+from . import block_table as block_table
 from . import hashing as hashing
 from . import sampling as sampling
 
 MODULES: tuple[str, ...]
 
-__all__ = ["MODULES", "hashing", "sampling"]
+__all__ = ["MODULES", "block_table", "hashing", "sampling"]
