@@ -530,9 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     chat_ids_t = hf_tok(chat_prompt, return_tensors="pt", add_special_tokens=False).input_ids
     with torch.no_grad():
-        gen = loaded.generate(
-            chat_ids_t, max_new_tokens=64, do_sample=False, pad_token_id=PAD_ID
-        )
+        gen = loaded.generate(chat_ids_t, max_new_tokens=64, do_sample=False, pad_token_id=PAD_ID)
     chat_reply = hf_tok.decode(gen[0, chat_ids_t.shape[1] :], skip_special_tokens=False)
     log(f"--- chat prompt:\n{chat_prompt}--- reply:\n{chat_reply}")
 
@@ -573,9 +571,7 @@ PAD_ID = SPECIAL_TOKENS.index(PAD)
 
 
 def write_readme(out: pathlib.Path, **r) -> None:
-    samples = "\n\n".join(
-        f"Prompt `{p!r}`:\n\n```text\n{t}\n```" for p, t in r["samples"]
-    )
+    samples = "\n\n".join(f"Prompt `{p!r}`:\n\n```text\n{t}\n```" for p, t in r["samples"])
     special = ", ".join(f"`{t}` = {i}" for i, t in enumerate(SPECIAL_TOKENS))
     size_note = (
         "`model.safetensors` is bfloat16 (float32 would be about "
@@ -584,7 +580,7 @@ def write_readme(out: pathlib.Path, **r) -> None:
     text = f"""\
 # pyagent default model
 
-A tiny Llama (about {r['n_params'] / 1e6:.2f} M parameters) with its own byte-level BPE
+A tiny Llama (about {r["n_params"] / 1e6:.2f} M parameters) with its own byte-level BPE
 tokenizer, trained for a few minutes on CPU on the Python standard library's sources. It
 exists so that pyagent's engine, server, docs and tests have a real model offline. It writes
 Python-looking text; it knows nothing else. Made by `tools/train_default_model.py`:
@@ -602,11 +598,11 @@ Load it with `pyagent_ref.models.default_model_path()`, or with transformers:
   sorted by relative path; directories `test`, `tests`, `idlelib`, `site-packages`,
   `__pycache__`, `encodings`, `pydoc_data`, `config-*` and files `_sysconfigdata*` skipped;
   whole files kept in order up to a cap of {CORPUS_CAP_BYTES:,} bytes.
-- {r['n_files']} files, {r['corpus_bytes']:,} bytes (SHA-256 of the corpus
-  `{r['corpus_sha'][:16]}...`); every {VAL_EVERY}th file ({r['n_val_files']} files) held out
+- {r["n_files"]} files, {r["corpus_bytes"]:,} bytes (SHA-256 of the corpus
+  `{r["corpus_sha"][:16]}...`); every {VAL_EVERY}th file ({r["n_val_files"]} files) held out
   for validation.
-- Token streams: code {r['code_tokens']:,} tokens (files packed as `<|bos|> code <|eos|>`),
-  validation {r['val_tokens']:,}, chat {r['chat_tokens']:,} tokens from {r['n_convs']:,}
+- Token streams: code {r["code_tokens"]:,} tokens (files packed as `<|bos|> code <|eos|>`),
+  validation {r["val_tokens"]:,}, chat {r["chat_tokens"]:,} tokens from {r["n_convs"]:,}
   conversations derived with `ast` (docstring question/answers and "write the function"
   requests) rendered with the chat template below.
 
@@ -626,17 +622,17 @@ Generation stops at `<|eos|>` (1) or `<|end|>` (6) (`generation_config.json`).
 
 ## Model
 
-`LlamaForCausalLM`: vocab {VOCAB_SIZE}, hidden {MODEL['hidden_size']},
-{MODEL['num_hidden_layers']} layers, {MODEL['num_attention_heads']} query heads and
-{MODEL['num_key_value_heads']} KV heads (GQA) of dim {MODEL['head_dim']}, SwiGLU MLP
-intermediate {MODEL['intermediate_size']}, RMSNorm eps {MODEL['rms_norm_eps']}, RoPE theta
-{MODEL['rope_theta']:g} (HF/NeoX layout: `rotate_half` over the two halves of each head),
-{MODEL['max_position_embeddings']} positions, no biases, tied input/output embeddings (the
+`LlamaForCausalLM`: vocab {VOCAB_SIZE}, hidden {MODEL["hidden_size"]},
+{MODEL["num_hidden_layers"]} layers, {MODEL["num_attention_heads"]} query heads and
+{MODEL["num_key_value_heads"]} KV heads (GQA) of dim {MODEL["head_dim"]}, SwiGLU MLP
+intermediate {MODEL["intermediate_size"]}, RMSNorm eps {MODEL["rms_norm_eps"]}, RoPE theta
+{MODEL["rope_theta"]:g} (HF/NeoX layout: `rotate_half` over the two halves of each head),
+{MODEL["max_position_embeddings"]} positions, no biases, tied input/output embeddings (the
 file has no `lm_head.weight`). {size_note}
 
 ## Training
 
-{r['steps']} steps of AdamW (peak lr {PEAK_LR}, betas {BETAS}, weight decay {WEIGHT_DECAY} on
+{r["steps"]} steps of AdamW (peak lr {PEAK_LR}, betas {BETAS}, weight decay {WEIGHT_DECAY} on
 matrices, grad clip {GRAD_CLIP}), {WARMUP} warmup steps then cosine to
 {MIN_LR_FRACTION:g} x peak; batches of {BATCH} x {SEQ_LEN} tokens ({BATCH - CHAT_ROWS} code
 rows, {CHAT_ROWS} chat rows), random window starts from `numpy.random.default_rng({SEED})`.
@@ -644,11 +640,12 @@ Seed {SEED} for torch, numpy and random; `torch.use_deterministic_algorithms(Tru
 `torch.set_num_threads({THREADS})`; float32 training, bfloat16 export. The same command on the
 same machine gives the same bytes.
 
-- Final training loss (mean of the last 10 steps): **{r['final_train_loss']:.3f}** nats/token.
-- Validation loss (held-out files, {VAL_WINDOWS} windows, exported weights): **{r['val_loss']:.3f}**.
-- Training time: {r['train_seconds']:.0f} s; whole script: {r['total_seconds']:.0f} s
+- Final training loss (mean of the last 10 steps): **{r["final_train_loss"]:.3f}** nats/token.
+- Validation loss (held-out files, {VAL_WINDOWS} windows, exported weights):
+  **{r["val_loss"]:.3f}**.
+- Training time: {r["train_seconds"]:.0f} s; whole script: {r["total_seconds"]:.0f} s
   ({THREADS} threads, {platform.machine()}, torch {torch.__version__}).
-- `model.safetensors` SHA-256: `{r['weights_sha']}`.
+- `model.safetensors` SHA-256: `{r["weights_sha"]}`.
 
 ## Samples
 
@@ -659,7 +656,7 @@ Greedy, {SAMPLE_NEW_TOKENS} new tokens, exported weights upcast to float32:
 Chat (`apply_chat_template(..., add_generation_prompt=True)`, greedy):
 
 ```text
-{r['chat_prompt']}{r['chat_reply']}
+{r["chat_prompt"]}{r["chat_reply"]}
 ```
 """
     (out / "README.md").write_text(text)
