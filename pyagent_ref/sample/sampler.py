@@ -90,7 +90,7 @@ class Sampler:
         positions = np.array([r.position for r in rows], dtype=np.int64)
         tokens = s.sample(x, temperature, torch.from_numpy(seeds), torch.from_numpy(positions))
         token_list = [int(t) for t in tokens]
-        return SamplerOutput(token_list, self._with_sampled(logprobs, x, token_list, rows))
+        return SamplerOutput(token_list, self._with_sampled(logprobs, token_list, rows))
 
     @staticmethod
     def _mask_early_stops(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
@@ -112,7 +112,7 @@ class Sampler:
             return None
         return self.ops.log_softmax(x)
 
-    def _with_sampled(self, logprobs, x, tokens, rows):
+    def _with_sampled(self, logprobs, tokens, rows):
         if logprobs is None:
             return [None] * len(rows)
         num = max(r.params.logprobs or 0 for r in rows)

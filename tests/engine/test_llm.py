@@ -112,3 +112,12 @@ def test_async_stream_and_cancel(tiny_llm_dir):
     assert len(ids) == 10 and text == engine.tokenizer.decode(ids, skip_special_tokens=True)
     assert not engine.core.has_unfinished_requests()
     assert engine.core.kv.pool.num_free_blocks == engine.core.kv.pool.num_blocks - 1
+
+
+def test_logprobs_of_greedy_tokens(llm):
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=5, logprobs=3))[0]
+    completion = out.outputs[0]
+    assert len(completion.logprobs) == len(completion.token_ids)
+    for token, top in zip(completion.token_ids, completion.logprobs, strict=True):
+        assert len(top) == 3 and max(top, key=top.get) == token
+        assert all(v <= 0 for v in top.values())
