@@ -21,8 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from pyagent_ref.ops import attention as A
 from pyagent_ref.ops import block_table as BT
 from pyagent_ref.ops import hashing as H
+from pyagent_ref.ops import layers as L
+from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
 
 from .core import Impl, library_of, to_numpy
@@ -1057,10 +1060,100 @@ for _op in ("compute_positions", "compute_slot_mapping", "compute_logits_indices
     )
 
 
+# --- layers ---------------------------------------------------------------------------------
+
+
+@mutant("layers", "rms_norm", "adds eps outside the square root")
+def rms_norm_eps_outside(x: Any, weight: Any, eps: float, residual: Any = None) -> Any:
+    L.rms_norm(x, weight, eps, residual)
+    h = _np(x) if residual is None else _np(x) + _np(residual)
+    h64 = h.astype(np.float64)
+    normed = h64 / (np.sqrt(np.mean(h64 * h64, axis=-1, keepdims=True)) + eps)
+    out = _back(x, (_np(weight).astype(np.float64) * normed).astype(h.dtype))
+    return out if residual is None else (out, _back(x, h))
+
+
+@mutant("layers", "silu_and_mul", "applies silu to the up half instead of the gate half")
+def silu_swapped_halves(x: Any) -> Any:
+    L.silu_and_mul(x)
+    a = _np(x)
+    d = a.shape[-1] // 2
+    return L.silu_and_mul(_back(x, np.concatenate([a[..., d:], a[..., :d]], axis=-1)))
+
+
+# --- rope -----------------------------------------------------------------------------------
+
+
+@mutant("rope", "rope_inv_freq", "ignores linear scaling")
+def inv_freq_ignores_linear(
+    rotary_dim: int, theta: float, rope_scaling: Any = None, *a: Any
+) -> Any:
+    sc = dict(rope_scaling or {})
+    if sc.get("rope_type", sc.get("type")) == "linear":
+        sc = {}
+    return R.rope_inv_freq(rotary_dim, theta, sc or None, *a)
+
+
+@mutant("rope", "apply_rope", "rotates the wrong way (angle -p * inv_freq)")
+def rope_wrong_sign(positions: Any, query: Any, key: Any, inv_freq: Any, *a: Any) -> Any:
+    R.apply_rope(positions, query, key, inv_freq, *a)
+    return R.apply_rope(positions, query, key, -inv_freq, *a)
+
+
+@mutant("rope", "apply_rope", "always uses the NeoX pairing")
+def rope_always_neox(
+    positions: Any, query: Any, key: Any, inv_freq: Any, scale: float = 1.0, is_neox: bool = True
+) -> Any:
+    return R.apply_rope(positions, query, key, inv_freq, scale, True)
+
+
+# --- attention ------------------------------------------------------------------------------
+
+
+@mutant("attention", "paged_attention", "maps query head h to KV head h % num_kv_heads")
+def attention_kv_head_modulo(query: Any, key_cache: Any, *a: Any, **kw: Any) -> Any:
+    A.paged_attention(query, key_cache, *a, **kw)
+    heads, kv = query.shape[1], key_cache.shape[2]
+    group = heads // kv
+    # the reference reads KV head h' // group for head h'; send head h to h' with
+    # h' // group == h % kv
+    where = np.array([(h % kv) * group + h // kv for h in range(heads)])
+    q = _np(query)
+    moved = np.empty_like(q)
+    moved[:, where] = q
+    out = _np(A.paged_attention(_back(query, moved), key_cache, *a, **kw))
+    return _back(query, np.ascontiguousarray(out[:, where]))
+
+
+@mutant("attention", "paged_attention", "ignores the sliding window")
+def attention_ignores_window(*args: Any) -> Any:
+    args = list(args)
+    if len(args) > 7:
+        args[7] = None
+    return A.paged_attention(*args)
+
+
+@mutant("attention", "reshape_and_cache", "writes padding tokens too (slot -1: the last slot)")
+def cache_writes_padding(key: Any, value: Any, key_cache: Any, value_cache: Any, slots: Any) -> Any:
+    A.reshape_and_cache(key, value, key_cache, value_cache, slots)
+    n, b, h, d = key_cache.shape
+    for t in np.flatnonzero(_np(slots) < 0).tolist():
+        key_cache.reshape(n * b, h, d)[-1] = key[t]
+        value_cache.reshape(n * b, h, d)[-1] = value[t]
+    return None
+
+
 def implementation(m: Mutant) -> Impl:
     """An Impl that is the reference except for mutant `m`."""
     modules = {}
-    for name, mod in (("sampling", S), ("hashing", H), ("block_table", BT)):
+    for name, mod in (
+        ("sampling", S),
+        ("hashing", H),
+        ("block_table", BT),
+        ("layers", L),
+        ("rope", R),
+        ("attention", A),
+    ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:
             setattr(ns, m.op, m.fn)

@@ -1,4 +1,5 @@
-"""One spec module per ops module: `specs.sampling`, `specs.hashing`, `specs.block_table`.
+"""One spec module per ops module: `specs.sampling`, `specs.hashing`, `specs.block_table`,
+`specs.layers`, `specs.rope`, `specs.attention`.
 
 Each defines `spec`, a `conformance.core.Spec` holding its properties in report order.
 """
@@ -10,7 +11,7 @@ from functools import cache
 
 from ..core import Spec
 
-MODULES = ("sampling", "hashing", "block_table")
+MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention")
 
 
 @cache

@@ -97,7 +97,18 @@ def add_common(
     add_rejects_invalid_input(spec, shape, errors)
     add_matches_reference(spec, shape, cases, compare, compare_doc)
     add_returns_like_logits(op, typical)
-    add_accepts_strided_input(spec, shape, typical)
+    rule = {"apply_top_p": "top_p_rule", "apply_min_p": "min_p_rule"}.get(op)
+    add_accepts_strided_input(spec, shape, typical, None if rule is None else _boundary(rule))
+
+
+def _boundary(rule: str) -> Any:
+    """The (batch, vocab) band mask of `rule` (top_p_rule / min_p_rule) for (logits, p)."""
+
+    def boundary(args: tuple[Any, ...]) -> np.ndarray:
+        fn = globals()[rule]
+        return np.array([fn(row, float(v))[1] for row, v in zip(args[0], args[1], strict=True)])
+
+    return boundary
 
 
 def add_returns_like_logits(op: str, cases: Any) -> None:

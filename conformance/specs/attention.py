@@ -1,0 +1,462 @@
+"""Properties of `ops.attention` (see `pyagent_ref/ops/attention.py` for the contract).
+
+A batch is drawn the way the engine builds one: 1-4 requests, each a prefill chunk (1-5
+query tokens after 0-6 cached ones) or a single-token decode (after 0-10), 0-2 padding
+query tokens, MHA / GQA / MQA head counts (1-2 KV heads, 1-3 query heads per KV head),
+head_size 1-8, block_size 1-8, every request's blocks distinct and shuffled over the
+cache (plus spare blocks), unused table entries pointing anywhere, float32 or float64,
+and optionally a sliding window (1-8), a soft cap (5 or 30) and ALiBi slopes.
+
+The oracle is a dense attention computed here in float64: each request's keys and
+values are read position by position through its block table, scores masked causally
+(and by the window), softmax, weighted sum. Tolerance (oracle and differential check):
+|got - want| <= TOL[dtype] * (1 + max |v| of the request), TOL = 2e-5 for float32 (scores
+and softmax in float32, exp amplifying score rounding) and 1e-11 for float64.
+`reshape_and_cache` is exact: the cache holds the key/value cast to its dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+import pyagent_ref.ops.attention  # noqa: F401 - binds pyagent_ref.ops.attention
+
+from .. import checks
+from ..core import Case, Ctx, Spec, to_numpy
+from ._common import (
+    FLOAT_DTYPES,
+    OpShape,
+    add_does_not_modify_inputs,
+    add_matches_reference,
+    add_rejects_invalid_input,
+    assert_within,
+    check_like_input,
+    error_variants,
+)
+
+OPS = ("reshape_and_cache", "paged_attention")
+TOL = {"float32": 2e-5, "float64": 1e-11}
+
+spec = Spec("attention", OPS)
+
+ATTN_ARGS = (
+    "query",
+    "key_cache",
+    "value_cache",
+    "block_table",
+    "query_start_loc",
+    "seq_lens",
+    "scale",
+    "sliding_window",
+    "soft_cap",
+    "alibi_slopes",
+)
+SHAPES = {
+    "reshape_and_cache": OpShape(
+        "reshape_and_cache", ("key", "value", "key_cache", "value_cache", "slot_mapping")
+    ),
+    "paged_attention": OpShape("paged_attention", ATTN_ARGS),
+}
+int_dtypes = st.sampled_from((np.int32, np.int64))
+
+# --- strategies -----------------------------------------------------------------------------
+
+
+@st.composite
+def attention_cases(
+    draw: Any, window: bool | None = None, extras: bool = True, padding: bool = True
+) -> Case:
+    dtype = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="values seed"))
+    n_reqs = draw(st.integers(1, 4))
+    q_lens, seq_lens = [], []
+    for _ in range(n_reqs):
+        if draw(st.booleans()):  # prefill chunk
+            q, ctx_len = draw(st.integers(1, 5)), draw(st.integers(0, 6))
+        else:  # decode
+            q, ctx_len = 1, draw(st.integers(0, 10))
+        q_lens.append(q)
+        seq_lens.append(ctx_len + q)
+    kv_heads = draw(st.integers(1, 2))
+    heads = kv_heads * draw(st.integers(1, 3))
+    head_size = draw(st.sampled_from((1, 2, 4, 8)))
+    bs = draw(st.integers(1, 8))
+    used = [-(-s // bs) for s in seq_lens]
+    max_blocks = max(used) + draw(st.integers(0, 2))
+    num_blocks = sum(used) + draw(st.integers(0, 3))
+    ids = draw(st.permutations(range(num_blocks)))
+    table = np.zeros((n_reqs, max_blocks), draw(int_dtypes))
+    at = 0
+    for r, u in enumerate(used):
+        table[r, :u] = ids[at : at + u]
+        table[r, u:] = rng.integers(0, num_blocks, max_blocks - u)  # unused: anything valid
+        at += u
+    n_pad = draw(st.integers(0, 2)) if padding else 0
+    total = sum(q_lens)
+    shape = (num_blocks, bs, kv_heads, head_size)
+    if draw(st.booleans()):  # values on a coarse grid: exact ties among scores
+        kc = rng.integers(-4, 5, shape) / 4
+        vc = rng.integers(-4, 5, shape) / 4
+        query = rng.integers(-4, 5, (total + n_pad, heads, head_size)) / 4
+    else:
+        kc, vc = rng.uniform(-2, 2, shape), rng.uniform(-2, 2, shape)
+        query = rng.uniform(-2, 2, (total + n_pad, heads, head_size))
+    use_window = draw(st.booleans()) if window is None else window
+    soft_cap = draw(st.sampled_from((None, 5.0, 30.0))) if extras else None
+    alibi = None
+    if extras and draw(st.booleans()):
+        alibi = rng.uniform(0, 1, heads).astype(dtype)
+    return Case(
+        query=query.astype(dtype),
+        key_cache=kc.astype(dtype),
+        value_cache=vc.astype(dtype),
+        block_table=table,
+        query_start_loc=np.concatenate([[0], np.cumsum(q_lens)]).astype(draw(int_dtypes)),
+        seq_lens=np.array(seq_lens, draw(int_dtypes)),
+        scale=draw(st.sampled_from((head_size**-0.5, 1.0, 0.25))),
+        sliding_window=draw(st.integers(1, 8)) if use_window else None,
+        soft_cap=soft_cap,
+        alibi_slopes=alibi,
+    )
+
+
+@st.composite
+def cache_cases(draw: Any) -> Case:
+    num_blocks, bs = draw(st.integers(1, 6)), draw(st.integers(1, 8))
+    kv_heads, head_size = draw(st.integers(1, 3)), draw(st.integers(1, 8))
+    n_slots = num_blocks * bs
+    n = draw(st.integers(0, min(8, n_slots)))
+    real = draw(st.lists(st.integers(0, n_slots - 1), min_size=n, max_size=n, unique=True))
+    slots = list(real)
+    n_pad = draw(st.integers(0, 3))
+    for _ in range(n_pad):
+        slots.insert(draw(st.integers(0, len(slots))), -1)
+    t = len(slots)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="values seed"))
+    kv_dtype = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    cache_dtype = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    return Case(
+        key=rng.uniform(-2, 2, (t, kv_heads, head_size)).astype(kv_dtype),
+        value=rng.uniform(-2, 2, (t, kv_heads, head_size)).astype(kv_dtype),
+        key_cache=rng.uniform(-2, 2, (num_blocks, bs, kv_heads, head_size)).astype(cache_dtype),
+        value_cache=rng.uniform(-2, 2, (num_blocks, bs, kv_heads, head_size)).astype(cache_dtype),
+        slot_mapping=np.array(slots, draw(int_dtypes)).reshape(t),
+    )
+
+
+def requests(case: Case) -> list[tuple[int, int, int]]:
+    q = [int(v) for v in case.query_start_loc]
+    return [(r, q[r], q[r + 1]) for r in range(len(q) - 1)]
+
+
+def attend(ctx: Ctx, case: Case, **changes: Any) -> np.ndarray:
+    args = {name: getattr(case, name) for name in ATTN_ARGS}
+    args.update(changes)
+    return ctx.call("paged_attention", *args.values())
+
+
+# --- oracle ---------------------------------------------------------------------------------
+
+
+def dense_attention(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """(the attention of every query token in float64, the tolerance of each entry)."""
+    q64 = case.query.astype(np.float64)
+    out = np.zeros(q64.shape)
+    tol = np.zeros(q64.shape)
+    _, bs, kv_heads, _ = case.key_cache.shape
+    heads = q64.shape[1]
+    group = heads // kv_heads
+    t_rel = TOL[case.query.dtype.name]
+    for r, start, end in requests(case):
+        s = int(case.seq_lens[r])
+        pos = np.arange(s)
+        blocks = case.block_table[r, pos // bs].astype(np.int64)
+        k = case.key_cache[blocks, pos % bs].astype(np.float64)  # (s, kv_heads, d)
+        v = case.value_cache[blocks, pos % bs].astype(np.float64)
+        vmax = float(np.abs(v).max()) if v.size else 0.0
+        for i in range(end - start):
+            p = s - (end - start) + i
+            for h in range(heads):
+                g = h // group
+                score = case.scale * (k[:, g] @ q64[start + i, h])
+                if case.alibi_slopes is not None:
+                    score = score + float(case.alibi_slopes[h]) * (pos - p)
+                if case.soft_cap is not None:
+                    score = case.soft_cap * np.tanh(score / case.soft_cap)
+                visible = pos <= p
+                if case.sliding_window is not None:
+                    visible &= pos > p - case.sliding_window
+                score = np.where(visible, score, -np.inf)
+                w = np.exp(score - score.max())
+                out[start + i, h] = (w / w.sum()) @ v[:, g]
+            tol[start + i] = t_rel * (1 + vmax)
+    return out, tol
+
+
+# =========================================================================== paged_attention
+
+
+@spec.prop("paged_attention", attention_cases())
+def equals_dense_masked_attention(ctx: Ctx, case: Case) -> None:
+    """Each query token's output is the softmax (causal, windowed, soft-capped, ALiBi-biased)
+    attention over its own sequence read through the block table, as a dense float64
+    computation gives it, within TOL[dtype] * (1 + max |v|)."""
+    out = attend(ctx, case)
+    want, tol = dense_attention(case)
+    assert_within(out, want, tol, "attention output")
+
+
+@spec.prop("paged_attention", attention_cases(window=False, extras=False))
+def dense_causal_without_options(ctx: Ctx, case: Case) -> None:
+    """Plain causal attention (no window, soft cap or ALiBi) equals the dense oracle, so a
+    bug in an option's code path cannot hide the plain one."""
+    out = attend(ctx, case)
+    want, tol = dense_attention(case)
+    assert_within(out, want, tol, "attention output")
+
+
+@spec.prop("paged_attention", attention_cases())
+def padding_queries_get_zeros(ctx: Ctx, case: Case) -> None:
+    """Query tokens past query_start_loc[-1] (padding) get exactly 0."""
+    out = attend(ctx, case)
+    total = int(case.query_start_loc[-1])
+    pad = out[total:]
+    checks.assert_equal(pad, np.zeros(pad.shape, pad.dtype), what="padding rows")
+
+
+@spec.prop("paged_attention", st.tuples(attention_cases(), st.randoms(use_true_random=False)))
+def invariant_to_permuting_block_ids(ctx: Ctx, pair: Any) -> None:
+    """Relabelling the cache's blocks (moving block b to pi(b) in both caches and in the
+    table) leaves the output unchanged: only the table decides where a position lives."""
+    case, rnd = pair
+    n = case.key_cache.shape[0]
+    pi = np.array(rnd.sample(range(n), n), np.int64)
+    kc, vc = np.empty_like(case.key_cache), np.empty_like(case.value_cache)
+    kc[pi], vc[pi] = case.key_cache, case.value_cache
+    table = pi[case.block_table.astype(np.int64)].astype(case.block_table.dtype)
+    want = attend(ctx, case)
+    got = attend(ctx, case, key_cache=kc, value_cache=vc, block_table=table)
+    _, tol = dense_attention(case)
+    assert_within(got, want, tol, "output after relabelling blocks")
+
+
+@spec.prop("paged_attention", attention_cases(extras=False))
+def window_of_one_copies_own_value(ctx: Ctx, case: Case) -> None:
+    """With sliding_window = 1 every query token sees only its own position: the output of
+    head h is the value of KV head h // group at that position."""
+    out = attend(ctx, case, sliding_window=1)
+    _, bs, kv_heads, _ = case.key_cache.shape
+    group = case.query.shape[1] // kv_heads
+    for r, start, end in requests(case):
+        s = int(case.seq_lens[r])
+        for i in range(end - start):
+            p = s - (end - start) + i
+            block = int(case.block_table[r, p // bs])
+            v = case.value_cache[block, p % bs].astype(np.float64)
+            want = np.repeat(v, group, axis=0)
+            assert_within(
+                out[start + i],
+                want,
+                TOL[case.query.dtype.name] * (1 + np.abs(want)),
+                f"token {start + i} (request {r}, position {p})",
+            )
+
+
+@spec.prop("paged_attention", attention_cases(), name="returns_documented_types")
+def attention_returns_documented_types(ctx: Ctx, case: Case) -> None:
+    """A new array like query (library, device, dtype, shape)."""
+    args = [ctx.convert(getattr(case, a)) for a in ATTN_ARGS]
+    out = ctx.fn("paged_attention")(*args)
+    check_like_input(out, args[0])
+    assert out is not args[0], "returned the query object itself"
+
+
+def attention_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    q, kc, vc = case.query, case.key_cache, case.value_cache
+    qsl, lens, table = case.query_start_loc, case.seq_lens, case.block_table
+    heads = q.shape[1]
+    kv_heads = kc.shape[2]
+    bs = kc.shape[1]
+    first_q = int(qsl[1] - qsl[0])
+    short, long_ = lens.copy(), lens.copy()
+    short[0] = first_q - 1
+    long_[0] = table.shape[1] * bs + 1
+    options: list[tuple[str, dict[str, Any], type]] = [
+        ("integer query", {"query": np.zeros(q.shape, np.int64)}, TypeError),
+        ("3-D key_cache", {"key_cache": kc[0]}, ValueError),
+        (
+            "cache head_size != query head_size",
+            {
+                "key_cache": np.zeros((*kc.shape[:3], kc.shape[3] + 1), kc.dtype),
+                "value_cache": np.zeros((*kc.shape[:3], kc.shape[3] + 1), kc.dtype),
+            },
+            ValueError,
+        ),
+        ("seq_lens one longer", {"seq_lens": np.append(lens, 1).astype(lens.dtype)}, ValueError),
+        ("block_table one row short", {"block_table": table[:-1]}, ValueError),
+        ("seq_len shorter than its query tokens", {"seq_lens": short}, ValueError),
+        ("seq_len past its block table", {"seq_lens": long_}, ValueError),
+    ]
+    if heads % (kv_heads + 1):
+        shape = (*kc.shape[:2], kv_heads + 1, kc.shape[3])
+        options.append(
+            (
+                "num_heads not a multiple of num_kv_heads",
+                {"key_cache": np.zeros(shape, kc.dtype), "value_cache": np.zeros(shape, vc.dtype)},
+                ValueError,
+            )
+        )
+    out = []
+    for why, change, exc in options:
+        args = {name: getattr(case, name) for name in ATTN_ARGS}
+        args.update(change)
+        out.append((why, tuple(args.values()), exc))
+    return out
+
+
+def _attention_compare(case: Case, got: Any, ref: Any) -> None:
+    assert got.dtype == ref.dtype, f"dtype {got.dtype}, the reference's {ref.dtype}"
+    _, tol = dense_attention(case)
+    assert_within(got, ref, tol, "attention output")
+
+
+add_does_not_modify_inputs(spec, SHAPES["paged_attention"], attention_cases())
+add_rejects_invalid_input(
+    spec,
+    SHAPES["paged_attention"],
+    error_variants(attention_cases(padding=False), attention_errors),
+)
+add_matches_reference(
+    spec,
+    SHAPES["paged_attention"],
+    attention_cases(),
+    _attention_compare,
+    "The reference's output within TOL[dtype] * (1 + max |v| of the request).",
+)
+
+
+# ========================================================================= reshape_and_cache
+
+
+def write_cache(ctx: Ctx, case: Case, **changes: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    """(the op's return value, key_cache, value_cache) after the implementation's call on
+    converted copies of the caches (the op writes in place)."""
+    args = {name: getattr(case, name) for name in SHAPES["reshape_and_cache"].args}
+    args.update(changes)
+    conv = {k: ctx.convert(v) for k, v in args.items()}
+    ret = ctx.fn("reshape_and_cache")(*conv.values())
+    return ret, np.array(to_numpy(conv["key_cache"])), np.array(to_numpy(conv["value_cache"]))
+
+
+@spec.prop("reshape_and_cache", cache_cases())
+def writes_exactly_the_non_padding_slots(ctx: Ctx, case: Case) -> None:
+    """Slot s = slot_mapping[t] >= 0 of both caches becomes key[t] / value[t] cast to the
+    cache dtype; every other slot (and padding tokens' data) is left untouched; returns None."""
+    ret, kc, vc = write_cache(ctx, case)
+    assert ret is None, f"returned {type(ret).__name__}, not None"
+    for name, src, before, after in (
+        ("key_cache", case.key, case.key_cache, kc),
+        ("value_cache", case.value, case.value_cache, vc),
+    ):
+        n, bs, h, d = before.shape
+        want = before.reshape(n * bs, h, d).copy()
+        for t, s in enumerate(case.slot_mapping.tolist()):
+            if s >= 0:
+                want[s] = src[t].astype(before.dtype)
+        checks.assert_shape_dtype(after, before.shape, before.dtype, name)
+        checks.assert_equal(after.reshape(n * bs, h, d), want, what=f"{name} slots")
+
+
+@spec.prop("reshape_and_cache", cache_cases(), uses=("paged_attention",))
+def written_keys_are_attended(ctx: Ctx, case: Case) -> None:
+    """After the write, a one-token decode at the last written slot with a window of 1 reads
+    back exactly that token's value (the two ops agree on the slot layout)."""
+    real = [(t, s) for t, s in enumerate(case.slot_mapping.tolist()) if s >= 0]
+    if not real:
+        return
+    t, s = real[-1]
+    _, kc, vc = write_cache(ctx, case)
+    n, bs, h, d = kc.shape
+    query = np.ones((1, h, d), kc.dtype)
+    table = np.array([[s // bs]], np.int64)
+    out = ctx.call(
+        "paged_attention",
+        query,
+        kc,
+        vc,
+        table,
+        np.array([0, 1]),
+        np.array([s % bs + 1]),
+        1.0,
+        1,
+    )
+    want = case.value[t].astype(kc.dtype)
+    assert_within(
+        out[0],
+        want,
+        TOL[kc.dtype.name] * (1 + np.abs(want)),
+        f"value of token {t} read back from slot {s}",
+    )
+
+
+def cache_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    k, v, kc, vc, sm = case.key, case.value, case.key_cache, case.value_cache, case.slot_mapping
+    n_slots = kc.shape[0] * kc.shape[1]
+    past = np.append(sm, n_slots).astype(sm.dtype)
+    k1 = np.concatenate([k, k[:1] if len(k) else np.zeros((1, *k.shape[1:]), k.dtype)])
+    v1 = np.concatenate([v, v[:1] if len(v) else np.zeros((1, *v.shape[1:]), v.dtype)])
+    out = [
+        ("float slot_mapping", (k, v, kc, vc, sm.astype(np.float64)), TypeError),
+        ("a slot past the cache", (k1, v1, kc, vc, past), ValueError),
+        ("value_cache of another shape", (k, v, kc, vc[:, :, :, :0], sm), ValueError),
+        (
+            "key with another head_size",
+            (np.zeros((*k.shape[:2], k.shape[2] + 1), k.dtype), v, kc, vc, sm),
+            ValueError,
+        ),
+        (
+            "one slot more than tokens",
+            (k, v, kc, vc, np.append(sm, -1).astype(sm.dtype)),
+            ValueError,
+        ),
+        ("3-D key_cache", (k, v, kc[0], vc[0], sm), ValueError),
+    ]
+    fortran = np.asfortranarray(kc)
+    if not fortran.flags.c_contiguous:
+        out.append(("a non-contiguous key_cache", (k, v, fortran, vc, sm), ValueError))
+    return out
+
+
+def _cache_compare(ctx: Ctx, case: Case) -> None:
+    """Both caches exactly as the reference leaves them (the same bytes in every slot)."""
+    args = [np.array(getattr(case, a), copy=True) for a in SHAPES["reshape_and_cache"].args]
+    ctx.ref("reshape_and_cache", *args)
+    _, kc, vc = write_cache(ctx, case)
+    checks.assert_equal(kc, args[2], what="key_cache")
+    checks.assert_equal(vc, args[3], what="value_cache")
+
+
+spec.add(
+    "reshape_and_cache",
+    _cache_compare,
+    cache_cases(),
+    differential=True,
+    name="matches_reference",
+)
+
+
+@spec.prop("reshape_and_cache", cache_cases())
+def does_not_modify_inputs(ctx: Ctx, case: Case) -> None:
+    """key, value and slot_mapping are unchanged by the call (only the caches are written)."""
+    conv = {a: ctx.convert(getattr(case, a)) for a in SHAPES["reshape_and_cache"].args}
+    ctx.fn("reshape_and_cache")(*conv.values())
+    for name in ("key", "value", "slot_mapping"):
+        checks.assert_equal(to_numpy(conv[name]), getattr(case, name), what=f"{name} after")
+
+
+add_rejects_invalid_input(
+    spec, SHAPES["reshape_and_cache"], error_variants(cache_cases(), cache_errors)
+)
