@@ -1143,6 +1143,33 @@ def cache_writes_padding(key: Any, value: Any, key_cache: Any, value_cache: Any,
     return None
 
 
+def _decode_with_lens(args: tuple[Any, ...], change: Callable[[np.ndarray, int], Any]) -> Any:
+    """paged_decode_attention with seq_lens replaced by change(seq_lens, capacity)."""
+    args = list(args)
+    capacity = args[3].shape[1] * args[1].shape[1]
+    lens = _np(args[4])
+    args[4] = _back(args[4], np.asarray(change(lens, capacity), dtype=lens.dtype))
+    return A.paged_decode_attention(*args)
+
+
+@mutant("attention", "paged_decode_attention", "reads one position past each sequence")
+def decode_reads_one_more(*args: Any) -> Any:
+    return _decode_with_lens(args, lambda s, cap: np.where(s > 0, np.minimum(s + 1, cap), 0))
+
+
+@mutant("attention", "paged_decode_attention", "padding requests attend to their first slot")
+def decode_padding_attends(*args: Any) -> Any:
+    return _decode_with_lens(args, lambda s, cap: np.maximum(s, 1))
+
+
+@mutant("attention", "paged_decode_attention", "ignores the sliding window")
+def decode_ignores_window(*args: Any) -> Any:
+    args = list(args)
+    if len(args) > 6:
+        args[6] = None
+    return A.paged_decode_attention(*args)
+
+
 def implementation(m: Mutant) -> Impl:
     """An Impl that is the reference except for mutant `m`."""
     modules = {}

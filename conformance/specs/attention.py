@@ -13,6 +13,10 @@ values are read position by position through its block table, scores masked caus
 |got - want| <= TOL[dtype] * (1 + max |v| of the request), TOL = 2e-5 for float32 (scores
 and softmax in float32, exp amplifying score rounding) and 1e-11 for float64.
 `reshape_and_cache` is exact: the cache holds the key/value cast to its dtype.
+
+`paged_decode_attention` batches are drawn the same way with one query token per request,
+0-2 padding requests (seq_len 0) anywhere among them, and 0-2 spare table columns; its
+oracle is the same dense attention (zeros for padding requests).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ._common import (
     error_variants,
 )
 
-OPS = ("reshape_and_cache", "paged_attention")
+OPS = ("reshape_and_cache", "paged_attention", "paged_decode_attention")
 TOL = {"float32": 2e-5, "float64": 1e-11}
 
 spec = Spec("attention", OPS)
@@ -54,11 +58,13 @@ ATTN_ARGS = (
     "soft_cap",
     "alibi_slopes",
 )
+DECODE_ARGS = tuple(a for a in ATTN_ARGS if a != "query_start_loc")
 SHAPES = {
     "reshape_and_cache": OpShape(
         "reshape_and_cache", ("key", "value", "key_cache", "value_cache", "slot_mapping")
     ),
     "paged_attention": OpShape("paged_attention", ATTN_ARGS),
+    "paged_decode_attention": OpShape("paged_decode_attention", DECODE_ARGS),
 }
 int_dtypes = st.sampled_from((np.int32, np.int64))
 
@@ -120,6 +126,30 @@ def attention_cases(
         sliding_window=draw(st.integers(1, 8)) if use_window else None,
         soft_cap=soft_cap,
         alibi_slopes=alibi,
+    )
+
+
+@st.composite
+def decode_cases(draw: Any, extras: bool = True) -> Case:
+    """One query token per request; padding requests (seq_len 0) mixed in."""
+    case = draw(attention_cases(extras=extras, padding=False))
+    last = case.query_start_loc[1:].astype(np.int64) - 1  # each request's last query token
+    query, table, lens = case.query[last], case.block_table, case.seq_lens
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(lens)))
+        query = np.insert(query, at, draw(st.sampled_from((0.0, 1.5))), axis=0)
+        table = np.insert(table, at, draw(st.integers(0, case.key_cache.shape[0] - 1)), axis=0)
+        lens = np.insert(lens, at, 0)
+    return Case(
+        query=query,
+        key_cache=case.key_cache,
+        value_cache=case.value_cache,
+        block_table=table,
+        seq_lens=lens,
+        scale=case.scale,
+        sliding_window=case.sliding_window,
+        soft_cap=case.soft_cap,
+        alibi_slopes=case.alibi_slopes,
     )
 
 
@@ -459,4 +489,149 @@ def does_not_modify_inputs(ctx: Ctx, case: Case) -> None:
 
 add_rejects_invalid_input(
     spec, SHAPES["reshape_and_cache"], error_variants(cache_cases(), cache_errors)
+)
+
+
+# ==================================================================== paged_decode_attention
+
+
+def decode(ctx: Ctx, case: Case, **changes: Any) -> np.ndarray:
+    args = {name: getattr(case, name) for name in DECODE_ARGS}
+    args.update(changes)
+    return ctx.call("paged_decode_attention", *args.values())
+
+
+def as_flattened_batch(case: Case) -> tuple[Case, np.ndarray]:
+    """(the real requests of a decode case as a `paged_attention` case, their rows)."""
+    real = np.flatnonzero(case.seq_lens > 0)
+    flat = Case(
+        **{name: getattr(case, name) for name in DECODE_ARGS},
+        query_start_loc=np.arange(len(real) + 1),
+    )
+    flat.query = case.query[real]
+    flat.block_table = case.block_table[real]
+    flat.seq_lens = case.seq_lens[real]
+    return flat, real
+
+
+def dense_decode(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """The dense oracle for every request (zeros for padding), and the tolerance."""
+    out = np.zeros(case.query.shape)
+    tol = np.full(case.query.shape, TOL[case.query.dtype.name])
+    flat, real = as_flattened_batch(case)
+    if len(real):
+        out[real], tol[real] = dense_attention(flat)
+    return out, tol
+
+
+@spec.prop("paged_decode_attention", decode_cases())
+def decode_equals_dense_masked_attention(ctx: Ctx, case: Case) -> None:
+    """Each request's token (at position seq_lens[r] - 1) gets the dense float64 attention
+    over its sequence (causal, windowed, soft-capped, ALiBi-biased) within
+    TOL[dtype] * (1 + max |v|); padding requests (seq_len 0) get exactly 0."""
+    out = decode(ctx, case)
+    want, tol = dense_decode(case)
+    assert_within(out, want, tol, "decode attention output")
+    pad = out[case.seq_lens == 0]
+    checks.assert_equal(pad, np.zeros(pad.shape, pad.dtype), what="padding requests")
+
+
+@spec.prop("paged_decode_attention", decode_cases(), uses=("paged_attention",))
+def agrees_with_paged_attention(ctx: Ctx, case: Case) -> None:
+    """On the real requests, the output equals `paged_attention` of the same requests as a
+    flattened batch of single-token queries (query_start_loc = 0, 1, ..., n), within the
+    oracle's tolerance: the two ops are one contract on decode batches."""
+    flat, real = as_flattened_batch(case)
+    if not len(real):
+        return
+    got = decode(ctx, case)[real]
+    want = attend(ctx, flat)
+    _, tol = dense_attention(flat)
+    assert_within(got, want, 2 * tol, "decode vs paged_attention")
+
+
+@spec.prop("paged_decode_attention", st.tuples(decode_cases(), st.randoms(use_true_random=False)))
+def ignores_blocks_past_each_sequence(ctx: Ctx, pair: Any) -> None:
+    """Table entries past a request's last block, and every cache block no request uses,
+    may hold anything: rewriting them leaves the output unchanged (to the oracle's
+    tolerance). This is what lets a graph gather whole static-width table rows."""
+    case, rnd = pair
+    n_blocks, bs = case.key_cache.shape[:2]
+    table = case.block_table.copy()
+    used = set()
+    for r, s in enumerate(case.seq_lens.tolist()):
+        u = -(-s // bs)
+        used.update(table[r, :u].tolist())
+        for j in range(u, table.shape[1]):
+            table[r, j] = rnd.randrange(n_blocks)
+    kc, vc = case.key_cache.copy(), case.value_cache.copy()
+    for b in set(range(n_blocks)) - used:
+        kc[b] = rnd.uniform(-50, 50)
+        vc[b] = rnd.uniform(-50, 50)
+    want = decode(ctx, case)
+    got = decode(ctx, case, block_table=table, key_cache=kc, value_cache=vc)
+    _, tol = dense_decode(case)
+    assert_within(got, want, tol, "output after rewriting unused blocks")
+
+
+@spec.prop("paged_decode_attention", decode_cases(), name="returns_documented_types")
+def decode_returns_documented_types(ctx: Ctx, case: Case) -> None:
+    """A new array like query (library, device, dtype, shape)."""
+    args = [ctx.convert(getattr(case, a)) for a in DECODE_ARGS]
+    out = ctx.fn("paged_decode_attention")(*args)
+    check_like_input(out, args[0])
+    assert out is not args[0], "returned the query object itself"
+
+
+def decode_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    q, kc, vc = case.query, case.key_cache, case.value_cache
+    lens, table = case.seq_lens, case.block_table
+    heads, kv_heads = q.shape[1], kc.shape[2]
+    past, negative = lens.copy(), lens.copy()
+    past[0] = table.shape[1] * kc.shape[1] + 1
+    negative[-1] = -1
+    options: list[tuple[str, dict[str, Any], type]] = [
+        ("integer query", {"query": np.zeros(q.shape, np.int64)}, TypeError),
+        ("float seq_lens", {"seq_lens": lens.astype(np.float64)}, TypeError),
+        ("float block_table", {"block_table": table.astype(np.float64)}, TypeError),
+        ("3-D key_cache", {"key_cache": kc[0]}, ValueError),
+        ("seq_lens one longer", {"seq_lens": np.append(lens, 1).astype(lens.dtype)}, ValueError),
+        ("block_table one row short", {"block_table": table[:-1]}, ValueError),
+        ("1-D block_table", {"block_table": table[:, 0]}, ValueError),
+        ("a seq_len past the block table", {"seq_lens": past}, ValueError),
+        ("a negative seq_len", {"seq_lens": negative}, ValueError),
+    ]
+    if heads % (kv_heads + 1):
+        shape = (*kc.shape[:2], kv_heads + 1, kc.shape[3])
+        options.append(
+            (
+                "num_heads not a multiple of num_kv_heads",
+                {"key_cache": np.zeros(shape, kc.dtype), "value_cache": np.zeros(shape, vc.dtype)},
+                ValueError,
+            )
+        )
+    out = []
+    for why, change, exc in options:
+        args = {name: getattr(case, name) for name in DECODE_ARGS}
+        args.update(change)
+        out.append((why, tuple(args.values()), exc))
+    return out
+
+
+def _decode_compare(case: Case, got: Any, ref: Any) -> None:
+    assert got.dtype == ref.dtype, f"dtype {got.dtype}, the reference's {ref.dtype}"
+    _, tol = dense_decode(case)
+    assert_within(got, ref, tol, "decode attention output")
+
+
+add_does_not_modify_inputs(spec, SHAPES["paged_decode_attention"], decode_cases())
+add_rejects_invalid_input(
+    spec, SHAPES["paged_decode_attention"], error_variants(decode_cases(), decode_errors)
+)
+add_matches_reference(
+    spec,
+    SHAPES["paged_decode_attention"],
+    decode_cases(),
+    _decode_compare,
+    "The reference's output within TOL[dtype] * (1 + max |v| of the request).",
 )

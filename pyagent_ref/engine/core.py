@@ -21,6 +21,7 @@ from ..ops import load as load_ops
 from ..sched.outputs import EngineCoreOutput, EngineCoreOutputs, StepStats
 from ..sched.request import Request, RequestStatus
 from ..sched.scheduler import Scheduler, SchedulerConfig
+from ..worker.cuda_graph import DEFAULT_CAPTURE_SIZES
 from ..worker.model_runner import ModelRunner
 
 
@@ -31,6 +32,8 @@ class EngineConfig:
     num_kv_blocks: KV cache blocks (block 0 is the null block); None sizes the cache
         from kv_cache_memory_bytes.
     ops: "ref", "accel" or "auto": the ops namespace for sampling and hashing.
+    graph_mode: "auto", "eager" or "static" (see `ModelRunner`); enforce_eager=True
+        means "eager". cudagraph_capture_sizes: the decode batch sizes graphs serve.
     """
 
     model: str | Path | None = None
@@ -48,6 +51,8 @@ class EngineConfig:
     policy: str = "fcfs"
     ops: str = "auto"
     enforce_eager: bool = False
+    graph_mode: str = "auto"
+    cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
     compile: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -93,7 +98,8 @@ class EngineCore:
             max_num_reqs=config.max_num_seqs,
             max_model_len=max_model_len,
             max_num_tokens=config.max_num_batched_tokens,
-            enforce_eager=config.enforce_eager,
+            graph_mode="eager" if config.enforce_eager else config.graph_mode,
+            capture_sizes=config.cudagraph_capture_sizes,
             compile=config.compile,
         )
         self.max_model_len = max_model_len
@@ -147,16 +153,13 @@ class EngineCore:
         if self.has_unfinished_requests():
             raise RuntimeError("cannot sleep with unfinished requests; abort or drain them first")
         self.kv.reset_prefix_cache()
-        self.runner.kv_caches = [(k.new_empty(0), v.new_empty(0)) for k, v in self.runner.kv_caches]
+        self.runner.release_kv_cache()
         self.asleep = True
 
     def wake_up(self) -> None:
         if not self.asleep:
             return
-        shape = self.runner.model.kv_cache_shape(self.kv.pool.num_blocks, self.config.block_size)
-        self.runner.kv_caches = [
-            (k.new_zeros(shape), v.new_zeros(shape)) for k, v in self.runner.kv_caches
-        ]
+        self.runner.allocate_kv_cache()
         self.asleep = False
 
     def shutdown(self, drain: bool = True) -> list[EngineCoreOutputs]:

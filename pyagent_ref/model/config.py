@@ -14,10 +14,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 class ModelConfig:
     """What the Llama-family forward pass needs to know, one field per HF key.
 
-    `layer_types[i]` is "full_attention" or "sliding_attention"; `sliding_window` is the
-    window of the sliding layers. `attention_bias` puts biases on q/k/v (Qwen2 always
-    has them); `qk_norm` applies an RMSNorm per head to queries and keys before RoPE
-    (Qwen3).
+    `layer_types[i]` is "full_attention" or "sliding_attention" (empty means every layer
+    is full attention); `sliding_window` is the window of the sliding layers.
+    `attention_bias` puts biases on q/k/v (Qwen2 always has them); `qk_norm` applies an
+    RMSNorm per head to queries and keys before RoPE (Qwen3).
     """
 
     architecture: str
@@ -41,6 +41,21 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", ("full_attention",) * self.num_hidden_layers)
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_types must name {self.num_hidden_layers} layers, got {self.layer_types}"
+            )
+        kinds = {"full_attention", "sliding_attention"}
+        if not set(self.layer_types) <= kinds:
+            raise ValueError(f"layer_types must be among {sorted(kinds)}, got {self.layer_types}")
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise ValueError(
+                f"sliding_attention layers need a sliding_window, got {self.sliding_window!r}"
+            )
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:

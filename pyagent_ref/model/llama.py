@@ -32,12 +32,16 @@ class AttentionMetadata:
     slot_mapping: int64 (num_tokens,), PAD_SLOT_ID for padding tokens.
     block_table: int32/int64 (num_reqs, max_blocks). query_start_loc: (num_reqs + 1,).
     seq_lens: (num_reqs,) sequence lengths including this step's tokens.
+    decode_only: every request has exactly one query token (num_tokens == num_reqs;
+        padding requests have seq_len 0): attention takes the static-shape path
+        `paged_decode_attention`, which a CUDA graph can capture.
     """
 
     slot_mapping: torch.Tensor
     block_table: torch.Tensor
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
+    decode_only: bool = False
 
 
 class RMSNorm(nn.Module):
@@ -110,16 +114,27 @@ class Attention(nn.Module):
         q, k = rotary(positions, q, k)
         key_cache, value_cache = kv_cache
         attention.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
-        out = attention.paged_attention(
-            q,
-            key_cache,
-            value_cache,
-            meta.block_table,
-            meta.query_start_loc,
-            meta.seq_lens,
-            self.scale,
-            sliding_window=self.sliding_window,
-        )
+        if meta.decode_only:
+            out = attention.paged_decode_attention(
+                q,
+                key_cache,
+                value_cache,
+                meta.block_table,
+                meta.seq_lens,
+                self.scale,
+                sliding_window=self.sliding_window,
+            )
+        else:
+            out = attention.paged_attention(
+                q,
+                key_cache,
+                value_cache,
+                meta.block_table,
+                meta.query_start_loc,
+                meta.seq_lens,
+                self.scale,
+                sliding_window=self.sliding_window,
+            )
         return self.o_proj(out.reshape(n, self.q_size))
 
 
@@ -154,8 +169,6 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Decoder-only causal LM of the Llama family (see the module docstring)."""
 
-    supports_cuda_graphs = False  # paged_attention synchronises with the host
-
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -183,6 +196,12 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(positions, hidden, residual, meta, kv_cache, self.rotary)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """Whether a decode step can be captured: everything but dynamic NTK RoPE, which
+        reads the longest position on the host to pick its frequencies."""
+        return not self.rotary.dynamic
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits of the given hidden states, in float32."""

@@ -78,6 +78,25 @@ def row_param(like: Any, value: Any, name: str, dtype: Any) -> Any:
     return arr
 
 
+def can_read_values(x: Any) -> bool:
+    """Whether an op may read the values of `x` on the host to validate them.
+
+    False for a torch tensor on an accelerator while a CUDA graph is being captured on
+    the current stream (reading a device value synchronises, which a capture forbids),
+    and for a tensor on torch's "meta" device, which has shapes but no values. Ops skip
+    their value checks (ranges, not shapes or dtypes) then; the same inputs are checked
+    whenever the op runs on real values outside a capture.
+    """
+    kind = getattr(getattr(x, "device", None), "type", "cpu")
+    if kind == "cpu":
+        return True
+    if kind == "meta":
+        return False
+    import torch
+
+    return not torch.cuda.is_current_stream_capturing()
+
+
 def first_bad_row(xp: Any, bad: Any) -> int | None:
     """Index of the first True in the boolean vector `bad`, or None."""
     if not bool(xp.any(bad)):

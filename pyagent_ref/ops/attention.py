@@ -11,6 +11,11 @@ of request r sits at position seq_lens[r] - q_len_r + i.
 `reshape_and_cache` runs before `paged_attention` in every layer, so a request attends
 to the KV of its own new tokens, and to those of a request earlier in the same batch
 that it shares blocks with.
+
+`paged_decode_attention` is the special case of one query token per request written
+with static shapes and no host reads of device values, so that a CUDA graph can capture
+it (and `reshape_and_cache`) for a decode step; `paged_attention` groups requests on the
+host and cannot be captured.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from typing import Any
 
 from array_api_compat import device
 
-from ._arrays import dtype_name, namespace
+from ._arrays import can_read_values, dtype_name, namespace
 
-__all__ = ["reshape_and_cache", "paged_attention"]
+__all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention"]
 
 
 def _check_cache(x: Any, name: str) -> None:
@@ -42,7 +47,9 @@ def reshape_and_cache(
     For token t with slot s = slot_mapping[t] >= 0: key_cache[s // B, s % B] = key[t]
     and value_cache[s // B, s % B] = value[t] (B = block_size), cast to the cache dtype.
     Tokens with s < 0 (padding) are skipped. The only op that mutates its arguments:
-    the cache is the state the engine keeps on the device.
+    the cache is the state the engine keeps on the device. Free of host reads, so a
+    CUDA graph can capture it; the slot range is checked whenever the op runs outside
+    a capture.
 
     Args:
         key, value: float arrays, shape (num_tokens, num_kv_heads, head_size).
@@ -60,25 +67,36 @@ def reshape_and_cache(
             f"value_cache must have shape {tuple(key_cache.shape)}, got {tuple(value_cache.shape)}"
         )
     num_blocks, block_size, heads, head_size = key_cache.shape
+    num_tokens = slot_mapping.shape[0]
     for name, x in (("key", key), ("value", value)):
-        if tuple(x.shape[1:]) != (heads, head_size) or x.shape[0] != slot_mapping.shape[0]:
+        if tuple(x.shape[1:]) != (heads, head_size) or x.shape[0] != num_tokens:
             raise ValueError(
-                f"{name} must have shape ({slot_mapping.shape[0]}, {heads}, {head_size}), "
-                f"got {tuple(x.shape)}"
+                f"{name} must have shape ({num_tokens}, {heads}, {head_size}), got {tuple(x.shape)}"
             )
     if "int" not in dtype_name(slot_mapping):
         raise TypeError(f"slot_mapping must be integers, got dtype {dtype_name(slot_mapping)}")
-    if bool(xp.any(slot_mapping >= num_blocks * block_size)):
+    if can_read_values(slot_mapping) and bool(xp.any(slot_mapping >= num_blocks * block_size)):
         raise ValueError(
             f"slot_mapping holds {int(xp.max(slot_mapping))}, "
             f"past the {num_blocks * block_size} slots"
         )
     flat_k = _flat_view(key_cache, "key_cache")
     flat_v = _flat_view(value_cache, "value_cache")
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    flat_k[slots] = xp.astype(key[keep], key_cache.dtype)
-    flat_v[slots] = xp.astype(value[keep], value_cache.dtype)
+    if num_tokens == 0:
+        return
+    # Skipping padding by boolean indexing would make the shape depend on the data (a
+    # host read). Instead every padding token rewrites the slot of the first real token
+    # with that token's own key and value: duplicate writes of one value, in any order.
+    # With no real token at all, each slot written gets its own old content back.
+    dev = device(slot_mapping)
+    real = slot_mapping >= 0
+    first = xp.reshape(xp.argmax(xp.astype(real, xp.int8)), (1,))
+    source = xp.where(real, xp.arange(num_tokens, device=dev), first)
+    slots = xp.where(real, slot_mapping, xp.clip(xp.take(slot_mapping, first), 0, None))
+    any_real = xp.any(real)
+    for flat, x in ((flat_k, key), (flat_v, value)):
+        new = xp.astype(xp.take(x, source, axis=0), flat.dtype)
+        flat[slots] = xp.where(any_real, new, xp.take(flat, slots, axis=0))
 
 
 def _flat_view(cache: Any, name: str) -> Any:
@@ -173,16 +191,18 @@ def paged_attention(
         by_q_len.setdefault(q_len, []).append(r)
     for q_len, rows in by_q_len.items():
         tokens = [t for r in rows for t in range(qsl[r], qsl[r] + q_len)]
-        index = xp.asarray(tokens, dtype=xp.int64, device=device(query))
+        dev = device(query)
+        index = xp.asarray(tokens, dtype=xp.int64, device=dev)
+        table = xp.take(block_table, xp.asarray(rows, dtype=xp.int64, device=dev), axis=0)
+        longest = max(lens[r] for r in rows)
         masks = None if custom_masks is None else [custom_masks[r] for r in rows]
         o = _attend(
             xp,
             xp.take(query, index, axis=0),
             key_cache,
             value_cache,
-            block_table,
-            rows,
-            [lens[r] for r in rows],
+            table[:, : -(-longest // block_size)],
+            xp.asarray([lens[r] for r in rows], dtype=xp.int64, device=dev),
             q_len,
             scale,
             compute,
@@ -195,14 +215,101 @@ def paged_attention(
     return out
 
 
+def paged_decode_attention(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    alibi_slopes: Any = None,
+) -> Any:
+    """`paged_attention` for one query token per request, with static shapes.
+
+    Request r's single query token sits at position seq_lens[r] - 1 and attends as in
+    `paged_attention` (causal, GQA/MQA, window, soft cap, ALiBi). A request with
+    seq_lens[r] == 0 is padding and gets zeros. Every block of every table row is
+    gathered and positions >= seq_lens[r] are masked, so the work and every
+    intermediate shape depend only on the argument shapes, and no device value is read
+    on the host: a CUDA graph can capture the op. The cost grows with
+    block_table.shape[1]; outside a graph, pass only the columns the longest sequence
+    uses. Unused table entries must still be valid block ids. Value checks (seq_lens
+    range) are skipped while a CUDA graph is captured.
+
+    Args:
+        query: float array, shape (num_reqs, num_heads, head_size).
+        key_cache, value_cache: shape (num_blocks, block_size, num_kv_heads, head_size).
+        block_table: integer array, shape (num_reqs, max_blocks_per_req).
+        seq_lens: integer array, shape (num_reqs,), each in [0, max_blocks_per_req *
+            block_size], counting the query token.
+        scale, sliding_window, soft_cap, alibi_slopes: as in `paged_attention`.
+    Returns:
+        An array like query.
+    Raises:
+        TypeError: non-float query, non-integer block_table or seq_lens.
+        ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
+            seq_len outside [0, max_blocks_per_req * block_size].
+    """
+    xp = namespace(query, "query")
+    _check_cache(key_cache, "key_cache")
+    if "float" not in dtype_name(query):
+        raise TypeError(f"query must be a float array, got dtype {dtype_name(query)}")
+    for name, x in (("block_table", block_table), ("seq_lens", seq_lens)):
+        if "int" not in dtype_name(x):
+            raise TypeError(f"{name} must be integers, got dtype {dtype_name(x)}")
+    num_reqs, num_heads, head_size = query.shape
+    _, block_size, num_kv_heads, kv_head_size = key_cache.shape
+    if kv_head_size != head_size or num_heads % num_kv_heads:
+        raise ValueError(
+            f"query heads ({num_heads} x {head_size}) must be a multiple of the cache's "
+            f"KV heads ({num_kv_heads} x {kv_head_size})"
+        )
+    if (
+        tuple(seq_lens.shape) != (num_reqs,)
+        or block_table.ndim != 2
+        or (block_table.shape[0] != num_reqs)
+    ):
+        raise ValueError(
+            f"seq_lens {tuple(seq_lens.shape)} and block_table {tuple(block_table.shape)} "
+            f"must have one row per query token ({num_reqs})"
+        )
+    capacity = block_table.shape[1] * block_size
+    if can_read_values(seq_lens):
+        bad = (seq_lens < 0) | (seq_lens > capacity)
+        if bool(xp.any(bad)):
+            r = int(xp.argmax(xp.astype(bad, xp.int8)))
+            raise ValueError(
+                f"seq_lens[{r}] = {int(seq_lens[r])} must be in [0, {capacity}] "
+                f"({block_table.shape[1]} blocks of {block_size})"
+            )
+    compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
+    o = _attend(
+        xp,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        xp.astype(seq_lens, xp.int64),
+        1,
+        scale,
+        compute,
+        sliding_window,
+        soft_cap,
+        alibi_slopes,
+        None,
+    )
+    return xp.astype(o, query.dtype, copy=False)
+
+
 def _attend(
     xp: Any,
     query: Any,
     key_cache: Any,
     value_cache: Any,
-    block_table: Any,
-    rows: list[int],
-    lens: list[int],
+    table: Any,
+    seq: Any,
     q_len: int,
     scale: float,
     compute: Any,
@@ -211,26 +318,26 @@ def _attend(
     alibi_slopes: Any,
     custom_masks: list[Any] | None,
 ) -> Any:
-    """`paged_attention` for n requests of `q_len` query tokens each (see its contract).
+    """Attention of n requests of `q_len` query tokens each (see `paged_attention`).
 
-    query: (n * q_len, num_heads, d). Keys and values are gathered from each request's
-    blocks and padded to S = max(lens); padded keys lie past every query position, so
-    the causal mask hides them. Returns (n * q_len, num_heads, d) in `compute`.
+    query: (n * q_len, num_heads, d); table: (n, W) block ids; seq: int64 (n,) on the
+    query's device, each request's sequence length. Keys and values of all W blocks are
+    gathered (S = W * block_size positions); positions past a request's sequence lie
+    past all its query positions, so the causal mask hides them. Reads no device value
+    on the host. Returns (n * q_len, num_heads, d) in `compute`.
     """
-    n, (_, num_heads, d) = len(rows), query.shape
+    n, (_, num_heads, d) = table.shape[0], query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
-    group, longest = num_heads // num_kv_heads, max(lens)
-    num_blocks = -(-longest // block_size)
+    group, width = num_heads // num_kv_heads, table.shape[1]
+    span = width * block_size
     dev = device(query)
-    # block ids of each request, the unused tail of its row replaced by block 0
-    table = xp.take(block_table, xp.asarray(rows, dtype=xp.int64, device=dev), axis=0)
-    table = xp.astype(table[:, :num_blocks], xp.int64)
-    used = xp.reshape(xp.asarray([-(-s // block_size) for s in lens], device=dev), (n, 1))
-    table = xp.where(xp.arange(num_blocks, device=dev)[None, :] < used, table, 0)
+    # the table's entries past each request's last block are replaced by block 0
+    used = xp.reshape((seq + block_size - 1) // block_size, (n, 1))
+    table = xp.where(xp.arange(width, device=dev)[None, :] < used, xp.astype(table, xp.int64), 0)
 
     def gather(cache: Any) -> Any:  # (n, kv_heads, S, d)
         kv = xp.take(cache, xp.reshape(table, (-1,)), axis=0)
-        kv = xp.reshape(kv, (n, num_blocks * block_size, num_kv_heads, d))[:, :longest]
+        kv = xp.reshape(kv, (n, span, num_kv_heads, d))
         return xp.permute_dims(xp.astype(kv, compute, copy=False), (0, 2, 1, 3))
 
     k, v = gather(key_cache), gather(value_cache)
@@ -238,10 +345,10 @@ def _attend(
     q = xp.reshape(xp.astype(query, compute, copy=False), (n, q_len, num_kv_heads, group, d))
     q = xp.reshape(xp.permute_dims(q, (0, 2, 3, 1, 4)), (n, num_kv_heads, group * q_len, d))
     scores = xp.matmul(q, xp.permute_dims(k, (0, 1, 3, 2))) * scale
-    scores = xp.reshape(scores, (n, num_kv_heads, group, q_len, longest))
-    seq = xp.reshape(xp.asarray(lens, device=dev), (n, 1, 1, 1, 1))
-    q_pos = seq - q_len + xp.reshape(xp.arange(q_len, device=dev), (1, 1, 1, q_len, 1))
-    k_pos = xp.reshape(xp.arange(longest, device=dev), (1, 1, 1, 1, longest))
+    scores = xp.reshape(scores, (n, num_kv_heads, group, q_len, span))
+    q_pos = xp.reshape(seq, (n, 1, 1, 1, 1)) - q_len
+    q_pos = q_pos + xp.reshape(xp.arange(q_len, device=dev), (1, 1, 1, q_len, 1))
+    k_pos = xp.reshape(xp.arange(span, device=dev), (1, 1, 1, 1, span))
     if alibi_slopes is not None:
         slopes = xp.reshape(xp.astype(alibi_slopes, compute), (1, num_kv_heads, group, 1, 1))
         scores = scores + slopes * xp.astype(k_pos - q_pos, compute)
@@ -251,14 +358,16 @@ def _attend(
     if sliding_window is not None:
         visible = visible & (k_pos > q_pos - sliding_window)
     if custom_masks is not None and any(m is not None for m in custom_masks):
-        allowed = xp.ones((n, q_len, longest), dtype=xp.bool, device=dev)
+        allowed = xp.ones((n, q_len, span), dtype=xp.bool, device=dev)
         for i, mask in enumerate(custom_masks):
             if mask is not None:
                 allowed[i, :, : mask.shape[1]] = xp.asarray(mask, device=dev)
-        visible = visible & xp.reshape(allowed, (n, 1, 1, q_len, longest))
+        visible = visible & xp.reshape(allowed, (n, 1, 1, q_len, span))
     scores = xp.where(visible, scores, -math.inf)
-    weights = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
-    weights = weights / xp.sum(weights, axis=-1, keepdims=True)
-    weights = xp.reshape(weights, (n, num_kv_heads, group * q_len, longest))
+    # a row with nothing visible (a padding request) gets weights 0, not NaN
+    top = xp.max(scores, axis=-1, keepdims=True)
+    weights = xp.exp(scores - xp.where(top == -math.inf, 0.0, top))
+    weights = weights / xp.clip(xp.sum(weights, axis=-1, keepdims=True), 1e-30, None)
+    weights = xp.reshape(weights, (n, num_kv_heads, group * q_len, span))
     o = xp.reshape(xp.matmul(weights, v), (n, num_kv_heads, group, q_len, d))
     return xp.reshape(xp.permute_dims(o, (0, 3, 1, 2, 4)), (n * q_len, num_heads, d))

@@ -40,7 +40,7 @@ class PreparedBatch:
     block_table: np.ndarray
     logits_indices: np.ndarray
     samples: list[bool]  # request i samples a token this step (its known tokens are done)
-    num_tokens: int  # real tokens; input_ids may be padded past this
+    num_tokens: int
 
 
 class InputBatch:
@@ -75,7 +75,7 @@ class InputBatch:
                 state.block_ids.extend(cached.new_block_ids[0])
             state.num_computed_tokens = cached.num_computed_tokens
 
-    def prepare(self, sched: SchedulerOutput, pad_to: int | None = None) -> PreparedBatch:
+    def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
         """Fill the buffers with this step's flattened batch (in scheduling order)."""
         req_ids = list(sched.num_scheduled_tokens)
         offset, samples = 0, []
@@ -91,14 +91,11 @@ class InputBatch:
             blocks = state.block_ids
             self.block_table[i, : len(blocks)] = blocks
             samples.append(start + n >= len(state.token_ids))
-        total = pad_to or offset
-        self.input_ids[offset:total] = 0
-        self.positions[offset:total] = 0
         num_reqs = len(req_ids)
         return PreparedBatch(
             req_ids=req_ids,
-            input_ids=self.input_ids[:total],
-            positions=self.positions[:total],
+            input_ids=self.input_ids[:offset],
+            positions=self.positions[:offset],
             query_start_loc=self.query_start_loc[: num_reqs + 1],
             seq_lens=self.seq_lens[:num_reqs],
             block_table=self.block_table[:num_reqs],

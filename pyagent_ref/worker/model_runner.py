@@ -5,19 +5,13 @@ pass over the paged KV cache, compute logits only at each request's last schedul
 token, and sample a token for every request whose known tokens are now all computed
 (a prefill chunk that stops short samples nothing).
 
-CUDA graphs: `CudaGraphDispatcher` decides which batches a captured graph could serve
-(pure-decode batches, padded up to the nearest capture size, keyed by a
-`BatchDescriptor`) and is unit-tested on any machine. Capture itself needs an attention
-backend without host synchronisation; the reference `paged_attention` loops over
-requests on the host, so models declare `supports_cuda_graphs` and the reference model
-says False: every step runs eagerly, on CPU and CUDA alike. `compile=True` wraps the
-forward in torch.compile.
+A batch of decodes only (one token per request) takes the static-shape attention path
+(`AttentionMetadata.decode_only`); on CUDA such batches replay recorded CUDA graphs
+(`cuda_graph`). `compile=True` wraps the forward in torch.compile.
 """
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -25,41 +19,10 @@ import torch
 from ..model.llama import AttentionMetadata
 from ..sample.sampler import Sampler
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
+from .cuda_graph import DEFAULT_CAPTURE_SIZES, CudaGraphDispatcher, CudaGraphRunner
 from .input_batch import InputBatch
 
-DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-@dataclass(frozen=True)
-class BatchDescriptor:
-    """What a captured graph was recorded for: a token count and whether every request
-    contributes exactly one token (a uniform decode batch)."""
-
-    num_tokens: int
-    uniform_decode: bool
-
-
-class CudaGraphDispatcher:
-    """Decides, per step, whether a captured graph serves the batch and at what size.
-
-    Only uniform decode batches (one token per request) are graph-eligible, padded to
-    the smallest capture size >= their token count; larger or mixed batches run
-    eagerly. Disabled (always eager) unless `enabled`.
-    """
-
-    def __init__(self, capture_sizes=DEFAULT_CAPTURE_SIZES, enabled: bool = False) -> None:
-        if any(s < 1 for s in capture_sizes):
-            raise ValueError(f"capture sizes must be >= 1, got {capture_sizes}")
-        self.capture_sizes = sorted(set(capture_sizes))
-        self.enabled = enabled
-
-    def dispatch(self, num_tokens: int, num_reqs: int) -> tuple[BatchDescriptor | None, int]:
-        """(descriptor of the graph to replay or None for eager, padded token count)."""
-        uniform = num_tokens == num_reqs
-        if not self.enabled or not uniform or num_tokens > self.capture_sizes[-1]:
-            return None, num_tokens
-        size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
-        return BatchDescriptor(size, True), size
+GRAPH_MODES = ("auto", "eager", "static")
 
 
 class ModelRunner:
@@ -67,11 +30,20 @@ class ModelRunner:
 
     Args:
         model: a model with forward(input_ids, positions, meta, kv_caches),
-            compute_logits(hidden) and kv_cache_shape(num_blocks, block_size).
+            compute_logits(hidden), kv_cache_shape(num_blocks, block_size) and
+            supports_cuda_graphs.
         num_blocks, block_size: the KV cache geometry (from the KV cache manager).
         ops: the ops namespace of the sampler (ref or accel).
         max_num_reqs, max_model_len, max_num_tokens: buffer sizes.
-        enforce_eager: never use CUDA graphs. compile: torch.compile the forward.
+        graph_mode: "auto" records CUDA graphs of uniform decode batches when the
+            device is CUDA and the model supports it, else runs eagerly; "eager" never
+            uses graphs; "static" pads uniform decode batches into the graphs' static
+            buffers and runs them unrecorded on any device (the computation a graph
+            replays, to check that path without CUDA).
+        capture_sizes: the decode batch sizes graphs are recorded for.
+        compile: torch.compile the forward.
+    Raises:
+        ValueError: an unknown graph_mode.
     """
 
     def __init__(
@@ -83,31 +55,58 @@ class ModelRunner:
         max_num_reqs: int = 256,
         max_model_len: int = 4096,
         max_num_tokens: int = 2048,
-        enforce_eager: bool = False,
+        graph_mode: str = "auto",
+        capture_sizes=DEFAULT_CAPTURE_SIZES,
         compile: bool = False,
     ) -> None:
+        if graph_mode not in GRAPH_MODES:
+            raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
         self.model = model
         self.device = next(model.parameters()).device
-        dtype = next(model.parameters()).dtype
-        self.block_size = block_size
-        shape = model.kv_cache_shape(num_blocks, block_size)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.batch = InputBatch(max_num_reqs, max_model_len, max_num_tokens, block_size)
+        self.ops = ops
+        self.sampler = Sampler(ops)
+        self.forward = torch.compile(model.forward) if compile else model.forward
+        self.record_graphs = (
+            graph_mode == "auto"
+            and self.device.type == "cuda"
+            and getattr(model, "supports_cuda_graphs", False)
+        )
+        use_graphs = self.record_graphs or graph_mode == "static"
+        sizes = [s for s in capture_sizes if s <= max_num_reqs] or [max_num_reqs]
+        self.dispatcher = CudaGraphDispatcher(sizes, enabled=use_graphs)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.graphs: CudaGraphRunner | None = None
+        self.allocate_kv_cache()
+
+    def allocate_kv_cache(self) -> None:
+        """Allocate zeroed KV cache tensors (one pair per layer) and, when graphs are on,
+        capture them: a graph is tied to the addresses of the tensors it was recorded on."""
+        shape = self.model.kv_cache_shape(self.num_blocks, self.block_size)
+        dtype = next(self.model.parameters()).dtype
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=dtype, device=self.device),
                 torch.zeros(shape, dtype=dtype, device=self.device),
             )
-            for _ in range(len(model.layers))
+            for _ in range(len(self.model.layers))
         ]
-        self.batch = InputBatch(max_num_reqs, max_model_len, max_num_tokens, block_size)
-        self.ops = ops
-        self.sampler = Sampler(ops)
-        use_graphs = (
-            self.device.type == "cuda"
-            and not enforce_eager
-            and getattr(model, "supports_cuda_graphs", False)
-        )
-        self.dispatcher = CudaGraphDispatcher(enabled=use_graphs)
-        self.forward = torch.compile(model.forward) if compile else model.forward
+        if self.dispatcher.enabled:
+            self.graphs = CudaGraphRunner(
+                self.forward,
+                self.kv_caches,
+                self.dispatcher.capture_sizes,
+                self.batch.max_blocks,
+                self.device,
+                self.record_graphs,
+            )
+            with torch.inference_mode():
+                self.graphs.capture()
+
+    def release_kv_cache(self) -> None:
+        """Drop the KV cache tensors and the graphs recorded on them (engine sleep)."""
+        self.kv_caches, self.graphs = [], None
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -115,28 +114,44 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput({})
         num_reqs = len(sched.num_scheduled_tokens)
-        _, padded = self.dispatcher.dispatch(sched.total_num_scheduled_tokens, num_reqs)
-        prep = self.batch.prepare(sched, pad_to=padded)
-        dev = self.device
-        # addresses are computed on the host arrays by the chosen ops, then moved
+        graph, padded = self.dispatcher.dispatch(sched.total_num_scheduled_tokens, num_reqs)
+        prep = self.batch.prepare(sched)
+        # addresses are computed on the host arrays by the chosen ops
         slots = self.ops.block_table.compute_slot_mapping(
             prep.block_table, prep.query_start_loc, prep.positions, self.block_size
         )
-        meta = AttentionMetadata(
-            slot_mapping=torch.as_tensor(slots).to(dev),
-            block_table=torch.from_numpy(prep.block_table).to(dev),
-            query_start_loc=torch.from_numpy(prep.query_start_loc).to(dev),
-            seq_lens=torch.from_numpy(prep.seq_lens).to(dev),
-        )
-        positions = torch.from_numpy(prep.positions).to(dev)
-        hidden = self.forward(
-            torch.from_numpy(prep.input_ids).to(dev), positions, meta, self.kv_caches
-        )
+        decode_only = prep.num_tokens == num_reqs
+        # the block-table columns the longest sequence uses (all a decode step reads)
+        width = -(-int(prep.seq_lens.max()) // self.block_size)
+        if graph is not None:
+            hidden = self.graphs.run(
+                padded,
+                prep.input_ids,
+                prep.positions,
+                slots,
+                prep.block_table[:, :width],
+                prep.seq_lens,
+            )
+        else:
+            dev = self.device
+            meta = AttentionMetadata(
+                slot_mapping=torch.as_tensor(slots).to(dev),
+                block_table=torch.from_numpy(prep.block_table[:, :width]).to(dev),
+                query_start_loc=torch.from_numpy(prep.query_start_loc).to(dev),
+                seq_lens=torch.from_numpy(prep.seq_lens).to(dev),
+                decode_only=decode_only,
+            )
+            hidden = self.forward(
+                torch.from_numpy(prep.input_ids).to(dev),
+                torch.from_numpy(prep.positions).to(dev),
+                meta,
+                self.kv_caches,
+            )
         rows = [i for i, s in enumerate(prep.samples) if s]
         sampled: dict[str, int | None] = {rid: None for rid in prep.req_ids}
         logprobs = {}
         if rows:
-            index = torch.from_numpy(prep.logits_indices[rows]).to(dev)
+            index = torch.from_numpy(prep.logits_indices[rows]).to(self.device)
             logits = self.model.compute_logits(hidden[index]).cpu()
             out = self.sampler(logits, [self.batch.sampling_row(prep.req_ids[i]) for i in rows])
             for j, i in enumerate(rows):

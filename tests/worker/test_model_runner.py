@@ -9,8 +9,8 @@ pytest.importorskip("torch")
 
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 from pyagent_ref.sched.outputs import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
+from pyagent_ref.worker.cuda_graph import BatchDescriptor, CudaGraphDispatcher  # noqa: E402
 from pyagent_ref.worker.input_batch import InputBatch  # noqa: E402
-from pyagent_ref.worker.model_runner import BatchDescriptor, CudaGraphDispatcher  # noqa: E402
 
 
 def test_uniform_decode_batches_pad_to_the_next_capture_size():
@@ -33,15 +33,15 @@ def new(rid, prompt, blocks, computed=0):
     return NewRequestData(rid, tuple(prompt), (), SamplingParams(), 0, (), (blocks,), computed)
 
 
-def test_input_batch_flattens_prefill_and_decode_with_padding():
+def test_input_batch_flattens_prefill_and_decode():
     batch = InputBatch(max_num_reqs=4, max_model_len=64, max_num_tokens=32, block_size=4)
     step1 = SchedulerOutput(
         [new("a", range(10, 16), [3, 5]), new("b", [7, 8, 9], [2])], [], {"a": 4, "b": 3}, 7
     )
     batch.update_states(step1)
-    prep = batch.prepare(step1, pad_to=8)
-    assert prep.input_ids.tolist() == [10, 11, 12, 13, 7, 8, 9, 0]
-    assert prep.positions.tolist() == [0, 1, 2, 3, 0, 1, 2, 0]
+    prep = batch.prepare(step1)
+    assert prep.input_ids.tolist() == [10, 11, 12, 13, 7, 8, 9]
+    assert prep.positions.tolist() == [0, 1, 2, 3, 0, 1, 2]
     assert prep.query_start_loc.tolist() == [0, 4, 7] and prep.seq_lens.tolist() == [4, 3]
     assert prep.samples == [False, True]  # a is mid-prompt; b finished its prompt
     assert prep.logits_indices.tolist() == [3, 6]

@@ -1,0 +1,181 @@
+"""CUDA graphs for decode steps: which batches a graph serves, and recording/replaying it.
+
+A decode step of a small model is many tiny kernels, and launching them from Python
+costs more than running them. A CUDA graph records the kernels of one forward pass
+once and replays them with a single launch. A graph replays fixed kernels on fixed
+memory, so:
+
+- it serves only batches of a shape recorded in advance: uniform decode batches (one
+  token per request) of a few capture sizes; a batch of n tokens is padded to the
+  smallest capture size >= n (`CudaGraphDispatcher`), larger or mixed batches run
+  eagerly;
+- its inputs live in static device buffers that every step overwrites in place
+  (`CudaGraphRunner`): input ids, positions, slot mapping, block table and sequence
+  lengths. A padding row has slot -1 (its KV is not written) and sequence length 0
+  (it attends to nothing), so it cannot disturb the real requests;
+- everything it runs must be free of host synchronisation: the model attends with
+  `ops.attention.paged_decode_attention`, whose shapes depend only on the buffers'.
+
+Recording needs a CUDA device. With `record=False` the runner executes the very same
+padded forward on the same static buffers, unrecorded: what a graph would replay,
+checkable on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..model.llama import AttentionMetadata
+
+DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class BatchDescriptor:
+    """What a captured graph was recorded for: a token count and whether every request
+    contributes exactly one token (a uniform decode batch)."""
+
+    num_tokens: int
+    uniform_decode: bool
+
+
+def check_capture_sizes(capture_sizes: Sequence[int]) -> list[int]:
+    """The sorted distinct capture sizes, or ValueError naming the bad ones."""
+    sizes = sorted(set(capture_sizes))
+    if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"capture sizes must be integers >= 1, got {tuple(capture_sizes)}")
+    return sizes
+
+
+class CudaGraphDispatcher:
+    """Decides, per step, whether a captured graph serves the batch and at what size.
+
+    Only uniform decode batches (one token per request) are graph-eligible, padded to
+    the smallest capture size >= their token count; larger or mixed batches run
+    eagerly. Disabled (always eager) unless `enabled`.
+    """
+
+    def __init__(self, capture_sizes=DEFAULT_CAPTURE_SIZES, enabled: bool = False) -> None:
+        self.capture_sizes = check_capture_sizes(capture_sizes)
+        self.enabled = enabled
+
+    def dispatch(self, num_tokens: int, num_reqs: int) -> tuple[BatchDescriptor | None, int]:
+        """(descriptor of the graph to replay or None for eager, padded token count)."""
+        uniform = num_tokens == num_reqs
+        if not self.enabled or not uniform or num_tokens > self.capture_sizes[-1]:
+            return None, num_tokens
+        size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
+        return BatchDescriptor(size, True), size
+
+
+Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, list], torch.Tensor]
+
+
+class CudaGraphRunner:
+    """Static input buffers, one graph per capture size, and replay.
+
+    Args:
+        forward: the model's forward(input_ids, positions, meta, kv_caches).
+        kv_caches: the per-layer (key_cache, value_cache) tensors the graphs write.
+        capture_sizes: the uniform decode batch sizes to record.
+        max_blocks: block table width (blocks of the longest sequence allowed).
+        device: where the buffers live.
+        record: record graphs (CUDA only); False runs the same padded forward unrecorded.
+    Raises:
+        ValueError: record=True on a non-CUDA device, or bad capture sizes.
+    """
+
+    def __init__(
+        self,
+        forward: Forward,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        capture_sizes: Sequence[int],
+        max_blocks: int,
+        device: torch.device,
+        record: bool,
+    ) -> None:
+        if record and device.type != "cuda":
+            raise ValueError(f"recording CUDA graphs needs a CUDA device, got device {device}")
+        self.forward = forward
+        self.kv_caches = kv_caches
+        self.capture_sizes = check_capture_sizes(capture_sizes)
+        self.record = record
+        n = self.capture_sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.block_table = torch.zeros(n, max_blocks, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int64, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _forward(self, size: int) -> torch.Tensor:
+        """The forward pass over the first `size` rows of the static buffers."""
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            block_table=self.block_table[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            decode_only=True,
+        )
+        return self.forward(self.input_ids[:size], self.positions[:size], meta, self.kv_caches)
+
+    def capture(self) -> None:
+        """Record one graph per capture size, largest first, sharing one memory pool.
+
+        The buffers hold padding only (nothing is written to the KV cache). Each size
+        runs once eagerly first, so lazy initialisation (cuBLAS handles, workspaces)
+        happens outside the recording.
+        """
+        if not self.record:
+            return
+        pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.capture_sizes):
+            self._forward(size)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self._forward(size)
+            self.graphs[size] = (graph, out)
+        torch.cuda.synchronize()
+
+    def run(
+        self,
+        size: int,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        slot_mapping: np.ndarray,
+        block_table: np.ndarray,
+        seq_lens: np.ndarray,
+    ) -> torch.Tensor:
+        """Hidden states of the n = len(input_ids) real tokens of a uniform decode batch,
+        computed at capture size `size` >= n (rows n..size-1 are padding).
+
+        The result is a view of the graph's output buffer: valid until the next run.
+        """
+        n = len(input_ids)
+        if size not in self.capture_sizes or n > size:
+            raise ValueError(f"size must be a capture size >= {n}, got {size}")
+        width = block_table.shape[1]
+        for buf, host in (
+            (self.input_ids, input_ids),
+            (self.positions, positions),
+            (self.slot_mapping, slot_mapping),
+            (self.seq_lens, seq_lens),
+        ):
+            buf[:n].copy_(torch.as_tensor(host), non_blocking=True)
+        self.block_table[:n, :width].copy_(torch.as_tensor(block_table), non_blocking=True)
+        self.input_ids[n:size] = 0
+        self.positions[n:size] = 0
+        self.slot_mapping[n:size] = -1
+        self.seq_lens[n:size] = 0
+        if not self.record:
+            return self._forward(size)[:n]
+        graph, out = self.graphs[size]
+        graph.replay()
+        return out[:n]

@@ -1,0 +1,174 @@
+"""The CUDA-graph path of decode steps: static buffers, padding, no host reads, replay.
+
+Recording needs CUDA (the last test); everything a recorded graph computes is checked
+on CPU through graph_mode="static", which runs the same padded forward on the same
+static buffers without recording it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
+from pyagent_ref.model import AttentionMetadata, load_model  # noqa: E402
+from pyagent_ref.model.config import ModelConfig  # noqa: E402
+from pyagent_ref.model.llama import LlamaForCausalLM  # noqa: E402
+from pyagent_ref.ops import load as load_ops  # noqa: E402
+from pyagent_ref.sample.params import SamplingParams  # noqa: E402
+from pyagent_ref.sched import Request  # noqa: E402
+from pyagent_ref.worker.cuda_graph import CudaGraphRunner  # noqa: E402
+from pyagent_ref.worker.model_runner import ModelRunner  # noqa: E402
+
+PROMPTS = [
+    [5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 14],
+    [8, 1, 96, 45, 45, 12, 7],
+    [5, 17, 3, 88, 41, 9, 1],
+    [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48],
+    [2],
+]
+
+
+def requests():
+    out = []
+    for i, p in enumerate(PROMPTS):
+        temperature = 0.8 if i % 2 else 0.0  # sampled and greedy requests side by side
+        params = SamplingParams(temperature=temperature, max_tokens=12)
+        out.append(Request(str(i), p, sampling_params=params, seed=100 + i, max_tokens=12))
+    return out
+
+
+def generate(core):
+    reqs = requests()
+    for r in reqs:
+        core.add_request(r)
+    while core.has_unfinished_requests():
+        core.step()
+    return [r.output_token_ids for r in reqs]
+
+
+def make_engine(path, device="cpu", **overrides):
+    config = dict(
+        block_size=4, num_kv_blocks=64, max_num_batched_tokens=16, max_num_seqs=8, ops="ref"
+    )
+    model = load_model(path, device=device, progress=False)
+    return EngineCore(model, EngineConfig(device=device, **(config | overrides)))
+
+
+def test_static_decode_path_draws_the_tokens_of_the_eager_path(tiny_hf):
+    hf, path = tiny_hf
+    static = make_engine(path, graph_mode="static", cudagraph_capture_sizes=(1, 2, 4, 8))
+    sizes = []
+    run = static.runner.graphs.run
+    static.runner.graphs.run = lambda size, *a: sizes.append((size, len(a[0]))) or run(size, *a)
+    got = generate(static)
+    want = generate(make_engine(path, graph_mode="eager"))
+    assert got == want
+    assert any(size > n for size, n in sizes), sizes  # some batches were padded
+    assert {size for size, _ in sizes} <= {1, 2, 4, 8}
+    greedy = hf.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=12, do_sample=False)
+    assert got[0] == greedy[0, len(PROMPTS[0]) :].tolist()
+
+
+def tiny_model(**overrides):
+    fields = dict(
+        architecture="LlamaForCausalLM",
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(ModelConfig(**(fields | overrides))).eval()
+
+
+def test_padding_rows_leave_the_kv_cache_alone():
+    model = tiny_model()
+    runner = ModelRunner(model, 6, 4, load_ops("ref"), max_num_reqs=4, graph_mode="static")
+    for k, v in runner.kv_caches:
+        k.normal_(), v.normal_()
+    before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+    with torch.inference_mode():
+        runner.graphs.run(
+            4,
+            torch.tensor([7]).numpy(),
+            torch.tensor([5]).numpy(),
+            torch.tensor([9]).numpy(),  # block 2, row 1
+            torch.tensor([[1, 2]]).numpy(),
+            torch.tensor([6]).numpy(),
+        )
+    for (k0, v0), (k1, v1) in zip(before, runner.kv_caches, strict=True):
+        changed = (k0 != k1).any(-1).any(-1) | (v0 != v1).any(-1).any(-1)
+        assert changed.nonzero().tolist() == [[2, 1]]
+
+
+def test_the_decode_forward_reads_no_device_value():
+    """On torch's meta device every host read of a value (bool(), .item(), boolean-mask
+    indexing) raises: the decode forward passes, the general forward does not."""
+    model = tiny_model().to("meta")
+    n, cache = 3, model.kv_cache_shape(8, 4)
+    kv = [(torch.empty(cache, device="meta"), torch.empty(cache, device="meta"))] * 2
+
+    def meta(decode_only):
+        return AttentionMetadata(
+            slot_mapping=torch.empty(n, dtype=torch.int64, device="meta"),
+            block_table=torch.empty(n, 5, dtype=torch.int64, device="meta"),
+            query_start_loc=torch.empty(n + 1, dtype=torch.int64, device="meta"),
+            seq_lens=torch.empty(n, dtype=torch.int64, device="meta"),
+            decode_only=decode_only,
+        )
+
+    ids = torch.empty(n, dtype=torch.int64, device="meta")
+    out = model(ids, ids, meta(True), kv)
+    assert out.shape == (n, 32) and out.device.type == "meta"
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        model(ids, ids, meta(False), kv)
+
+
+def test_dynamic_ntk_rope_is_not_graph_capturable():
+    assert tiny_model().supports_cuda_graphs
+    dynamic = tiny_model(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert not dynamic.supports_cuda_graphs
+
+
+def test_bad_graph_settings_are_rejected():
+    model, ops = tiny_model(), load_ops("ref")
+    with pytest.raises(ValueError, match="graph_mode must be one of .*'always'"):
+        ModelRunner(model, 6, 4, ops, graph_mode="always")
+    with pytest.raises(ValueError, match=r"capture sizes must be integers >= 1, got \(0, 2\)"):
+        ModelRunner(model, 6, 4, ops, graph_mode="static", capture_sizes=(0, 2))
+    with pytest.raises(ValueError, match="needs a CUDA device, got device cpu"):
+        CudaGraphRunner(model.forward, [], (1, 2), 4, torch.device("cpu"), record=True)
+    runner = ModelRunner(model, 6, 4, ops, max_num_reqs=4, graph_mode="static")
+    with pytest.raises(ValueError, match="size must be a capture size >= 3, got 2"):
+        ids = torch.zeros(3, dtype=torch.int64).numpy()
+        runner.graphs.run(2, ids, ids, ids, ids[:, None], ids)
+
+
+def test_sleep_and_wake_rebuild_the_static_buffers(tiny_hf):
+    _, path = tiny_hf
+    core = make_engine(path, graph_mode="static")
+    first = generate(core)
+    core.sleep()
+    assert core.runner.graphs is None and not core.runner.kv_caches
+    core.wake_up()
+    assert core.runner.graphs.kv_caches is core.runner.kv_caches
+    assert generate(core) == first
+
+
+@pytest.mark.cuda
+def test_recorded_graphs_replay_the_eager_tokens_on_cuda(tiny_hf):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    _, path = tiny_hf
+    graphs = make_engine(path, device="cuda", cudagraph_capture_sizes=(1, 2, 4, 8))
+    assert graphs.runner.graphs is not None and graphs.runner.graphs.record
+    assert sorted(graphs.runner.graphs.graphs) == [1, 2, 4, 8]
+    eager = make_engine(path, device="cuda", enforce_eager=True)
+    assert eager.runner.graphs is None
+    assert generate(graphs) == generate(eager)
