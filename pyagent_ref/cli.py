@@ -38,8 +38,34 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
     )
 
 
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the model's execution (see `EngineConfig`)."""
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="never replay CUDA graphs of decode steps"
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BACKEND",
+        help="torch.compile the forward (default backend inductor)",
+    )
+
+
+def _engine_args(args: argparse.Namespace) -> dict:
+    return {
+        "device": args.device,
+        "dtype": args.dtype,
+        "enforce_eager": args.enforce_eager,
+        "compile": args.compile,
+    }
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    llm = LLM(args.model, ops=args.ops)
+    llm = LLM(args.model, ops=args.ops, **_engine_args(args))
     out = llm.generate(args.prompt, _sampling(args))[0]
     sys.stdout.write(args.prompt + out.outputs[0].text + "\n")
     return 0
@@ -53,9 +79,16 @@ def _percentiles(values: list[float]) -> str:
     return f"p50 {pick(0.5):7.1f} ms  p90 {pick(0.9):7.1f} ms  p99 {pick(0.99):7.1f} ms"
 
 
-def run_demo(ops: str, num_requests: int, max_tokens: int, model: str | None, show: int) -> dict:
+def run_demo(
+    ops: str,
+    num_requests: int,
+    max_tokens: int,
+    model: str | None,
+    show: int,
+    engine_args: dict | None = None,
+) -> dict:
     """Serve `num_requests` concurrent requests sharing a prefix; return the figures."""
-    llm = LLM(model, ops=ops, max_num_seqs=num_requests)
+    llm = LLM(model, ops=ops, max_num_seqs=num_requests, **(engine_args or {}))
     prompts = [DEMO_PREFIX + DEMO_TAILS[i % len(DEMO_TAILS)] for i in range(num_requests)]
     params = [
         SamplingParams(temperature=0.7, top_p=0.95, max_tokens=max_tokens, seed=i)
@@ -90,7 +123,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"\n=== {args.requests} concurrent requests, ops={ops} ===")
             results.append(
                 run_demo(
-                    ops, args.requests, args.max_tokens, args.model, args.show if i == 0 else 0
+                    ops,
+                    args.requests,
+                    args.max_tokens,
+                    args.model,
+                    args.show if i == 0 else 0,
+                    _engine_args(args),
                 )
             )
         except ImportError as exc:
@@ -130,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    add_engine_arguments(gen)
     gen.set_defaults(func=cmd_generate)
     demo = sub.add_parser(
         "demo", help="concurrent requests on the embedded model, ref vs accel ops"
@@ -139,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=48)
     demo.add_argument("--show", type=int, default=4, help="generations to print")
     demo.add_argument("--ops", dest="ops_list", nargs="+", default=["ref", "accel"])
+    add_engine_arguments(demo)
     demo.set_defaults(func=cmd_demo)
     args = parser.parse_args(argv)
     try:

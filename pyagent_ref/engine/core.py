@@ -34,6 +34,7 @@ class EngineConfig:
     ops: "ref", "accel" or "auto": the ops namespace for sampling and hashing.
     graph_mode: "auto", "eager" or "static" (see `ModelRunner`); enforce_eager=True
         means "eager". cudagraph_capture_sizes: the decode batch sizes graphs serve.
+    compile: torch.compile the forward: True (inductor) or a backend name.
     """
 
     model: str | Path | None = None
@@ -53,7 +54,7 @@ class EngineConfig:
     enforce_eager: bool = False
     graph_mode: str = "auto"
     cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
-    compile: bool = False
+    compile: bool | str = False
     extra: dict = field(default_factory=dict)
 
 

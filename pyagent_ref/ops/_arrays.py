@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from array_api_compat import array_namespace, device, is_torch_namespace
+from array_api_compat import array_namespace, device, is_torch_array, is_torch_namespace
 
 FLOAT_DTYPE_NAMES = ("float32", "float64")
 
@@ -81,20 +81,21 @@ def row_param(like: Any, value: Any, name: str, dtype: Any) -> Any:
 def can_read_values(x: Any) -> bool:
     """Whether an op may read the values of `x` on the host to validate them.
 
-    False for a torch tensor on an accelerator while a CUDA graph is being captured on
-    the current stream (reading a device value synchronises, which a capture forbids),
-    and for a tensor on torch's "meta" device, which has shapes but no values. Ops skip
-    their value checks (ranges, not shapes or dtypes) then; the same inputs are checked
-    whenever the op runs on real values outside a capture.
+    False while torch.compile traces the op (a read would break its graph), for a
+    tensor on an accelerator while a CUDA graph is being captured on the current stream
+    (a read synchronises, which a capture forbids), and for a tensor on torch's "meta"
+    device, which has shapes but no values. Ops skip their value checks (ranges, not
+    shapes or dtypes) then; the same inputs are checked whenever the op runs eagerly on
+    real values.
     """
-    kind = getattr(getattr(x, "device", None), "type", "cpu")
-    if kind == "cpu":
+    if not is_torch_array(x):
         return True
-    if kind == "meta":
-        return False
     import torch
 
-    return not torch.cuda.is_current_stream_capturing()
+    kind = x.device.type
+    if kind == "meta" or torch.compiler.is_compiling():
+        return False
+    return kind == "cpu" or not torch.cuda.is_current_stream_capturing()
 
 
 def first_bad_row(xp: Any, bad: Any) -> int | None:

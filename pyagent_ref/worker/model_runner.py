@@ -7,7 +7,9 @@ token, and sample a token for every request whose known tokens are now all compu
 
 A batch of decodes only (one token per request) takes the static-shape attention path
 (`AttentionMetadata.decode_only`); on CUDA such batches replay recorded CUDA graphs
-(`cuda_graph`). `compile=True` wraps the forward in torch.compile.
+(`cuda_graph`). `compile` wraps the forward in torch.compile; a decode step compiles
+into one graph, a step with prefill chunks breaks where `paged_attention` groups
+requests on the host.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ class ModelRunner:
             buffers and runs them unrecorded on any device (the computation a graph
             replays, to check that path without CUDA).
         capture_sizes: the decode batch sizes graphs are recorded for.
-        compile: torch.compile the forward.
+        compile: False, True (torch.compile with its default backend, inductor) or the
+            name of a torch.compile backend ("aot_eager", "cudagraphs", ...).
     Raises:
-        ValueError: an unknown graph_mode.
+        ValueError: an unknown graph_mode or compile backend.
     """
 
     def __init__(
@@ -57,17 +60,26 @@ class ModelRunner:
         max_num_tokens: int = 2048,
         graph_mode: str = "auto",
         capture_sizes=DEFAULT_CAPTURE_SIZES,
-        compile: bool = False,
+        compile: bool | str = False,
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
+        if isinstance(compile, str):
+            if compile not in torch._dynamo.list_backends(exclude_tags=()):
+                raise ValueError(
+                    "compile must be a bool or a torch.compile backend name "
+                    f"(torch._dynamo.list_backends()), got {compile!r}"
+                )
         self.model = model
         self.device = next(model.parameters()).device
         self.num_blocks, self.block_size = num_blocks, block_size
         self.batch = InputBatch(max_num_reqs, max_model_len, max_num_tokens, block_size)
         self.ops = ops
         self.sampler = Sampler(ops)
-        self.forward = torch.compile(model.forward) if compile else model.forward
+        self.forward = model.forward
+        if compile:
+            backend = compile if isinstance(compile, str) else "inductor"
+            self.forward = torch.compile(model.forward, backend=backend)
         self.record_graphs = (
             graph_mode == "auto"
             and self.device.type == "cuda"

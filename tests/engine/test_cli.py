@@ -1,0 +1,26 @@
+"""The `pyagent` command on the embedded default model."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from pyagent_ref.cli import main  # noqa: E402
+from pyagent_ref.engine.llm import LLM  # noqa: E402
+from pyagent_ref.sample.params import SamplingParams  # noqa: E402
+
+
+def test_generate_prints_the_prompt_and_its_greedy_continuation(capsys):
+    assert main(["generate", "import os\n", "--max-tokens", "12", "--ops", "ref"]) == 0
+    printed = capsys.readouterr().out
+    expected = LLM(ops="ref").generate("import os\n", SamplingParams(temperature=0, max_tokens=12))
+    assert printed == "import os\n" + expected[0].outputs[0].text + "\n"
+
+
+def test_engine_options_reach_the_engine_and_bad_ones_exit_2(capsys):
+    assert main(["generate", "def ", "--max-tokens", "4", "--enforce-eager"]) == 0
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "def ", "--compile", "fastest"])
+    assert exc.value.code == 2
+    assert "compile must be a bool or a torch.compile backend name" in capsys.readouterr().err
