@@ -17,7 +17,7 @@ import time
 import torch
 
 from pyagent_ref.engine.llm import LLM
-from pyagent_ref.models import default_model_path
+from pyagent_ref.model import default_model_path
 from pyagent_ref.sample.params import SamplingParams
 
 SNIPPETS = [

@@ -42,7 +42,7 @@ What it does, in order (everything is seeded and single-order, see "Reproducibil
    forward pass runs under ``torch.autocast("cpu", dtype=torch.bfloat16)``, which is about
    twice as fast on CPUs with AVX512-BF16/AMX (the loss is taken in float32). In short trials
    batch 8 reached a lower loss than batch 16 for the same tokens (and the same time).
-6. **Export** to ``pyagent_ref/models/default/``: ``config.json``, ``model.safetensors``
+6. **Export** to ``pyagent_ref/model/default/``: ``config.json``, ``model.safetensors``
    (bfloat16, HF parameter names, no ``lm_head.weight`` because it is tied),
    ``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and a
    ``README.md`` that records the run (sizes, loss, time, samples, checksums).
@@ -95,7 +95,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "pyagent_ref" / "models" / "default"
+DEFAULT_OUT = REPO_ROOT / "pyagent_ref" / "model" / "default"
 
 # ---------------------------------------------------------------- knobs (documented above)
 SEED = 1234
@@ -650,7 +650,7 @@ text (often repetitive under greedy decoding) and knows nothing else. Made by
 python tools/train_default_model.py   # from the repository root, with pyagent[engine,hf]
 ```
 
-Find it with `pyagent_ref.models.default_model_path()`; transformers loads it with
+Find it with `pyagent_ref.model.default_model_path()`; transformers loads it with
 `LlamaForCausalLM.from_pretrained(path)` and `AutoTokenizer.from_pretrained(path)`.
 
 ## Data

@@ -110,7 +110,7 @@ class EngineCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
-        from ..models import default_model_path
+        from ..model import default_model_path
 
         model = load_model(
             config.model or default_model_path(), config.dtype, config.device, progress=False

@@ -33,7 +33,7 @@ class _Frontend:
     def __init__(
         self, config: EngineConfig | None = None, core: EngineCore | None = None, tokenizer=None
     ):
-        from ..models import default_model_path
+        from ..model import default_model_path
         from ..tokenize import load_tokenizer
 
         self.config = config or EngineConfig()

@@ -1,6 +1,8 @@
-"""Model execution: Llama-family models on a paged KV cache, and weight loading."""
+"""Model execution: Llama-family models on a paged KV cache, weight loading, and the
+embedded default model (`default_model_path`)."""
 
 from .config import ModelConfig
+from .default_model import default_model_path
 from .llama import AttentionMetadata, LlamaForCausalLM
 from .loader import load_model
 from .registry import ARCHITECTURES, resolve_architecture
@@ -10,6 +12,7 @@ __all__ = [
     "AttentionMetadata",
     "LlamaForCausalLM",
     "ModelConfig",
+    "default_model_path",
     "load_model",
     "resolve_architecture",
 ]

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from pyagent_ref.engine.llm import LLM  # noqa: E402
-from pyagent_ref.models import default_model_path  # noqa: E402
+from pyagent_ref.model import default_model_path  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 
 PROMPTS = [

@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from pyagent_ref.models import default_model_path
+from pyagent_ref.model import default_model_path
 
 FILES = (
     "config.json",

@@ -1,6 +1,6 @@
-"""Models shipped inside pyagent_ref.
+"""The embedded default model, shipped inside pyagent_ref.
 
-``default/`` holds the embedded default model: a ~3.8 M-parameter Llama
+``pyagent_ref/model/default/`` holds it: a ~3.8 M-parameter Llama
 (``LlamaForCausalLM`` layout, bfloat16 safetensors, tied embeddings, GQA 8 query / 2 KV
 heads) and its 4096-token byte-level BPE tokenizer with a chat template, trained on the
 Python standard library's sources by ``tools/train_default_model.py``. It lets the engine,
@@ -25,7 +25,7 @@ def default_model_path() -> pathlib.Path:
     Nothing is downloaded; the files are part of the package.
 
     Returns:
-        The absolute path of ``pyagent_ref/models/default``.
+        The absolute path of ``pyagent_ref/model/default``.
     Raises:
         FileNotFoundError: the directory or its ``config.json`` is missing (for example
             a build that left out the package data, or a checkout where
