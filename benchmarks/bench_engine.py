@@ -2,7 +2,8 @@
 
     python benchmarks/bench_engine.py [--model DIR] [--quick]
 
-1. Prefill and decode tokens/s for one request at a time, ours vs HF generate (greedy).
+1. Prefill and decode tokens/s for one request at a time, ours vs HF generate (greedy),
+   median of 5 runs after a warm-up.
 2. 64 requests with varied prompt and output lengths: our engine with continuous
    batching, against HF generate with static batches of 8 (each batch decodes until
    its longest request is done, the usual cost of static batching). Ratio printed.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 
 import torch
@@ -51,30 +53,36 @@ def hf_model(model_dir):
     return model
 
 
-def single_request(llm: LLM, hf, prompt_ids: list[int], new_tokens: int) -> dict:
-    """Prefill = time to the first token; decode = the remaining tokens' rate."""
-    out = {}
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    t0 = time.perf_counter()
-    llm.generate([prompt_ids], params)
-    out["ours_prefill"] = len(prompt_ids) / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    llm.generate(
-        [prompt_ids], SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    )
-    out["ours_decode"] = (new_tokens - 1) / (
-        time.perf_counter() - t0 - len(prompt_ids) / out["ours_prefill"]
-    )
+def best_of(fn, repeats: int) -> float:
+    """Median wall time of `repeats` calls of fn, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def single_request(llm: LLM, hf, prompt_ids: list[int], new_tokens: int, repeats: int) -> dict:
+    """Prefill = prompt tokens / time to the first token; decode = the other new tokens /
+    the rest of the time. Median of `repeats` runs after a warm-up, greedy."""
+
+    def ours(n: int) -> None:
+        llm.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+
     ids = torch.tensor([prompt_ids])
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        hf.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
-        out["hf_prefill"] = len(prompt_ids) / (time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        hf.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-        out["hf_decode"] = (new_tokens - 1) / (
-            time.perf_counter() - t0 - len(prompt_ids) / out["hf_prefill"]
-        )
+
+    def theirs(n: int) -> None:
+        with torch.inference_mode():
+            hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+    out = {}
+    for name, run in (("ours", ours), ("hf", theirs)):
+        first = best_of(lambda run=run: run(1), repeats)
+        whole = best_of(lambda run=run: run(new_tokens), repeats)
+        out[f"{name}_prefill"] = len(prompt_ids) / first
+        out[f"{name}_decode"] = (new_tokens - 1) / (whole - first)
     return out
 
 
@@ -119,8 +127,9 @@ def main() -> None:
     llm = LLM(model_dir, ops=args.ops, max_num_seqs=64, max_num_batched_tokens=2048)
     hf = hf_model(model_dir)
     prompt = llm.tokenizer.encode("".join(SNIPPETS) * 2)[:128]
-    r = single_request(llm, hf, prompt, 16 if args.quick else 64)
-    print(f"1. one request, {len(prompt)}-token prompt (tokens/s)")
+    repeats = 2 if args.quick else 5
+    r = single_request(llm, hf, prompt, 16 if args.quick else 64, repeats)
+    print(f"1. one request, {len(prompt)}-token prompt (tokens/s, median of {repeats})")
     print(f"   {'':>8} {'ours':>9} {'HF':>9} {'ours/HF':>8}")
     for phase in ("prefill", "decode"):
         ours, theirs = r[f"ours_{phase}"], r[f"hf_{phase}"]

@@ -75,21 +75,27 @@ def reshape_and_cache(
             )
     if "int" not in dtype_name(slot_mapping):
         raise TypeError(f"slot_mapping must be integers, got dtype {dtype_name(slot_mapping)}")
-    if can_read_values(slot_mapping) and bool(xp.any(slot_mapping >= num_blocks * block_size)):
+    eager = can_read_values(slot_mapping)
+    if eager and bool(xp.any(slot_mapping >= num_blocks * block_size)):
         raise ValueError(
             f"slot_mapping holds {int(xp.max(slot_mapping))}, "
             f"past the {num_blocks * block_size} slots"
         )
     flat_k = _flat_view(key_cache, "key_cache")
     flat_v = _flat_view(value_cache, "value_cache")
+    real = slot_mapping >= 0
+    if eager:  # boolean indexing drops the padding tokens (it reads the mask on the host)
+        slots = slot_mapping[real]
+        flat_k[slots] = xp.astype(key[real], flat_k.dtype)
+        flat_v[slots] = xp.astype(value[real], flat_v.dtype)
+        return
     if num_tokens == 0:
         return
-    # Skipping padding by boolean indexing would make the shape depend on the data (a
-    # host read). Instead every padding token rewrites the slot of the first real token
-    # with that token's own key and value: duplicate writes of one value, in any order.
-    # With no real token at all, each slot written gets its own old content back.
+    # Under a graph capture or torch.compile, shapes must not depend on values. Instead
+    # every padding token rewrites the slot of the first real token with that token's
+    # own key and value: duplicate writes of one value, in any order. With no real
+    # token at all, each slot written gets its own old content back.
     dev = device(slot_mapping)
-    real = slot_mapping >= 0
     first = xp.reshape(xp.argmax(xp.astype(real, xp.int8)), (1,))
     source = xp.where(real, xp.arange(num_tokens, device=dev), first)
     slots = xp.where(real, slot_mapping, xp.clip(xp.take(slot_mapping, first), 0, None))

@@ -160,3 +160,47 @@ def test_paged_attention_errors():
         attention.paged_attention(q[:, :3], kc, vc, table, qsl, lens, 1.0)
     with pytest.raises(ValueError, match="seq_len 9"):
         attention.paged_attention(q, kc, vc, table, qsl, torch.tensor([9]), 1.0)
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [[5, -1, 9, -1], [-1, -1, 3], [-1, -1], [], [0, 7, 2]],
+    ids=["mixed", "padding first", "all padding", "empty", "no padding"],
+)
+@pytest.mark.parametrize("array", ["torch", "numpy"])
+def test_reshape_and_cache_graph_safe_path_writes_what_the_eager_path_writes(
+    monkeypatch, slots, array
+):
+    """Under a graph capture or torch.compile the op cannot drop padding by boolean
+    indexing; its shape-static path must leave both caches exactly as the eager one."""
+    gen = torch.Generator().manual_seed(len(slots))
+    kc, vc = (torch.randn(3, BLOCK, 2, 4, generator=gen) for _ in range(2))
+    k, v = (torch.randn(len(slots), 2, 4, generator=gen) for _ in range(2))
+    sm = torch.tensor(slots, dtype=torch.int64)
+    if array == "numpy":
+        kc, vc, k, v, sm = (x.numpy() for x in (kc, vc, k, v, sm))
+    copy = (lambda x: x.clone()) if array == "torch" else (lambda x: x.copy())
+    eager = copy(kc), copy(vc)
+    attention.reshape_and_cache(k, v, *eager, sm)
+    monkeypatch.setattr(attention, "can_read_values", lambda x: False)
+    static = copy(kc), copy(vc)
+    attention.reshape_and_cache(k, v, *static, sm)
+    for a, b in zip(eager, static, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_paged_decode_attention_equals_paged_attention_and_zeros_padding():
+    q, kc, vc, table, _, lens, keys, values = build([7, 1, 9], [1, 1, 1])
+    pad = torch.cat([q[:1], q[1:2], torch.randn(1, *q.shape[1:]), q[2:]])
+    pad_table = torch.cat([table[:2], table[:1], table[2:]])
+    pad_lens = torch.tensor([7, 1, 0, 9])
+    out = attention.paged_decode_attention(pad, kc, vc, pad_table, pad_lens, 0.3, soft_cap=4.0)
+    want = attention.paged_attention(
+        q, kc, vc, table, torch.tensor([0, 1, 2, 3]), lens, 0.3, soft_cap=4.0
+    )
+    torch.testing.assert_close(out[[0, 1, 3]], want, rtol=1e-6, atol=1e-6)
+    assert torch.all(out[2] == 0)
+    with pytest.raises(ValueError, match=r"seq_lens\[3\] = 13 must be in \[0, 12\]"):
+        attention.paged_decode_attention(pad, kc, vc, pad_table, torch.tensor([7, 1, 0, 13]), 0.3)
+    with pytest.raises(TypeError, match="seq_lens must be integers"):
+        attention.paged_decode_attention(pad, kc, vc, pad_table, pad_lens.float(), 0.3)
