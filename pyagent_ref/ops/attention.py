@@ -47,14 +47,16 @@ def reshape_and_cache(
     For token t with slot s = slot_mapping[t] >= 0: key_cache[s // B, s % B] = key[t]
     and value_cache[s // B, s % B] = value[t] (B = block_size), cast to the cache dtype.
     Tokens with s < 0 (padding) are skipped. The only op that mutates its arguments:
-    the cache is the state the engine keeps on the device. Free of host reads, so a
-    CUDA graph can capture it; the slot range is checked whenever the op runs outside
-    a capture.
+    the cache is the state the engine keeps on the device. While a CUDA graph is
+    captured or torch.compile traces, it reads no value on the host (so the graph can
+    hold it); the slot range is checked whenever it runs eagerly.
 
     Args:
-        key, value: float arrays, shape (num_tokens, num_kv_heads, head_size).
-        key_cache, value_cache: float arrays, shape (num_blocks, B, num_kv_heads,
-            head_size), C-contiguous (they are written through a reshaped view).
+        key: float array, shape (num_tokens, num_kv_heads, head_size).
+        value: float array, shape (num_tokens, num_kv_heads, head_size).
+        key_cache: float array, shape (num_blocks, B, num_kv_heads, head_size),
+            C-contiguous (it is written through a reshaped view).
+        value_cache: like key_cache.
         slot_mapping: integer array, shape (num_tokens,), each < num_blocks * B.
     Raises:
         TypeError: non-integer slot_mapping.
@@ -138,14 +140,15 @@ def paged_attention(
         + alibi_slopes[h] * (j - p)            if alibi_slopes is given
         soft_cap * tanh(score_j / soft_cap)    if soft_cap is given (Gemma 2's capping)
     A key is visible when j <= p, and j > p - sliding_window if a window is given, and
-    custom_masks[r][i, j] is true if a mask is given for r (AND-ed: for tree attention,
+    `custom_masks[r][i, j]` is true if a mask is given for r (AND-ed: for tree attention,
     where the flattened drafts are in topological order). out = softmax over visible j
     of the scores, applied to v_j. Scores and softmax are computed in float32 (float64
     for float64 inputs). Query tokens past query_start_loc[-1] (padding) get zeros.
 
     Args:
         query: float array, shape (num_tokens, num_heads, head_size).
-        key_cache, value_cache: shape (num_blocks, block_size, num_kv_heads, head_size).
+        key_cache: shape (num_blocks, block_size, num_kv_heads, head_size).
+        value_cache: like key_cache.
         block_table: integer array, shape (num_reqs, max_blocks_per_req).
         query_start_loc: integer array, shape (num_reqs + 1,), from 0, non-decreasing.
         seq_lens: integer array, shape (num_reqs,): each request's sequence length
@@ -246,11 +249,15 @@ def paged_decode_attention(
 
     Args:
         query: float array, shape (num_reqs, num_heads, head_size).
-        key_cache, value_cache: shape (num_blocks, block_size, num_kv_heads, head_size).
+        key_cache: shape (num_blocks, block_size, num_kv_heads, head_size).
+        value_cache: like key_cache.
         block_table: integer array, shape (num_reqs, max_blocks_per_req).
         seq_lens: integer array, shape (num_reqs,), each in [0, max_blocks_per_req *
             block_size], counting the query token.
-        scale, sliding_window, soft_cap, alibi_slopes: as in `paged_attention`.
+        scale: the softmax scale, as in `paged_attention`.
+        sliding_window: as in `paged_attention`.
+        soft_cap: as in `paged_attention`.
+        alibi_slopes: as in `paged_attention`.
     Returns:
         An array like query.
     Raises:
