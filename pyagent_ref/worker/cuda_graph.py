@@ -64,13 +64,14 @@ class CudaGraphDispatcher:
         self.capture_sizes = check_capture_sizes(capture_sizes)
         self.enabled = enabled
 
-    def dispatch(self, num_tokens: int, num_reqs: int) -> tuple[BatchDescriptor | None, int]:
-        """(descriptor of the graph to replay or None for eager, padded token count)."""
+    def dispatch(self, num_tokens: int, num_reqs: int) -> BatchDescriptor | None:
+        """The descriptor of the graph to replay (its num_tokens is the padded batch
+        size), or None: run eagerly."""
         uniform = num_tokens == num_reqs
         if not self.enabled or not uniform or num_tokens > self.capture_sizes[-1]:
-            return None, num_tokens
+            return None
         size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
-        return BatchDescriptor(size, True), size
+        return BatchDescriptor(size, uniform_decode=True)
 
 
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, list], torch.Tensor]
@@ -112,7 +113,7 @@ class CudaGraphRunner:
         self.block_table = torch.zeros(n, max_blocks, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int64, device=device)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[BatchDescriptor, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _forward(self, size: int) -> torch.Tensor:
         """The forward pass over the first `size` rows of the static buffers."""
@@ -141,12 +142,12 @@ class CudaGraphRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 out = self._forward(size)
-            self.graphs[size] = (graph, out)
+            self.graphs[BatchDescriptor(size, uniform_decode=True)] = (graph, out)
         torch.cuda.synchronize()
 
     def run(
         self,
-        size: int,
+        descriptor: BatchDescriptor,
         input_ids: np.ndarray,
         positions: np.ndarray,
         slot_mapping: np.ndarray,
@@ -154,13 +155,16 @@ class CudaGraphRunner:
         seq_lens: np.ndarray,
     ) -> torch.Tensor:
         """Hidden states of the n = len(input_ids) real tokens of a uniform decode batch,
-        computed at capture size `size` >= n (rows n..size-1 are padding).
+        computed by the graph of `descriptor` (from `CudaGraphDispatcher`), whose size is
+        >= n (rows n..size-1 are padding).
 
         The result is a view of the graph's output buffer: valid until the next run.
         """
-        n = len(input_ids)
-        if size not in self.capture_sizes or n > size:
-            raise ValueError(f"size must be a capture size >= {n}, got {size}")
+        n, size = len(input_ids), descriptor.num_tokens
+        if not descriptor.uniform_decode or size not in self.capture_sizes or n > size:
+            raise ValueError(
+                f"descriptor must be a uniform decode capture size >= {n}, got {descriptor}"
+            )
         width = block_table.shape[1]
         for buf, host in (
             (self.input_ids, input_ids),
@@ -176,6 +180,6 @@ class CudaGraphRunner:
         self.seq_lens[n:size] = 0
         if not self.record:
             return self._forward(size)[:n]
-        graph, out = self.graphs[size]
+        graph, out = self.graphs[descriptor]
         graph.replay()
         return out[:n]

@@ -126,7 +126,7 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput({})
         num_reqs = len(sched.num_scheduled_tokens)
-        graph, padded = self.dispatcher.dispatch(sched.total_num_scheduled_tokens, num_reqs)
+        graph = self.dispatcher.dispatch(sched.total_num_scheduled_tokens, num_reqs)
         prep = self.batch.prepare(sched)
         # addresses are computed on the host arrays by the chosen ops
         slots = self.ops.block_table.compute_slot_mapping(
@@ -137,7 +137,7 @@ class ModelRunner:
         width = -(-int(prep.seq_lens.max()) // self.block_size)
         if graph is not None:
             hidden = self.graphs.run(
-                padded,
+                graph,
                 prep.input_ids,
                 prep.positions,
                 slots,

@@ -7,6 +7,8 @@ static buffers without recording it.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,7 +20,7 @@ from pyagent_ref.model.llama import LlamaForCausalLM  # noqa: E402
 from pyagent_ref.ops import load as load_ops  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 from pyagent_ref.sched import Request  # noqa: E402
-from pyagent_ref.worker.cuda_graph import CudaGraphRunner  # noqa: E402
+from pyagent_ref.worker.cuda_graph import BatchDescriptor, CudaGraphRunner  # noqa: E402
 from pyagent_ref.worker.model_runner import ModelRunner  # noqa: E402
 
 PROMPTS = [
@@ -61,7 +63,7 @@ def test_static_decode_path_draws_the_tokens_of_the_eager_path(tiny_hf):
     static = make_engine(path, graph_mode="static", cudagraph_capture_sizes=(1, 2, 4, 8))
     sizes = []
     run = static.runner.graphs.run
-    static.runner.graphs.run = lambda size, *a: sizes.append((size, len(a[0]))) or run(size, *a)
+    static.runner.graphs.run = lambda d, *a: sizes.append((d.num_tokens, len(a[0]))) or run(d, *a)
     got = generate(static)
     want = generate(make_engine(path, graph_mode="eager"))
     assert got == want
@@ -95,7 +97,7 @@ def test_padding_rows_leave_the_kv_cache_alone():
     before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
     with torch.inference_mode():
         runner.graphs.run(
-            4,
+            BatchDescriptor(4, uniform_decode=True),
             torch.tensor([7]).numpy(),
             torch.tensor([5]).numpy(),
             torch.tensor([9]).numpy(),  # block 2, row 1
@@ -145,9 +147,10 @@ def test_bad_graph_settings_are_rejected():
     with pytest.raises(ValueError, match="needs a CUDA device, got device cpu"):
         CudaGraphRunner(model.forward, [], (1, 2), 4, torch.device("cpu"), record=True)
     runner = ModelRunner(model, 6, 4, ops, max_num_reqs=4, graph_mode="static")
-    with pytest.raises(ValueError, match="size must be a capture size >= 3, got 2"):
-        ids = torch.zeros(3, dtype=torch.int64).numpy()
-        runner.graphs.run(2, ids, ids, ids, ids[:, None], ids)
+    ids = torch.zeros(3, dtype=torch.int64).numpy()
+    for bad in (BatchDescriptor(2, True), BatchDescriptor(4, False), BatchDescriptor(3, True)):
+        with pytest.raises(ValueError, match=re.escape(f"capture size >= 3, got {bad}")):
+            runner.graphs.run(bad, ids, ids, ids, ids[:, None], ids)
 
 
 def test_sleep_and_wake_rebuild_the_static_buffers(tiny_hf):
@@ -168,7 +171,7 @@ def test_recorded_graphs_replay_the_eager_tokens_on_cuda(tiny_hf):
     _, path = tiny_hf
     graphs = make_engine(path, device="cuda", cudagraph_capture_sizes=(1, 2, 4, 8))
     assert graphs.runner.graphs is not None and graphs.runner.graphs.record
-    assert sorted(graphs.runner.graphs.graphs) == [1, 2, 4, 8]
+    assert sorted(d.num_tokens for d in graphs.runner.graphs.graphs) == [1, 2, 4, 8]
     eager = make_engine(path, device="cuda", enforce_eager=True)
     assert eager.runner.graphs is None
     assert generate(graphs) == generate(eager)

@@ -15,17 +15,17 @@ from pyagent_ref.worker.input_batch import InputBatch  # noqa: E402
 
 def test_uniform_decode_batches_pad_to_the_next_capture_size():
     d = CudaGraphDispatcher(capture_sizes=(1, 2, 4, 8), enabled=True)
-    assert d.dispatch(3, 3) == (BatchDescriptor(4, True), 4)
-    assert d.dispatch(8, 8) == (BatchDescriptor(8, True), 8)
-    assert d.dispatch(1, 1) == (BatchDescriptor(1, True), 1)
+    assert d.dispatch(3, 3) == BatchDescriptor(4, True)
+    assert d.dispatch(8, 8) == BatchDescriptor(8, True)
+    assert d.dispatch(1, 1) == BatchDescriptor(1, True)
 
 
 def test_mixed_large_or_disabled_batches_run_eagerly():
     d = CudaGraphDispatcher(capture_sizes=(1, 2, 4, 8), enabled=True)
-    assert d.dispatch(5, 3) == (None, 5)  # a prefill chunk is in the batch
-    assert d.dispatch(9, 9) == (None, 9)  # larger than any captured graph
-    assert CudaGraphDispatcher(enabled=False).dispatch(2, 2) == (None, 2)
-    with pytest.raises(ValueError, match="capture sizes"):
+    assert d.dispatch(5, 3) is None  # a prefill chunk is in the batch
+    assert d.dispatch(9, 9) is None  # larger than any captured graph
+    assert CudaGraphDispatcher(enabled=False).dispatch(2, 2) is None
+    with pytest.raises(ValueError, match="capture sizes must be integers >= 1"):
         CudaGraphDispatcher(capture_sizes=(0, 2))
 
 
