@@ -304,11 +304,28 @@ def attention_returns_documented_types(ctx: Ctx, case: Case) -> None:
     assert out is not args[0], "returned the query object itself"
 
 
+def with_changes(
+    case: Case, names: tuple[str, ...], options: list[tuple[str, dict[str, Any], type]]
+) -> list[tuple[str, tuple[Any, ...], type]]:
+    """Error variants: the case's arguments `names` with each option's changes, plus a KV
+    cache whose head count does not divide the query's (when one exists)."""
+    q, kc = case.query, case.key_cache
+    if q.shape[1] % (kc.shape[2] + 1):
+        shape = (*kc.shape[:2], kc.shape[2] + 1, kc.shape[3])
+        bad = np.zeros(shape, kc.dtype)
+        change = {"key_cache": bad, "value_cache": bad.copy()}
+        options = [*options, ("num_heads not a multiple of num_kv_heads", change, ValueError)]
+    out = []
+    for why, change, exc in options:
+        args = {name: getattr(case, name) for name in names}
+        args.update(change)
+        out.append((why, tuple(args.values()), exc))
+    return out
+
+
 def attention_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
-    q, kc, vc = case.query, case.key_cache, case.value_cache
+    q, kc = case.query, case.key_cache
     qsl, lens, table = case.query_start_loc, case.seq_lens, case.block_table
-    heads = q.shape[1]
-    kv_heads = kc.shape[2]
     bs = kc.shape[1]
     first_q = int(qsl[1] - qsl[0])
     short, long_ = lens.copy(), lens.copy()
@@ -330,21 +347,7 @@ def attention_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
         ("seq_len shorter than its query tokens", {"seq_lens": short}, ValueError),
         ("seq_len past its block table", {"seq_lens": long_}, ValueError),
     ]
-    if heads % (kv_heads + 1):
-        shape = (*kc.shape[:2], kv_heads + 1, kc.shape[3])
-        options.append(
-            (
-                "num_heads not a multiple of num_kv_heads",
-                {"key_cache": np.zeros(shape, kc.dtype), "value_cache": np.zeros(shape, vc.dtype)},
-                ValueError,
-            )
-        )
-    out = []
-    for why, change, exc in options:
-        args = {name: getattr(case, name) for name in ATTN_ARGS}
-        args.update(change)
-        out.append((why, tuple(args.values()), exc))
-    return out
+    return with_changes(case, ATTN_ARGS, options)
 
 
 def _attention_compare(case: Case, got: Any, ref: Any) -> None:
@@ -584,9 +587,8 @@ def decode_returns_documented_types(ctx: Ctx, case: Case) -> None:
 
 
 def decode_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
-    q, kc, vc = case.query, case.key_cache, case.value_cache
+    q, kc = case.query, case.key_cache
     lens, table = case.seq_lens, case.block_table
-    heads, kv_heads = q.shape[1], kc.shape[2]
     past, negative = lens.copy(), lens.copy()
     past[0] = table.shape[1] * kc.shape[1] + 1
     negative[-1] = -1
@@ -601,21 +603,7 @@ def decode_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
         ("a seq_len past the block table", {"seq_lens": past}, ValueError),
         ("a negative seq_len", {"seq_lens": negative}, ValueError),
     ]
-    if heads % (kv_heads + 1):
-        shape = (*kc.shape[:2], kv_heads + 1, kc.shape[3])
-        options.append(
-            (
-                "num_heads not a multiple of num_kv_heads",
-                {"key_cache": np.zeros(shape, kc.dtype), "value_cache": np.zeros(shape, vc.dtype)},
-                ValueError,
-            )
-        )
-    out = []
-    for why, change, exc in options:
-        args = {name: getattr(case, name) for name in DECODE_ARGS}
-        args.update(change)
-        out.append((why, tuple(args.values()), exc))
-    return out
+    return with_changes(case, DECODE_ARGS, options)
 
 
 def _decode_compare(case: Case, got: Any, ref: Any) -> None:

@@ -39,6 +39,22 @@ def _check_cache(x: Any, name: str) -> None:
         )
 
 
+def _check_query(query: Any, key_cache: Any) -> Any:
+    """The namespace of query, after checking its dtype and its heads against the cache."""
+    xp = namespace(query, "query")
+    _check_cache(key_cache, "key_cache")
+    if "float" not in dtype_name(query):
+        raise TypeError(f"query must be a float array, got dtype {dtype_name(query)}")
+    _, num_heads, head_size = query.shape
+    num_kv_heads, kv_head_size = key_cache.shape[2:]
+    if kv_head_size != head_size or num_heads % num_kv_heads:
+        raise ValueError(
+            f"query heads ({num_heads} x {head_size}) must be a multiple of the cache's "
+            f"KV heads ({num_kv_heads} x {kv_head_size})"
+        )
+    return xp
+
+
 def reshape_and_cache(
     key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any
 ) -> None:
@@ -165,17 +181,8 @@ def paged_attention(
         ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
             sequence longer than its block table, seq_lens[r] < q_len_r.
     """
-    xp = namespace(query, "query")
-    _check_cache(key_cache, "key_cache")
-    if "float" not in dtype_name(query):
-        raise TypeError(f"query must be a float array, got dtype {dtype_name(query)}")
-    num_tokens, num_heads, head_size = query.shape
-    _, block_size, num_kv_heads, kv_head_size = key_cache.shape
-    if kv_head_size != head_size or num_heads % num_kv_heads:
-        raise ValueError(
-            f"query heads ({num_heads} x {head_size}) must be a multiple of the cache's "
-            f"KV heads ({num_kv_heads} x {kv_head_size})"
-        )
+    xp = _check_query(query, key_cache)
+    block_size = key_cache.shape[1]
     qsl = [int(v) for v in query_start_loc]
     lens = [int(v) for v in seq_lens]
     if len(lens) != len(qsl) - 1 or block_table.shape[0] != len(lens):
@@ -265,20 +272,11 @@ def paged_decode_attention(
         ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
             seq_len outside [0, max_blocks_per_req * block_size].
     """
-    xp = namespace(query, "query")
-    _check_cache(key_cache, "key_cache")
-    if "float" not in dtype_name(query):
-        raise TypeError(f"query must be a float array, got dtype {dtype_name(query)}")
+    xp = _check_query(query, key_cache)
     for name, x in (("block_table", block_table), ("seq_lens", seq_lens)):
         if "int" not in dtype_name(x):
             raise TypeError(f"{name} must be integers, got dtype {dtype_name(x)}")
-    num_reqs, num_heads, head_size = query.shape
-    _, block_size, num_kv_heads, kv_head_size = key_cache.shape
-    if kv_head_size != head_size or num_heads % num_kv_heads:
-        raise ValueError(
-            f"query heads ({num_heads} x {head_size}) must be a multiple of the cache's "
-            f"KV heads ({num_kv_heads} x {kv_head_size})"
-        )
+    num_reqs, block_size = query.shape[0], key_cache.shape[1]
     if (
         tuple(seq_lens.shape) != (num_reqs,)
         or block_table.ndim != 2
