@@ -9,6 +9,10 @@ memory, so:
   token per request) of a few capture sizes; a batch of n tokens is padded to the
   smallest capture size >= n (`CudaGraphDispatcher`), larger or mixed batches run
   eagerly;
+- the decode attention gathers every column of the block table it is given, so each
+  size is recorded for a few block-table widths too (powers of two up to the longest
+  sequence allowed) and a batch replays the narrowest graph that holds its longest
+  sequence: short sequences do not pay for max_model_len;
 - its inputs live in static device buffers that every step overwrites in place
   (`CudaGraphRunner`): input ids, positions, slot mapping, block table and sequence
   lengths. A padding row has slot -1 (its KV is not written) and sequence length 0
@@ -37,11 +41,19 @@ DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 @dataclass(frozen=True)
 class BatchDescriptor:
-    """What a captured graph was recorded for: a token count and whether every request
-    contributes exactly one token (a uniform decode batch)."""
+    """What a captured graph was recorded for: a token count, whether every request
+    contributes exactly one token (a uniform decode batch), and how many block-table
+    columns its attention reads."""
 
     num_tokens: int
     uniform_decode: bool
+    num_blocks: int
+
+
+def width_buckets(max_blocks: int) -> list[int]:
+    """Block-table widths graphs are recorded for: 1, 2, 4, ... and max_blocks."""
+    widths = [1 << i for i in range(max_blocks.bit_length()) if 1 << i < max_blocks]
+    return [*widths, max_blocks]
 
 
 def check_capture_sizes(capture_sizes: Sequence[int]) -> list[int]:
@@ -53,50 +65,66 @@ def check_capture_sizes(capture_sizes: Sequence[int]) -> list[int]:
 
 
 class CudaGraphDispatcher:
-    """Decides, per step, whether a captured graph serves the batch and at what size.
+    """Decides, per step, whether a captured graph serves the batch and which one.
 
     Only uniform decode batches (one token per request) are graph-eligible, padded to
-    the smallest capture size >= their token count; larger or mixed batches run
+    the smallest capture size >= their token count and the narrowest width bucket >=
+    the block-table columns their longest sequence uses; larger or mixed batches run
     eagerly. Disabled (always eager) unless `enabled`.
     """
 
-    def __init__(self, capture_sizes=DEFAULT_CAPTURE_SIZES, enabled: bool = False) -> None:
+    def __init__(
+        self, capture_sizes=DEFAULT_CAPTURE_SIZES, max_blocks: int = 1, enabled: bool = False
+    ) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
         self.capture_sizes = check_capture_sizes(capture_sizes)
+        self.widths = width_buckets(max_blocks)
         self.enabled = enabled
 
-    def dispatch(self, num_tokens: int, num_reqs: int) -> BatchDescriptor | None:
-        """The descriptor of the graph to replay (its num_tokens is the padded batch
-        size), or None: run eagerly."""
+    def descriptors(self) -> list[BatchDescriptor]:
+        """Every graph to record, largest first."""
+        return [
+            BatchDescriptor(size, True, width)
+            for size in reversed(self.capture_sizes)
+            for width in reversed(self.widths)
+        ]
+
+    def dispatch(self, num_tokens: int, num_reqs: int, num_blocks: int) -> BatchDescriptor | None:
+        """The descriptor of the graph to replay (num_tokens: the padded batch size;
+        num_blocks: the table width it reads), or None: run eagerly. `num_blocks` is
+        the block-table columns the batch's longest sequence uses."""
         uniform = num_tokens == num_reqs
         if not self.enabled or not uniform or num_tokens > self.capture_sizes[-1]:
             return None
+        if num_blocks > self.widths[-1]:
+            raise ValueError(f"num_blocks must be <= {self.widths[-1]}, got {num_blocks}")
         size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
-        return BatchDescriptor(size, uniform_decode=True)
+        width = self.widths[bisect.bisect_left(self.widths, num_blocks)]
+        return BatchDescriptor(size, True, width)
 
 
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, list], torch.Tensor]
 
 
 class CudaGraphRunner:
-    """Static input buffers, one graph per capture size, and replay.
+    """Static input buffers, one graph per descriptor of the dispatcher, and replay.
 
     Args:
         forward: the model's forward(input_ids, positions, meta, kv_caches).
         kv_caches: the per-layer (key_cache, value_cache) tensors the graphs write.
-        capture_sizes: the uniform decode batch sizes to record.
-        max_blocks: block table width (blocks of the longest sequence allowed).
+        dispatcher: what to record (its capture sizes and block-table widths).
         device: where the buffers live.
         record: record graphs (CUDA only); False runs the same padded forward unrecorded.
     Raises:
-        ValueError: record=True on a non-CUDA device, or bad capture sizes.
+        ValueError: record=True on a non-CUDA device.
     """
 
     def __init__(
         self,
         forward: Forward,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        capture_sizes: Sequence[int],
-        max_blocks: int,
+        dispatcher: CudaGraphDispatcher,
         device: torch.device,
         record: bool,
     ) -> None:
@@ -104,22 +132,24 @@ class CudaGraphRunner:
             raise ValueError(f"recording CUDA graphs needs a CUDA device, got device {device}")
         self.forward = forward
         self.kv_caches = kv_caches
-        self.capture_sizes = check_capture_sizes(capture_sizes)
+        self.dispatcher = dispatcher
         self.record = record
-        n = self.capture_sizes[-1]
+        n, width = dispatcher.capture_sizes[-1], dispatcher.widths[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.block_table = torch.zeros(n, max_blocks, dtype=torch.int64, device=device)
+        self.block_table = torch.zeros(n, width, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int64, device=device)
         self.graphs: dict[BatchDescriptor, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
-    def _forward(self, size: int) -> torch.Tensor:
-        """The forward pass over the first `size` rows of the static buffers."""
+    def _forward(self, d: BatchDescriptor) -> torch.Tensor:
+        """The forward pass over the first d.num_tokens rows of the static buffers,
+        attending through the first d.num_blocks columns of the block table."""
+        size = d.num_tokens
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:size],
-            block_table=self.block_table[:size],
+            block_table=self.block_table[:size, : d.num_blocks],
             query_start_loc=self.query_start_loc[: size + 1],
             seq_lens=self.seq_lens[:size],
             decode_only=True,
@@ -127,22 +157,22 @@ class CudaGraphRunner:
         return self.forward(self.input_ids[:size], self.positions[:size], meta, self.kv_caches)
 
     def capture(self) -> None:
-        """Record one graph per capture size, largest first, sharing one memory pool.
+        """Record one graph per descriptor, largest first, sharing one memory pool.
 
-        The buffers hold padding only (nothing is written to the KV cache). Each size
-        runs once eagerly first, so lazy initialisation (cuBLAS handles, workspaces)
-        happens outside the recording.
+        The buffers hold padding only (nothing is written to the KV cache). Each graph's
+        forward runs once eagerly first, so lazy initialisation (cuBLAS handles,
+        workspaces) happens outside the recording.
         """
         if not self.record:
             return
         pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.capture_sizes):
-            self._forward(size)
+        for d in self.dispatcher.descriptors():
+            self._forward(d)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = self._forward(size)
-            self.graphs[BatchDescriptor(size, uniform_decode=True)] = (graph, out)
+                out = self._forward(d)
+            self.graphs[d] = (graph, out)
         torch.cuda.synchronize()
 
     def run(
@@ -155,17 +185,22 @@ class CudaGraphRunner:
         seq_lens: np.ndarray,
     ) -> torch.Tensor:
         """Hidden states of the n = len(input_ids) real tokens of a uniform decode batch,
-        computed by the graph of `descriptor` (from `CudaGraphDispatcher`), whose size is
-        >= n (rows n..size-1 are padding).
+        computed by the graph of `descriptor` (from the dispatcher): its num_tokens is
+        >= n (rows n.. are padding) and its num_blocks >= block_table's columns.
 
         The result is a view of the graph's output buffer: valid until the next run.
         """
-        n, size = len(input_ids), descriptor.num_tokens
-        if not descriptor.uniform_decode or size not in self.capture_sizes or n > size:
+        n, size, width = len(input_ids), descriptor.num_tokens, block_table.shape[1]
+        recorded = (
+            descriptor.uniform_decode
+            and size in self.dispatcher.capture_sizes
+            and descriptor.num_blocks in self.dispatcher.widths
+        )
+        if not recorded or n > size or width > descriptor.num_blocks:
             raise ValueError(
-                f"descriptor must be a uniform decode capture size >= {n}, got {descriptor}"
+                f"descriptor must be a recorded one for {n} tokens and {width} blocks, "
+                f"got {descriptor}"
             )
-        width = block_table.shape[1]
         for buf, host in (
             (self.input_ids, input_ids),
             (self.positions, positions),
@@ -179,7 +214,7 @@ class CudaGraphRunner:
         self.slot_mapping[n:size] = -1
         self.seq_lens[n:size] = 0
         if not self.record:
-            return self._forward(size)[:n]
+            return self._forward(descriptor)[:n]
         graph, out = self.graphs[descriptor]
         graph.replay()
         return out[:n]

@@ -87,7 +87,7 @@ class ModelRunner:
         )
         use_graphs = self.record_graphs or graph_mode == "static"
         sizes = [s for s in capture_sizes if s <= max_num_reqs] or [max_num_reqs]
-        self.dispatcher = CudaGraphDispatcher(sizes, enabled=use_graphs)
+        self.dispatcher = CudaGraphDispatcher(sizes, self.batch.max_blocks, enabled=use_graphs)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: CudaGraphRunner | None = None
         self.allocate_kv_cache()
@@ -106,12 +106,7 @@ class ModelRunner:
         ]
         if self.dispatcher.enabled:
             self.graphs = CudaGraphRunner(
-                self.forward,
-                self.kv_caches,
-                self.dispatcher.capture_sizes,
-                self.batch.max_blocks,
-                self.device,
-                self.record_graphs,
+                self.forward, self.kv_caches, self.dispatcher, self.device, self.record_graphs
             )
             with torch.inference_mode():
                 self.graphs.capture()
@@ -125,16 +120,15 @@ class ModelRunner:
         self.batch.update_states(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
-        num_reqs = len(sched.num_scheduled_tokens)
-        graph = self.dispatcher.dispatch(sched.total_num_scheduled_tokens, num_reqs)
         prep = self.batch.prepare(sched)
+        num_reqs = len(prep.req_ids)
         # addresses are computed on the host arrays by the chosen ops
         slots = self.ops.block_table.compute_slot_mapping(
             prep.block_table, prep.query_start_loc, prep.positions, self.block_size
         )
-        decode_only = prep.num_tokens == num_reqs
-        # the block-table columns the longest sequence uses (all a decode step reads)
+        # the block-table columns the longest sequence uses (all attention reads)
         width = -(-int(prep.seq_lens.max()) // self.block_size)
+        graph = self.dispatcher.dispatch(prep.num_tokens, num_reqs, width)
         if graph is not None:
             hidden = self.graphs.run(
                 graph,
@@ -151,7 +145,7 @@ class ModelRunner:
                 block_table=torch.from_numpy(prep.block_table[:, :width]).to(dev),
                 query_start_loc=torch.from_numpy(prep.query_start_loc).to(dev),
                 seq_lens=torch.from_numpy(prep.seq_lens).to(dev),
-                decode_only=decode_only,
+                decode_only=prep.num_tokens == num_reqs,
             )
             hidden = self.forward(
                 torch.from_numpy(prep.input_ids).to(dev),

@@ -61,14 +61,18 @@ def make_engine(path, device="cpu", **overrides):
 def test_static_decode_path_draws_the_tokens_of_the_eager_path(tiny_hf):
     hf, path = tiny_hf
     static = make_engine(path, graph_mode="static", cudagraph_capture_sizes=(1, 2, 4, 8))
-    sizes = []
+    seen = []  # (descriptor, real tokens, block-table columns used)
     run = static.runner.graphs.run
-    static.runner.graphs.run = lambda d, *a: sizes.append((d.num_tokens, len(a[0]))) or run(d, *a)
+    static.runner.graphs.run = lambda d, *a: (
+        seen.append((d, len(a[0]), a[3].shape[1])) or run(d, *a)
+    )
     got = generate(static)
     want = generate(make_engine(path, graph_mode="eager"))
     assert got == want
-    assert any(size > n for size, n in sizes), sizes  # some batches were padded
-    assert {size for size, _ in sizes} <= {1, 2, 4, 8}
+    assert any(d.num_tokens > n for d, n, _ in seen), seen  # some batches were padded
+    assert {d.num_tokens for d, _, _ in seen} <= {1, 2, 4, 8}
+    widths = static.runner.dispatcher.widths
+    assert all(d.num_blocks == min(x for x in widths if x >= w) for d, _, w in seen)
     greedy = hf.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=12, do_sample=False)
     assert got[0] == greedy[0, len(PROMPTS[0]) :].tolist()
 
@@ -97,7 +101,7 @@ def test_padding_rows_leave_the_kv_cache_alone():
     before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
     with torch.inference_mode():
         runner.graphs.run(
-            BatchDescriptor(4, uniform_decode=True),
+            BatchDescriptor(4, uniform_decode=True, num_blocks=2),
             torch.tensor([7]).numpy(),
             torch.tensor([5]).numpy(),
             torch.tensor([9]).numpy(),  # block 2, row 1
@@ -144,13 +148,21 @@ def test_bad_graph_settings_are_rejected():
         ModelRunner(model, 6, 4, ops, graph_mode="always")
     with pytest.raises(ValueError, match=r"capture sizes must be integers >= 1, got \(0, 2\)"):
         ModelRunner(model, 6, 4, ops, graph_mode="static", capture_sizes=(0, 2))
-    with pytest.raises(ValueError, match="needs a CUDA device, got device cpu"):
-        CudaGraphRunner(model.forward, [], (1, 2), 4, torch.device("cpu"), record=True)
     runner = ModelRunner(model, 6, 4, ops, max_num_reqs=4, graph_mode="static")
+    with pytest.raises(ValueError, match="needs a CUDA device, got device cpu"):
+        CudaGraphRunner(model.forward, [], runner.dispatcher, torch.device("cpu"), record=True)
     ids = torch.zeros(3, dtype=torch.int64).numpy()
-    for bad in (BatchDescriptor(2, True), BatchDescriptor(4, False), BatchDescriptor(3, True)):
-        with pytest.raises(ValueError, match=re.escape(f"capture size >= 3, got {bad}")):
-            runner.graphs.run(bad, ids, ids, ids, ids[:, None], ids)
+    table = torch.zeros(3, 2, dtype=torch.int64).numpy()
+    bad = (
+        BatchDescriptor(2, True, 2),  # fewer rows than tokens
+        BatchDescriptor(4, False, 2),  # not a decode graph
+        BatchDescriptor(3, True, 2),  # not a capture size
+        BatchDescriptor(4, True, 1),  # narrower than the table
+        BatchDescriptor(4, True, 3),  # not a width bucket
+    )
+    for d in bad:
+        with pytest.raises(ValueError, match=re.escape(f"3 tokens and 2 blocks, got {d}")):
+            runner.graphs.run(d, ids, ids, ids, table, ids)
 
 
 def test_sleep_and_wake_rebuild_the_static_buffers(tiny_hf):
@@ -171,7 +183,8 @@ def test_recorded_graphs_replay_the_eager_tokens_on_cuda(tiny_hf):
     _, path = tiny_hf
     graphs = make_engine(path, device="cuda", cudagraph_capture_sizes=(1, 2, 4, 8))
     assert graphs.runner.graphs is not None and graphs.runner.graphs.record
-    assert sorted(d.num_tokens for d in graphs.runner.graphs.graphs) == [1, 2, 4, 8]
+    assert set(graphs.runner.graphs.graphs) == set(graphs.runner.dispatcher.descriptors())
+    assert {d.num_tokens for d in graphs.runner.graphs.graphs} == {1, 2, 4, 8}
     eager = make_engine(path, device="cuda", enforce_eager=True)
     assert eager.runner.graphs is None
     assert generate(graphs) == generate(eager)

@@ -13,20 +13,27 @@ from pyagent_ref.worker.cuda_graph import BatchDescriptor, CudaGraphDispatcher  
 from pyagent_ref.worker.input_batch import InputBatch  # noqa: E402
 
 
-def test_uniform_decode_batches_pad_to_the_next_capture_size():
-    d = CudaGraphDispatcher(capture_sizes=(1, 2, 4, 8), enabled=True)
-    assert d.dispatch(3, 3) == BatchDescriptor(4, True)
-    assert d.dispatch(8, 8) == BatchDescriptor(8, True)
-    assert d.dispatch(1, 1) == BatchDescriptor(1, True)
+def test_uniform_decode_batches_pad_to_the_next_capture_size_and_width():
+    d = CudaGraphDispatcher(capture_sizes=(1, 2, 4, 8), max_blocks=6, enabled=True)
+    assert d.widths == [1, 2, 4, 6]
+    assert d.dispatch(3, 3, 1) == BatchDescriptor(4, True, 1)
+    assert d.dispatch(8, 8, 3) == BatchDescriptor(8, True, 4)
+    assert d.dispatch(1, 1, 5) == BatchDescriptor(1, True, 6)
+    assert len(d.descriptors()) == 4 * 4
+    assert d.descriptors()[0] == BatchDescriptor(8, True, 6)  # recorded largest first
 
 
 def test_mixed_large_or_disabled_batches_run_eagerly():
-    d = CudaGraphDispatcher(capture_sizes=(1, 2, 4, 8), enabled=True)
-    assert d.dispatch(5, 3) is None  # a prefill chunk is in the batch
-    assert d.dispatch(9, 9) is None  # larger than any captured graph
-    assert CudaGraphDispatcher(enabled=False).dispatch(2, 2) is None
+    d = CudaGraphDispatcher(capture_sizes=(1, 2, 4, 8), max_blocks=4, enabled=True)
+    assert d.dispatch(5, 3, 1) is None  # a prefill chunk is in the batch
+    assert d.dispatch(9, 9, 1) is None  # larger than any captured graph
+    assert CudaGraphDispatcher(enabled=False).dispatch(2, 2, 1) is None
+    with pytest.raises(ValueError, match="num_blocks must be <= 4, got 5"):
+        d.dispatch(2, 2, 5)
     with pytest.raises(ValueError, match="capture sizes must be integers >= 1"):
         CudaGraphDispatcher(capture_sizes=(0, 2))
+    with pytest.raises(ValueError, match="max_blocks must be >= 1, got 0"):
+        CudaGraphDispatcher(max_blocks=0)
 
 
 def new(rid, prompt, blocks, computed=0):
