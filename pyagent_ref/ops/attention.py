@@ -205,9 +205,9 @@ def paged_attention(
                 f"{block_table.shape[1]} blocks of {block_size}"
             )
         by_q_len.setdefault(q_len, []).append(r)
+    dev = device(query)
     for q_len, rows in by_q_len.items():
         tokens = [t for r in rows for t in range(qsl[r], qsl[r] + q_len)]
-        dev = device(query)
         index = xp.asarray(tokens, dtype=xp.int64, device=dev)
         table = xp.take(block_table, xp.asarray(rows, dtype=xp.int64, device=dev), axis=0)
         longest = max(lens[r] for r in rows)
@@ -251,8 +251,9 @@ def paged_decode_attention(
     intermediate shape depend only on the argument shapes, and no device value is read
     on the host: a CUDA graph can capture the op. The cost grows with
     block_table.shape[1]; outside a graph, pass only the columns the longest sequence
-    uses. Unused table entries must still be valid block ids. Value checks (seq_lens
-    range) are skipped while a CUDA graph is captured.
+    uses. Unused table entries must still be valid block ids. The seq_lens range is
+    checked whenever the op runs eagerly (not while a graph is captured or
+    torch.compile traces).
 
     Args:
         query: float array, shape (num_reqs, num_heads, head_size).
@@ -277,11 +278,8 @@ def paged_decode_attention(
         if "int" not in dtype_name(x):
             raise TypeError(f"{name} must be integers, got dtype {dtype_name(x)}")
     num_reqs, block_size = query.shape[0], key_cache.shape[1]
-    if (
-        tuple(seq_lens.shape) != (num_reqs,)
-        or block_table.ndim != 2
-        or (block_table.shape[0] != num_reqs)
-    ):
+    one_row_each = block_table.ndim == 2 and block_table.shape[0] == num_reqs
+    if tuple(seq_lens.shape) != (num_reqs,) or not one_row_each:
         raise ValueError(
             f"seq_lens {tuple(seq_lens.shape)} and block_table {tuple(block_table.shape)} "
             f"must have one row per query token ({num_reqs})"

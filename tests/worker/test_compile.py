@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from pyagent_ref.model import AttentionMetadata  # noqa: E402
 from pyagent_ref.ops import load as load_ops  # noqa: E402
 from pyagent_ref.worker.model_runner import ModelRunner  # noqa: E402
-from tests.worker.test_cuda_graph import generate, make_engine, tiny_model  # noqa: E402
+from tests.worker.helpers import generate, make_engine, tiny_model  # noqa: E402
 
 # array_api_compat memoises its namespace lookups; dynamo traces through them and says so
 pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a .functools.lru_cache")

@@ -13,49 +13,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
-from pyagent_ref.model import AttentionMetadata, load_model  # noqa: E402
-from pyagent_ref.model.config import ModelConfig  # noqa: E402
-from pyagent_ref.model.llama import LlamaForCausalLM  # noqa: E402
+from pyagent_ref.model import AttentionMetadata  # noqa: E402
 from pyagent_ref.ops import load as load_ops  # noqa: E402
-from pyagent_ref.sample.params import SamplingParams  # noqa: E402
-from pyagent_ref.sched import Request  # noqa: E402
 from pyagent_ref.worker.cuda_graph import BatchDescriptor, CudaGraphRunner  # noqa: E402
 from pyagent_ref.worker.model_runner import ModelRunner  # noqa: E402
-
-PROMPTS = [
-    [5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 14],
-    [8, 1, 96, 45, 45, 12, 7],
-    [5, 17, 3, 88, 41, 9, 1],
-    [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48],
-    [2],
-]
-
-
-def requests():
-    out = []
-    for i, p in enumerate(PROMPTS):
-        temperature = 0.8 if i % 2 else 0.0  # sampled and greedy requests side by side
-        params = SamplingParams(temperature=temperature, max_tokens=12)
-        out.append(Request(str(i), p, sampling_params=params, seed=100 + i, max_tokens=12))
-    return out
-
-
-def generate(core):
-    reqs = requests()
-    for r in reqs:
-        core.add_request(r)
-    while core.has_unfinished_requests():
-        core.step()
-    return [r.output_token_ids for r in reqs]
-
-
-def make_engine(path, device="cpu", **overrides):
-    config = dict(
-        block_size=4, num_kv_blocks=64, max_num_batched_tokens=16, max_num_seqs=8, ops="ref"
-    )
-    model = load_model(path, device=device, progress=False)
-    return EngineCore(model, EngineConfig(device=device, **(config | overrides)))
+from tests.worker.helpers import PROMPTS, generate, make_engine, tiny_model  # noqa: E402
 
 
 def test_static_decode_path_draws_the_tokens_of_the_eager_path(tiny_hf):
@@ -75,22 +37,6 @@ def test_static_decode_path_draws_the_tokens_of_the_eager_path(tiny_hf):
     assert all(d.num_blocks == min(x for x in widths if x >= w) for d, _, w in seen)
     greedy = hf.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=12, do_sample=False)
     assert got[0] == greedy[0, len(PROMPTS[0]) :].tolist()
-
-
-def tiny_model(**overrides):
-    fields = dict(
-        architecture="LlamaForCausalLM",
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(ModelConfig(**(fields | overrides))).eval()
 
 
 def test_padding_rows_leave_the_kv_cache_alone():
