@@ -86,7 +86,8 @@ def pair(request, tmp_path_factory):
 class PagedRunner:
     """Feeds chunks of several sequences through our model with a real paged cache."""
 
-    def __init__(self, model, num_blocks=64):
+    def __init__(self, model, num_blocks=64, decode_path="general"):
+        self.static_decode = decode_path == "static"
         shape = model.kv_cache_shape(num_blocks, BLOCK)
         self.model = model
         self.caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in model.layers]
@@ -117,6 +118,7 @@ class PagedRunner:
             block_table=table,
             query_start_loc=qsl_t,
             seq_lens=torch.tensor(seq_lens),
+            decode_only=self.static_decode and len(ids) == len(chunks),
         )
         with torch.no_grad():
             hidden = self.model(torch.tensor(ids), pos_t, meta, self.caches)
@@ -140,9 +142,12 @@ def test_prefill_matches(pair):
     torch.testing.assert_close(logits[n0:], hf_logits(hf, PROMPTS[1]), **TOL)
 
 
-def test_chunked_prefill_and_decode_match(pair):
+@pytest.mark.parametrize("decode_path", ["general", "static"])
+def test_chunked_prefill_and_decode_match(pair, decode_path):
+    """Decode steps attend through paged_attention ("general") or through the
+    static-shape paged_decode_attention a CUDA graph captures ("static")."""
     hf, ours = pair
-    runner = PagedRunner(ours)
+    runner = PagedRunner(ours, decode_path=decode_path)
     seqs = [list(PROMPTS[0]), list(PROMPTS[1])]
     # request 0 in chunks of 5, 6; request 1 whole in the second step
     runner.step({0: seqs[0][:5]})
