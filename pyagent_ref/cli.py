@@ -89,6 +89,9 @@ def run_demo(
 ) -> dict:
     """Serve `num_requests` concurrent requests sharing a prefix; return the figures."""
     llm = LLM(model, ops=ops, max_num_seqs=num_requests, **(engine_args or {}))
+    llm.generate("import os\n", SamplingParams(max_tokens=2))  # warm-up, not timed
+    llm.core.kv.reset_prefix_cache()
+    before = llm.core.kv.metrics()
     prompts = [DEMO_PREFIX + DEMO_TAILS[i % len(DEMO_TAILS)] for i in range(num_requests)]
     params = [
         SamplingParams(temperature=0.7, top_p=0.95, max_tokens=max_tokens, seed=i)
@@ -100,6 +103,7 @@ def run_demo(
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
     metrics = [m for o in outs for m in o.metrics]
     kv = llm.core.kv.metrics()
+    queries = kv.queries - before.queries
     for o in outs[:show]:
         tail = o.prompt[len(DEMO_PREFIX) :] if o.prompt else ""
         print(f"--- {tail.strip()}\n{tail}{o.outputs[0].text}")
@@ -111,7 +115,7 @@ def run_demo(
         "tok_per_s": generated / elapsed,
         "ttft": _percentiles([m.ttft for m in metrics if m.ttft is not None]),
         "itl": _percentiles([gap for m in metrics for gap in m.itl]),
-        "hit_rate": kv.hit_rate,
+        "hit_rate": (kv.hits - before.hits) / queries if queries else 0.0,
         "tokens": [o.outputs[0].token_ids for o in outs],
     }
 
