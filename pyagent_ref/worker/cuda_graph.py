@@ -60,7 +60,7 @@ def check_capture_sizes(capture_sizes: Sequence[int]) -> list[int]:
     """The sorted distinct capture sizes, or ValueError naming the bad ones."""
     sizes = sorted(set(capture_sizes))
     if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
-        raise ValueError(f"capture sizes must be integers >= 1, got {tuple(capture_sizes)}")
+        raise ValueError(f"capture_sizes must be integers >= 1, got {tuple(capture_sizes)}")
     return sizes
 
 

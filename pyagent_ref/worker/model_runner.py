@@ -21,7 +21,12 @@ import torch
 from ..model.llama import AttentionMetadata
 from ..sample.sampler import Sampler
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
-from .cuda_graph import DEFAULT_CAPTURE_SIZES, CudaGraphDispatcher, CudaGraphRunner
+from .cuda_graph import (
+    DEFAULT_CAPTURE_SIZES,
+    CudaGraphDispatcher,
+    CudaGraphRunner,
+    check_capture_sizes,
+)
 from .input_batch import InputBatch
 
 GRAPH_MODES = ("auto", "eager", "static")
@@ -42,7 +47,8 @@ class ModelRunner:
             uses graphs; "static" pads uniform decode batches into the graphs' static
             buffers and runs them unrecorded on any device (the computation a graph
             replays, to check that path without CUDA).
-        capture_sizes: the decode batch sizes graphs are recorded for.
+        capture_sizes: the decode batch sizes graphs are recorded for (those above
+            max_num_reqs are capped to it).
         compile: False, True (torch.compile with its default backend, inductor) or the
             name of a torch.compile backend ("aot_eager", "cudagraphs", ...).
     Raises:
@@ -86,7 +92,8 @@ class ModelRunner:
             and getattr(model, "supports_cuda_graphs", False)
         )
         use_graphs = self.record_graphs or graph_mode == "static"
-        sizes = [s for s in capture_sizes if s <= max_num_reqs] or [max_num_reqs]
+        # no batch is larger than max_num_reqs: sizes past it are capped to it
+        sizes = sorted({min(s, max_num_reqs) for s in check_capture_sizes(capture_sizes)})
         self.dispatcher = CudaGraphDispatcher(sizes, self.batch.max_blocks, enabled=use_graphs)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: CudaGraphRunner | None = None

@@ -100,7 +100,7 @@ def test_bad_graph_settings_are_rejected():
     model, ops = tiny_model(), load_ops("ref")
     with pytest.raises(ValueError, match="graph_mode must be one of .*'always'"):
         ModelRunner(model, 6, 4, ops, graph_mode="always")
-    with pytest.raises(ValueError, match=r"capture sizes must be integers >= 1, got \(0, 2\)"):
+    with pytest.raises(ValueError, match=r"capture_sizes must be integers >= 1, got \(0, 2\)"):
         ModelRunner(model, 6, 4, ops, graph_mode="static", capture_sizes=(0, 2))
     runner = ModelRunner(model, 6, 4, ops, max_num_reqs=4, graph_mode="static")
     with pytest.raises(ValueError, match="needs a CUDA device, got device cpu"):

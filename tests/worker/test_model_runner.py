@@ -1,4 +1,4 @@
-"""Model runner pieces that do not need a model: CUDA-graph dispatch and the input batch."""
+"""Model runner pieces: CUDA-graph dispatch, capture sizes and the input batch."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import pytest
 
 pytest.importorskip("torch")
 
+from pyagent_ref.ops import load as load_ops  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 from pyagent_ref.sched.outputs import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from pyagent_ref.worker.cuda_graph import BatchDescriptor, CudaGraphDispatcher  # noqa: E402
 from pyagent_ref.worker.input_batch import InputBatch  # noqa: E402
+from pyagent_ref.worker.model_runner import ModelRunner  # noqa: E402
+from tests.worker.helpers import tiny_model  # noqa: E402
 
 
 def test_uniform_decode_batches_pad_to_the_next_capture_size_and_width():
@@ -30,7 +33,7 @@ def test_mixed_large_or_disabled_batches_run_eagerly():
     assert CudaGraphDispatcher(enabled=False).dispatch(2, 2, 1) is None
     with pytest.raises(ValueError, match="num_blocks must be <= 4, got 5"):
         d.dispatch(2, 2, 5)
-    with pytest.raises(ValueError, match="capture sizes must be integers >= 1"):
+    with pytest.raises(ValueError, match="capture_sizes must be integers >= 1"):
         CudaGraphDispatcher(capture_sizes=(0, 2))
     with pytest.raises(ValueError, match="max_blocks must be >= 1, got 0"):
         CudaGraphDispatcher(max_blocks=0)
@@ -62,3 +65,10 @@ def test_input_batch_flattens_prefill_and_decode():
     assert prep.positions.tolist() == [4, 5, 3]
     assert prep.block_table[1, :2].tolist() == [2, 6]
     np.testing.assert_array_equal(prep.samples, [True, True])
+
+
+def test_capture_sizes_past_the_seat_limit_are_capped_to_it():
+
+    runner = ModelRunner(tiny_model(), 6, 4, load_ops("ref"), max_num_reqs=6, graph_mode="static")
+    assert runner.dispatcher.capture_sizes == [1, 2, 4, 6]
+    assert runner.dispatcher.dispatch(5, 5, 1) == BatchDescriptor(6, True, 1)
