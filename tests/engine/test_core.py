@@ -10,14 +10,7 @@ from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
 from pyagent_ref.model import load_model  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 from pyagent_ref.sched import Request, RequestStatus  # noqa: E402
-
-PROMPTS = [
-    [5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 14],
-    [8, 1, 96, 45, 45, 12, 7],
-    [5, 17, 3, 88, 41, 9, 1],
-    [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48],
-    [2],
-]
+from tests.worker.helpers import PROMPTS  # noqa: E402
 
 
 def engine(path, ops="ref", **overrides):
