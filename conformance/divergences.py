@@ -65,6 +65,23 @@ _HF_NO_VALIDATION = (
 )
 
 
+# Why transformers' Llama modeling code differs (modeling_llama.py, modeling_rope_utils.py).
+_HF_RMS_FLOAT32 = (
+    "LlamaRMSNorm always normalises in float32 (hidden_states.to(torch.float32)), so float64 "
+    "input is rounded to float32 first; the contract computes float64 input in float64"
+)
+_HF_MODEL_NO_VALIDATION = (
+    "the modeling code validates nothing: integer or mis-shaped inputs run until torch "
+    "fails (RuntimeError/NotImplementedError) or broadcast silently, and bad RoPE "
+    "parameters (odd rotary_dim, unknown type, missing factor) are accepted or raise "
+    "KeyError"
+)
+
+
+def _hf_model(module_op: str, prop: str, reason: str) -> Divergence:
+    return Divergence(HF, module_op, prop, reason)
+
+
 ACCEL = "pyagent_accel"
 _ACCEL_STRIDES = (
     "pyagent_accel reads the vocab axis of logits as one contiguous slice and raises "
@@ -142,6 +159,19 @@ DIVERGENCES: tuple[Divergence, ...] = (
         "NaN and infinite biases are accepted",
     ),
     _hf("log_softmax", "rejects_invalid_input", _HF_NO_VALIDATION),
+    *(
+        _hf_model("layers.rms_norm", prop, _HF_RMS_FLOAT32)
+        for prop in ("matches_the_formula", "unit_rms_before_the_weight", "matches_reference")
+    ),
+    *(
+        _hf_model(op, "rejects_invalid_input", _HF_MODEL_NO_VALIDATION)
+        for op in (
+            "layers.rms_norm",
+            "layers.silu_and_mul",
+            "rope.rope_inv_freq",
+            "rope.apply_rope",
+        )
+    ),
     *(
         Divergence(ACCEL, f"sampling.{op}", "accepts_strided_input", _ACCEL_STRIDES)
         for op in _ACCEL_STRIDED_OPS

@@ -21,9 +21,23 @@ repetition_penalty 1), converts numpy inputs to torch and the result back to the
 library, and raises ValueError when a per-row parameter does not have one entry per
 row. It does not validate anything else: what HF accepts or rejects is what is tested.
 
-`topk_logprobs`, `philox_uniform`, `sample`, the `hashing` ops and the `block_table` ops
-have no counterpart and are declared in CONFORMANCE_MISSING (reported as MISSING with the
-reason).
+`layers` and `rope` (built on first access too) wrap the Llama modeling code:
+
+    rms_norm           LlamaRMSNorm with the given weight; with a residual, the decoder
+                       layer's add h = x + residual first, returning (norm(h), h)
+    silu_and_mul       ACT2FN["silu"](gate) * up, as LlamaMLP applies it
+    rope_inv_freq      ROPE_INIT_FUNCTIONS[rope_type] (LlamaRotaryEmbedding's own default)
+                       on a LlamaConfig with head_dim = rotary_dim and rope_parameters =
+                       {"rope_type", "rope_theta"} | rope_scaling
+    apply_rope         cos/sin from LlamaRotaryEmbedding.forward (its inv_freq and
+                       attention_scaling set to the arguments), then the NeoX
+                       apply_rotary_pos_emb of modeling_llama or the interleaved one of
+                       modeling_gptj, on the first 2 * len(inv_freq) features (the split
+                       GPT-J and Phi attention do for partial rotary)
+
+`topk_logprobs`, `philox_uniform`, `sample`, the `hashing`, `block_table` and `attention`
+ops have no counterpart and are declared in CONFORMANCE_MISSING (reported as MISSING with
+the reason).
 """
 
 from __future__ import annotations
@@ -47,9 +61,14 @@ CONFORMANCE_MISSING = {
         "transformers computes its paged-cache indices inside the stateful allocators of its "
         "continuous batching, from Python lists: there is no array op with these signatures"
     ),
+    "rope.ROPE_TYPES": "transformers' ROPE_INIT_FUNCTIONS has more types (longrope, ...)",
+    "attention.*": (
+        "transformers' paged attention runs inside its continuous-batching cache classes "
+        "(per-layer state, its own block layout): there is no stateless op with these "
+        "signatures"
+    ),
 }
 
-_NAMESPACE: SimpleNamespace | None = None
 VERSION: str | None = None
 
 
@@ -198,20 +217,137 @@ def log_softmax(logits: Any) -> Any:
     return _back(lp.LogitNormalization()(_no_ids(), _torch(logits)), logits)
 
 
+# --- layers -----------------------------------------------------------------------------
+
+
+def rms_norm(x: Any, weight: Any, eps: float, residual: Any = None) -> Any:
+    """LlamaRMSNorm(hidden, eps) carrying `weight`; with `residual`, h = x + residual first."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    h = _torch(x) if residual is None else _torch(x) + _torch(residual)
+    norm = LlamaRMSNorm(h.shape[-1], eps=eps)
+    norm.weight = torch.nn.Parameter(_torch(weight), requires_grad=False)
+    with torch.no_grad():
+        out = norm(h)
+    return _back(out, x) if residual is None else (_back(out, x), _back(h, x))
+
+
+def silu_and_mul(x: Any) -> Any:
+    """ACT2FN["silu"] on the gate half times the up half (LlamaMLP's act_fn(gate) * up)."""
+    from transformers.activations import ACT2FN
+
+    t = _torch(x)
+    d = t.shape[-1] // 2
+    return _back(ACT2FN["silu"](t[..., :d]) * t[..., d:], x)
+
+
+# --- rope -------------------------------------------------------------------------------
+
+
+def _rope_config(rotary_dim: int, theta: float, rope_scaling: Any, max_pos: int) -> Any:
+    """A LlamaConfig with these RoPE settings (transformers' warnings about unusual
+    parameter combinations, which the suite draws on purpose, are silenced)."""
+    from transformers import LlamaConfig
+    from transformers.utils import logging as hf_logging
+
+    params = {"rope_theta": theta} | dict(rope_scaling or {})
+    if "rope_type" not in params and "type" not in params:
+        params["rope_type"] = "default"
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return LlamaConfig(
+            hidden_size=4 * rotary_dim,
+            num_attention_heads=4,
+            head_dim=rotary_dim,
+            max_position_embeddings=max_pos,
+            rope_parameters=params,
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def rope_inv_freq(
+    rotary_dim: int,
+    theta: float,
+    rope_scaling: Any = None,
+    max_position_embeddings: int = 2048,
+    seq_len: Any = None,
+    like: Any = None,
+) -> Any:
+    """transformers' RoPE init function for the type, on an equivalent LlamaConfig."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = _rope_config(rotary_dim, theta, rope_scaling, max_position_embeddings)
+    rope_type = config.rope_parameters["rope_type"]
+    if rope_type == "default":
+        inv_freq, scale = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    else:
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, None, seq_len=seq_len)
+    if like is None or isinstance(like, np.ndarray):
+        return inv_freq.numpy(), float(scale)
+    return inv_freq.to(like.device), float(scale)
+
+
+def apply_rope(
+    positions: Any,
+    query: Any,
+    key: Any,
+    inv_freq: Any,
+    scale: float = 1.0,
+    is_neox: bool = True,
+) -> Any:
+    """cos/sin as LlamaRotaryEmbedding.forward computes them, then HF's rotation."""
+    import torch
+    from transformers.models.gptj import modeling_gptj
+    from transformers.models.llama import modeling_llama
+
+    q, k, freq = _torch(query), _torch(key), _torch(inv_freq)
+    half = freq.shape[0]
+    rotary = modeling_llama.LlamaRotaryEmbedding(_rope_config(2 * half, 10000.0, None, 2048))
+    rotary.inv_freq, rotary.attention_scaling = freq, scale
+    pos = _torch(positions)[None, :]
+    with torch.no_grad():
+        cos, sin = rotary(q, pos)  # (1, tokens, 2 * half), q's dtype
+    cos, sin = cos[0], sin[0]
+    rot = 2 * half
+    if is_neox:
+        q_rot, k_rot = modeling_llama.apply_rotary_pos_emb(
+            q[..., :rot], k[..., :rot], cos, sin, unsqueeze_dim=1
+        )
+    else:  # GPT-J: sin/cos of each pair, interleaved
+        cos_h, sin_h = cos[None, :, :half], sin[None, :, :half]
+        q_rot = modeling_gptj.apply_rotary_pos_emb(q[None, ..., :rot], sin_h, cos_h)[0]
+        k_rot = modeling_gptj.apply_rotary_pos_emb(k[None, ..., :rot], sin_h, cos_h)[0]
+    q_out = torch.cat([q_rot, q[..., rot:]], dim=-1)
+    k_out = torch.cat([k_rot, k[..., rot:]], dim=-1)
+    return _back(q_out, query), _back(k_out, key)
+
+
+_MODULES = {
+    "sampling": lambda: SimpleNamespace(
+        apply_temperature=apply_temperature,
+        apply_top_k=apply_top_k,
+        apply_top_p=apply_top_p,
+        apply_min_p=apply_min_p,
+        apply_penalties=apply_penalties,
+        apply_logit_bias=apply_logit_bias,
+        log_softmax=log_softmax,
+    ),
+    "layers": lambda: SimpleNamespace(rms_norm=rms_norm, silu_and_mul=silu_and_mul),
+    "rope": lambda: SimpleNamespace(rope_inv_freq=rope_inv_freq, apply_rope=apply_rope),
+}
+_BUILT: dict[str, SimpleNamespace] = {}
+
+
 def __getattr__(name: str) -> Any:
-    """`sampling` is built on first access, importing transformers (clear ImportError)."""
-    global _NAMESPACE
-    if name == "sampling":
-        if _NAMESPACE is None:
+    """The op namespaces are built on first access, importing transformers (clear
+    ImportError)."""
+    if name in _MODULES:
+        if name not in _BUILT:
             _hf()
-            _NAMESPACE = SimpleNamespace(
-                apply_temperature=apply_temperature,
-                apply_top_k=apply_top_k,
-                apply_top_p=apply_top_p,
-                apply_min_p=apply_min_p,
-                apply_penalties=apply_penalties,
-                apply_logit_bias=apply_logit_bias,
-                log_softmax=log_softmax,
-            )
-        return _NAMESPACE
+            _BUILT[name] = _MODULES[name]()
+        return _BUILT[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
