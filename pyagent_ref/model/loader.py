@@ -109,6 +109,24 @@ def load_weights(
         )
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device, or ValueError naming it if torch cannot parse it or
+    this machine lacks it (a CUDA device without a GPU, an index past the count)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}"
+        ) from exc
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (dev.index or 0) >= count:
+            raise ValueError(
+                f"device {device!r} is not available: torch sees {count} CUDA device(s)"
+            )
+    return dev
+
+
 def load_model(
     model_dir: str | Path, dtype: str | None = None, device: str = "cpu", progress: bool = True
 ) -> nn.Module:
@@ -120,8 +138,10 @@ def load_model(
         device: where the parameters live ("cpu", "cuda", ...).
     Raises:
         FileNotFoundError: no config.json or no weights.
-        ValueError: an unsupported architecture or dtype, or a missing / mis-shaped tensor.
+        ValueError: an unsupported architecture or dtype, a device torch does not know or
+            does not have, or a missing / mis-shaped tensor.
     """
+    device = check_device(device)
     model_dir = Path(model_dir)
     config = ModelConfig.from_pretrained(model_dir)
     dtype = dtype or config.dtype

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -117,3 +118,15 @@ def test_missing_files_are_reported(tmp_path):
 def test_bad_dtype(hf_dir):
     with pytest.raises(ValueError, match="'int8'"):
         load_model(hf_dir[0], dtype="int8", progress=False)
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("gpu", "device must be a torch device such as 'cpu' or 'cuda', got 'gpu'"),
+        ("cuda:7", "device 'cuda:7' is not available: torch sees"),
+    ],
+)
+def test_unknown_or_absent_devices_are_named(hf_dir, device, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_model(hf_dir, device=device, progress=False)
