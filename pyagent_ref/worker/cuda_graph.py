@@ -165,8 +165,10 @@ class CudaGraphRunner:
         """
         if not self.record:
             return
+        from tqdm.auto import tqdm
+
         pool = torch.cuda.graph_pool_handle()
-        for d in self.dispatcher.descriptors():
+        for d in tqdm(self.dispatcher.descriptors(), desc="capturing CUDA graphs", leave=False):
             self._forward(d)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
