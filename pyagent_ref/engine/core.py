@@ -5,24 +5,43 @@
 
 It works in token ids only; text (tokenization, detokenization, stop strings) is the
 output processor's job, one layer up.
+
+Failures stay with the requests they belong to: a request whose sampling raises
+finishes with finish_reason "error" and the others draw the tokens they would have
+drawn anyway (`ModelRunner`); an exception in the forward pass itself, or a
+KeyboardInterrupt, fails the requests of that step and leaves the engine ready for the
+next one. The public methods take one lock, so another thread may abort while a step
+runs.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..kv_cache import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheManager
 from ..model import load_model
+from ..model.config import DTYPES
 from ..ops import load as load_ops
-from ..sched.outputs import EngineCoreOutput, EngineCoreOutputs, StepStats
+from ..sched.outputs import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    ModelRunnerOutput,
+    SchedulerOutput,
+    StepStats,
+)
 from ..sched.request import Request, RequestStatus
 from ..sched.scheduler import Scheduler, SchedulerConfig
 from ..worker.cuda_graph import DEFAULT_CAPTURE_SIZES
 from ..worker.model_runner import ModelRunner
+from .admission import Limits, check_request
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,6 +50,11 @@ class EngineConfig:
 
     num_kv_blocks: KV cache blocks (block 0 is the null block); None sizes the cache
         from kv_cache_memory_bytes.
+    max_model_len: prompt + output tokens of one request; None takes the model's
+        context, lowered (with a logged warning) to what the KV cache holds for one
+        request and, without chunked prefill, to max_num_batched_tokens. A value set
+        here that exceeds either is a ValueError instead.
+    max_logprobs: the most log-probabilities a request may ask for per token.
     ops: "ref", "accel" or "auto": the ops namespace for sampling and hashing.
     graph_mode: "auto", "eager" or "static" (see `ModelRunner`); enforce_eager=True
         means "eager". cudagraph_capture_sizes: the decode batch sizes graphs serve.
@@ -55,7 +79,42 @@ class EngineConfig:
     graph_mode: str = "auto"
     cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
     compile: bool | str = False
-    extra: dict = field(default_factory=dict)
+    max_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        """Type and range checks of every field, before any model is loaded: TypeError
+        for a value of the wrong type, ValueError for one out of range."""
+        for name, (types, ok, what) in _CONFIG_RULES.items():
+            value, types = getattr(self, name), types if isinstance(types, tuple) else (types,)
+            wrong_type = not isinstance(value, types) or (
+                isinstance(value, bool) and bool not in types
+            )
+            if wrong_type or not ok(value):
+                raise (TypeError if wrong_type else ValueError)(
+                    f"{name} must be {what}, got {value!r}"
+                )
+
+
+_ANY = lambda v: True  # noqa: E731
+_OPTIONAL_INT = (int, type(None))
+# field -> (accepted types, range check, what it must be)
+_CONFIG_RULES = {
+    "model": ((str, Path, type(None)), _ANY, "None, a str or a Path"),
+    "dtype": (str, lambda v: v in DTYPES, f"one of {DTYPES}"),
+    "device": (str, lambda v: bool(v), "a torch device name like 'cpu' or 'cuda:0'"),
+    "block_size": (int, lambda v: v >= 1, "an int >= 1"),
+    "num_kv_blocks": (_OPTIONAL_INT, lambda v: v is None or v >= 2, "None or an int >= 2"),
+    "kv_cache_memory_bytes": (int, lambda v: v >= 1, "an int >= 1"),
+    "max_num_seqs": (int, lambda v: v >= 1, "an int >= 1"),
+    "max_num_batched_tokens": (int, lambda v: v >= 1, "an int >= 1"),
+    "max_model_len": (_OPTIONAL_INT, lambda v: v is None or v >= 2, "None or an int >= 2"),
+    "enable_chunked_prefill": (bool, _ANY, "a bool"),
+    "enable_prefix_caching": (bool, _ANY, "a bool"),
+    "ops": (str, lambda v: v in ("ref", "accel", "auto"), "'ref', 'accel' or 'auto'"),
+    "enforce_eager": (bool, _ANY, "a bool"),
+    "compile": ((bool, str), _ANY, "a bool or a torch.compile backend name"),
+    "max_logprobs": (int, lambda v: v >= 0, "an int >= 0"),
+}
 
 
 class EngineCore:
@@ -65,9 +124,11 @@ class EngineCore:
         self.config = config
         self.ops = load_ops(config.ops)
         mcfg = model.config
-        max_model_len = min(
-            config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
-        )
+        if config.max_model_len is not None and config.max_model_len > mcfg.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's context "
+                f"(max_position_embeddings={mcfg.max_position_embeddings}); lower it"
+            )
         dtype_bytes = next(model.parameters()).element_size()
         spec = FullAttentionSpec(
             config.block_size, mcfg.num_key_value_heads, mcfg.head_dim, dtype_bytes
@@ -83,6 +144,7 @@ class EngineCore:
             enable_caching=config.enable_prefix_caching,
             eviction=config.eviction,
         )
+        max_model_len = self._fit_max_model_len(mcfg.max_position_embeddings)
         self.scheduler_config = SchedulerConfig(
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
@@ -104,9 +166,48 @@ class EngineCore:
             compile=config.compile,
         )
         self.max_model_len = max_model_len
+        self.limits = Limits(mcfg.vocab_size, max_model_len, config.max_logprobs)
         self.asleep = False
         self.accepting = True
         self.last_stats: StepStats | None = None
+        self._lock = threading.RLock()
+
+    def _fit_max_model_len(self, model_len: int) -> int:
+        """max_model_len within what one request can ever use: the tokens the whole KV
+        cache holds and, without chunked prefill, one step's token budget. A value the
+        user chose that exceeds them is an error; the model's own is lowered, logged."""
+        config = self.config
+        wanted = config.max_model_len or model_len
+        bounds = [
+            (
+                self.kv.max_tokens_per_request(),
+                "the KV cache holds for one request",
+                "give it more blocks (num_kv_blocks, kv_cache_memory_bytes)",
+            )
+        ]
+        if not config.enable_chunked_prefill:
+            bounds.append(
+                (
+                    config.max_num_batched_tokens,
+                    "max_num_batched_tokens allows without chunked prefill",
+                    "raise max_num_batched_tokens or enable chunked prefill",
+                )
+            )
+        for bound, what, fix in bounds:
+            if wanted <= bound:
+                continue
+            if config.max_model_len is not None:
+                raise ValueError(
+                    f"max_model_len={wanted} exceeds the {bound} tokens {what}: {fix}, "
+                    "or lower max_model_len"
+                )
+            if bound < 2:
+                raise ValueError(f"only {bound} token(s) {what}: {fix}")
+            logger.warning(
+                "max_model_len lowered from %d to %d, the tokens %s", wanted, bound, what
+            )
+            wanted = bound
+        return wanted
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
@@ -119,58 +220,101 @@ class EngineCore:
 
     # --- requests ----------------------------------------------------------------------
 
-    def add_request(self, request: Request) -> None:
+    def check_request(self, request: Request) -> None:
+        """Raise if the engine cannot take `request` now (see `admission`); no effect."""
         if not self.accepting:
             raise RuntimeError("the engine is shutting down and accepts no new requests")
         if self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before adding requests")
-        self.scheduler.add_request(request)
+        check_request(request, self.limits)
 
-    def abort_requests(self, request_ids) -> list[EngineCoreOutput]:
-        """Abort requests wherever they are; their blocks are freed at once."""
-        done = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        return [EngineCoreOutput(r.request_id, (), finish_reason="abort") for r in done]
+    def add_request(self, request: Request) -> None:
+        with self._lock:
+            self.check_request(request)
+            self.scheduler.add_request(request)
+
+    def abort_requests(
+        self, request_ids, status: RequestStatus = RequestStatus.FINISHED_ABORTED, error=None
+    ) -> list[EngineCoreOutput]:
+        """End requests wherever they are (abort, or an error found outside the core);
+        their blocks are freed at once. Returns their final outputs."""
+        with self._lock:
+            return self.scheduler.finish_requests(request_ids, status, error)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def unfinished_request_ids(self) -> list[str]:
+        return [r.request_id for r in [*self.scheduler.running, *self.scheduler.waiting]]
+
     # --- the loop ----------------------------------------------------------------------
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule, execute, update: one iteration of continuous batching."""
-        if self.asleep:
-            raise RuntimeError("the engine is asleep: call wake_up() first")
-        sched = self.scheduler.schedule()
-        result = self.runner.execute(sched)
-        outputs = self.scheduler.update_from_output(sched, result)
-        self.last_stats = outputs.stats
-        return outputs
+        """Schedule, execute, update: one iteration of continuous batching.
+
+        If the model forward raises (or a KeyboardInterrupt arrives), the requests of
+        this step finish with finish_reason "error" and the engine stays usable; the
+        outputs say so (a KeyboardInterrupt is raised again once they are failed).
+        """
+        with self._lock:
+            if self.asleep:
+                raise RuntimeError("the engine is asleep: call wake_up() first")
+            sched = self.scheduler.schedule()
+            try:
+                result = self.runner.execute(sched)
+            except BaseException as exc:
+                self._fail_step(sched, exc)
+                if not isinstance(exc, Exception):
+                    raise  # KeyboardInterrupt: the next step reports the failed requests
+                result = ModelRunnerOutput({})
+            outputs = self.scheduler.update_from_output(sched, result)
+            self.last_stats = outputs.stats
+            return outputs
+
+    def _fail_step(self, sched: SchedulerOutput, exc: BaseException) -> None:
+        """Fail the requests of a step whose forward pass raised; the runner forgets
+        them, so that its state matches the scheduler's again."""
+        logger.error("the forward pass of a step failed", exc_info=exc)
+        self.runner.batch.forget(
+            [*sched.num_scheduled_tokens, *sched.finished_req_ids, *sched.preempted_req_ids]
+        )
+        self.scheduler.fail_requests(
+            sched.num_scheduled_tokens,
+            f"the forward pass of its step failed: {type(exc).__name__}: {exc}",
+        )
 
     # --- lifecycle ---------------------------------------------------------------------
 
     def sleep(self) -> None:
         """Release the KV cache memory (and its prefix cache) while idle; wake_up()
         allocates it again. Raises RuntimeError if requests are in flight."""
-        if self.has_unfinished_requests():
-            raise RuntimeError("cannot sleep with unfinished requests; abort or drain them first")
-        self.kv.reset_prefix_cache()
-        self.runner.release_kv_cache()
-        self.asleep = True
+        with self._lock:
+            if self.has_unfinished_requests():
+                raise RuntimeError(
+                    "cannot sleep with unfinished requests; abort or drain them first"
+                )
+            self.kv.reset_prefix_cache()
+            self.runner.release_kv_cache()
+            self.asleep = True
 
     def wake_up(self) -> None:
-        if not self.asleep:
-            return
-        self.runner.allocate_kv_cache()
-        self.asleep = False
+        with self._lock:
+            if not self.asleep:
+                return
+            self.runner.allocate_kv_cache()
+            self.asleep = False
+
+    def stop_accepting(self) -> None:
+        """From now on add_request raises RuntimeError."""
+        self.accepting = False
 
     def shutdown(self, drain: bool = True) -> list[EngineCoreOutputs]:
         """Stop accepting requests; finish the in-flight ones (drain) or abort them."""
-        self.accepting = False
-        steps = []
-        if drain:
+        with self._lock:
+            self.stop_accepting()
+            if not drain:
+                return [EngineCoreOutputs(self.abort_requests(self.unfinished_request_ids()))]
+            steps = []
             while self.has_unfinished_requests():
                 steps.append(self.step())
-        else:
-            ids = [r.request_id for r in [*self.scheduler.running, *self.scheduler.waiting]]
-            steps.append(EngineCoreOutputs(self.abort_requests(ids)))
-        return steps
+            return steps

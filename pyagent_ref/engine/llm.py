@@ -4,8 +4,14 @@
     outs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=32))
     print(outs[0].outputs[0].text)
 
-Both feed the same `EngineCore`; a prompt is text (tokenized here), token ids, or a
-chat conversation rendered with the model's chat template (`LLM.chat`).
+Both feed the same `EngineCore`; a prompt is text (tokenized here), token ids, vLLM's
+dict forms, or a chat conversation rendered with the model's chat template (`LLM.chat`).
+
+What they guarantee (docs: "Guarantees"): a request is validated whole before anything
+is queued (`admission`), and a batch of prompts is admitted all or none; every request
+ends with a final output — finished, aborted (`abort`, non-draining `shutdown`) or
+failed with finish_reason "error" — and a failure of one request leaves the others'
+outputs as they would have been without it.
 """
 
 from __future__ import annotations
@@ -13,22 +19,41 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
+import logging
 import random
-from collections.abc import AsyncIterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 
+from .._files import read_json_object
 from ..sample.params import SamplingParams
-from ..sched.request import Request
+from ..sched.outputs import EngineCoreOutput
+from ..sched.request import Request, RequestStatus
+from .admission import check_n, prompt_token_ids
 from .core import EngineConfig, EngineCore
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 
-Prompt = str | Sequence[int]
+logger = logging.getLogger(__name__)
+
+Prompt = str | Sequence[int] | dict
+
+
+@dataclasses.dataclass
+class _Admission:
+    """A validated prompt, ready to be queued: its parent id and child requests."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    children: list[Request]
+    stream: bool
 
 
 class _Frontend:
-    """Tokenization, request creation (n > 1 fans out into children), seeding."""
+    """Validation, tokenization, request creation (n > 1 fans out into children),
+    seeding, and the bookkeeping that ends every request with a final output."""
 
     def __init__(
         self, config: EngineConfig | None = None, core: EngineCore | None = None, tokenizer=None
@@ -51,29 +76,25 @@ class _Frontend:
         path = model_dir / "generation_config.json"
         if not path.is_file():
             return []
-        eos = json.loads(path.read_text()).get("eos_token_id")
+        eos = read_json_object(path).get("eos_token_id")
         ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
         return [int(t) for t in ids if t != self.tokenizer.eos_token_id]
 
-    def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("prompt must not be empty")
-        return None, ids
+    # --- admission: validate everything, then queue all or nothing ----------------------
 
-    def _add(
-        self,
-        prompt: Prompt,
-        params: SamplingParams,
-        request_id: str | None = None,
-        stream: bool = False,
-    ) -> str:
+    def _validate(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None, stream: bool
+    ) -> _Admission:
+        """Check one prompt and build its requests; changes nothing."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        text, ids = self._prompt_ids(prompt)
+        check_n(params)
+        text, ids = prompt_token_ids(prompt, self.tokenizer.encode)
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
         rid = request_id or str(next(self._ids))
+        if rid in self.processor.requests:
+            raise ValueError(f"request_id {rid!r} is already in use")
         if self._extra_eos and not params.ignore_eos:
             stops = params.stop_token_ids + [
                 t for t in self._extra_eos if t not in params.stop_token_ids
@@ -81,54 +102,135 @@ class _Frontend:
             params = dataclasses.replace(params, stop_token_ids=stops)
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         max_tokens = params.max_tokens or self.core.max_model_len - len(ids)
-        children = []
-        for i in range(params.n):
-            child_id = rid if params.n == 1 else f"{rid}#{i}"
-            children.append(
-                Request(
-                    child_id,
-                    ids,
-                    sampling_params=params,
-                    seed=(base_seed + i) % 2**64,
-                    eos_token_id=self.tokenizer.eos_token_id,
-                    max_tokens=max_tokens,
-                )
+        children = [
+            Request(
+                rid if params.n == 1 else f"{rid}#{i}",
+                ids,
+                sampling_params=params,
+                seed=(base_seed + i) % 2**64,
+                eos_token_id=self.tokenizer.eos_token_id,
+                max_tokens=max_tokens,
             )
-        self.processor.add_request(rid, text, ids, params, children, stream)
+            for i in range(params.n)
+        ]
         for child in children:
-            self.core.add_request(child)
-        return rid
+            self.core.check_request(child)
+        return _Admission(rid, text, ids, params, children, stream)
 
-    def _step(self) -> list[RequestOutput]:
-        outputs = self.core.step()
-        to_abort, finished = self.processor.process(outputs.outputs)
+    def _admit(self, admissions: list[_Admission]) -> list[str]:
+        """Queue validated requests, all or none (a failure rolls back what was queued)."""
+        ids = [a.request_id for a in admissions]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"request ids must be distinct, got {ids}")
+        queued = []
+        try:
+            for a in admissions:
+                self.processor.add_request(
+                    a.request_id, a.prompt, a.prompt_token_ids, a.params, a.children, a.stream
+                )
+                queued.append(a.request_id)
+                for child in a.children:
+                    self.core.add_request(child)
+        except BaseException:
+            self._end(queued)
+            raise
+        return ids
+
+    # --- ending requests -----------------------------------------------------------------
+
+    def _end(
+        self,
+        request_ids: Iterable[str],
+        status: RequestStatus = RequestStatus.FINISHED_ABORTED,
+        error: str | None = None,
+    ) -> list[RequestOutput]:
+        """End parents wherever they are (abort, or error); returns their final outputs.
+        Children the core no longer holds end here all the same."""
+        children = [c for rid in request_ids for c in self.processor.unfinished_children(rid)]
+        outputs = self.core.abort_requests(children, status, error)
+        ended = {o.req_id for o in outputs}
+        outputs += [
+            EngineCoreOutput(c, (), finish_reason=status.value, error=error)
+            for c in children
+            if c not in ended
+        ]
+        return self._process(outputs)
+
+    def _process(self, outputs: Sequence[EngineCoreOutput]) -> list[RequestOutput]:
+        """Text for one batch of core outputs; children that a stop string or their own
+        error ended in the processor are freed in the core."""
+        to_abort, finished = self.processor.process(outputs)
         if to_abort:
             self.core.abort_requests(to_abort)
         return finished
 
+    def _step(self) -> list[RequestOutput]:
+        return self._process(self.core.step().outputs)
+
+    def _end_orphans(self) -> list[RequestOutput]:
+        """End, as aborted, the parents the processor tracks although the core holds
+        none of their children (the core was shut down or aborted behind the
+        frontend's back); logged, as it is otherwise a bug."""
+        if self.core.has_unfinished_requests() or not self.processor.requests:
+            return []
+        orphans = list(self.processor.requests)
+        logger.warning(
+            "requests %s ended as aborted: the engine core no longer holds them", orphans
+        )
+        return self._end(orphans)
+
 
 class LLM(_Frontend):
     """Offline batched generation. Arguments: see `EngineConfig` (model=None runs the
-    embedded default model; ops="ref" | "accel" | "auto")."""
+    embedded default model; ops="ref" | "accel" | "auto").
+
+    Thread-safe: `abort` may be called from another thread while `generate` runs.
+    """
 
     def __init__(self, model: str | Path | None = None, **engine_args) -> None:
         super().__init__(EngineConfig(model=model, **engine_args))
+        self._lock = threading.RLock()
+        self._done: dict[str, RequestOutput] = {}
 
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; returns one finished RequestOutput per prompt, in order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        """Generate for every prompt; returns one final RequestOutput per prompt, in order.
+
+        Every prompt is validated before any is queued: one bad prompt raises
+        ValueError/TypeError and queues nothing. An interrupt (KeyboardInterrupt or
+        any exception out of the loop) aborts this call's requests before it propagates.
+        """
+        prompts = _prompt_list(prompts)
         params_list = _per_prompt(params, len(prompts))
-        order = [self._add(p, sp) for p, sp in zip(prompts, params_list, strict=True)]
-        done: dict[str, RequestOutput] = {}
-        while self.core.has_unfinished_requests():
-            for out in self._step():
-                done[out.request_id] = out
-        return [done[rid] for rid in order]
+        with self._lock:
+            order = self._admit(
+                [
+                    self._validate(p, sp, None, False)
+                    for p, sp in zip(prompts, params_list, strict=True)
+                ]
+            )
+        remaining = set(order)
+        try:
+            while remaining:
+                with self._lock:
+                    finished = self._step() if self.core.has_unfinished_requests() else []
+                    finished += self._end_orphans()
+                    self._keep(finished)
+                remaining = {rid for rid in remaining if rid not in self._done}
+        except BaseException:
+            with self._lock:
+                self._end(remaining)
+                for rid in order:
+                    self._done.pop(rid, None)
+            raise
+        return [self._done.pop(rid) for rid in order]
+
+    def _keep(self, finished: list[RequestOutput]) -> None:
+        for out in finished:
+            self._done[out.request_id] = out
 
     def chat(
         self,
@@ -139,7 +241,12 @@ class LLM(_Frontend):
         **template_kwargs,
     ) -> list[RequestOutput]:
         """Render each conversation with the chat template, then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not isinstance(messages, list) or not messages:
+            raise TypeError(
+                f"messages must be a non-empty list of messages or of conversations, "
+                f"got {messages!r}"
+            )
+        conversations = messages if isinstance(messages[0], list) else [messages]
         prompts = [
             self.tokenizer.apply_chat_template(
                 conv,
@@ -152,14 +259,34 @@ class LLM(_Frontend):
         ]
         return self.generate(prompts, params)
 
+    def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests by id (from another thread while `generate` runs): they end
+        with finish_reason "abort" and their KV blocks are freed. Unknown ids are ignored."""
+        with self._lock:
+            self._keep(self._end(_ids(request_id)))
+
+    def sleep(self) -> None:
+        """Release the KV cache while idle (see `EngineCore.sleep`)."""
+        with self._lock:
+            self.core.sleep()
+
+    def wake_up(self) -> None:
+        with self._lock:
+            self.core.wake_up()
+
+    def shutdown(self) -> None:
+        """Accept no more requests; generate() then raises RuntimeError."""
+        with self._lock:
+            self.core.shutdown(drain=True)
+
 
 class AsyncLLM(_Frontend):
     """Streaming generation on an asyncio event loop.
 
     One background task steps the engine (in a worker thread, so the loop stays
     responsive) while requests are in flight; `generate` is an async generator of
-    RequestOutput deltas. Cancelling the consumer aborts the request and frees its KV
-    blocks at once.
+    RequestOutput deltas that always ends with a finished one. Cancelling the consumer
+    aborts the request and frees its KV blocks at once.
     """
 
     def __init__(self, model: str | Path | None = None, **engine_args) -> None:
@@ -171,17 +298,17 @@ class AsyncLLM(_Frontend):
     async def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
-        params = params or SamplingParams()
+        """Stream the deltas of one request. Raises ValueError/TypeError at the first
+        iteration for a request that admission rejects (nothing is queued then)."""
+        params = SamplingParams() if params is None else params
         async with self._lock:  # the engine is not touched while a step runs
-            rid = self._add(prompt, params, request_id, stream=True)
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[rid] = queue
+            rid = self._admit([self._validate(prompt, params, request_id, True)])[0]
+            queue: asyncio.Queue = asyncio.Queue()
+            self._queues[rid] = queue
         self._ensure_loop()
         try:
             while True:
                 out = await queue.get()
-                if isinstance(out, BaseException):
-                    raise out
                 yield out
                 if out.finished:
                     return
@@ -190,34 +317,76 @@ class AsyncLLM(_Frontend):
             if rid in self.processor.requests:  # left early: cancelled or closed
                 await self.abort(rid)
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests by id: their streams end with finish_reason "abort"."""
         async with self._lock:
-            children = self.processor.abort(request_id)
-            self.core.abort_requests(children)
+            self._end(_ids(request_id))
+            self._deliver()
+
+    async def sleep(self) -> None:
+        async with self._lock:
+            self.core.sleep()
+
+    async def wake_up(self) -> None:
+        async with self._lock:
+            self.core.wake_up()
+
+    async def shutdown(self, drain: bool = True) -> None:
+        """Accept no more requests; let the in-flight ones finish (drain) or end them
+        now with finish_reason "abort"."""
+        async with self._lock:
+            self.core.stop_accepting()
+            if not drain:
+                self._end(list(self.processor.requests))
+                self._deliver()
+        if self._loop_task is not None:
+            await self._loop_task
+
+    def _deliver(self) -> None:
+        for rid, delta in self.processor.take_deltas():
+            queue = self._queues.get(rid)
+            if queue is not None:
+                queue.put_nowait(delta)
 
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
+        """Step while requests are in flight. An exception outside any one request's
+        part of a step (an engine bug) ends every in-flight request with
+        finish_reason "error" and is logged; the task itself never fails."""
         while True:
             async with self._lock:
                 if not self.core.has_unfinished_requests():
+                    self._end_orphans()
+                    self._deliver()
                     return
                 try:
                     outputs = await asyncio.to_thread(self.core.step)
-                    to_abort, _ = self.processor.process(outputs.outputs)
-                    if to_abort:
-                        self.core.abort_requests(to_abort)
-                except Exception as exc:  # surface engine errors to every consumer
-                    for queue in self._queues.values():
-                        queue.put_nowait(exc)
-                    raise
-            for rid, delta in self.processor.take_deltas():
-                queue = self._queues.get(rid)
-                if queue is not None:
-                    queue.put_nowait(delta)
+                    self._process(outputs.outputs)
+                except Exception as exc:
+                    logger.exception("an engine step failed; ending the requests in flight")
+                    error = f"the engine failed: {type(exc).__name__}: {exc}"
+                    self._end(list(self.processor.requests), RequestStatus.FINISHED_ERROR, error)
+                self._deliver()
             await asyncio.sleep(0)
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt or a list of prompts, as a list (a list of ints is one prompt)."""
+    if isinstance(prompts, (str, dict, bytes, bytearray)):
+        return [prompts]
+    if not isinstance(prompts, Sequence):
+        raise TypeError(
+            f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}: "
+            f"{prompts!r}"
+        )
+    prompts = list(prompts)
+    first = prompts[0] if prompts else None
+    if isinstance(first, int) and not isinstance(first, bool):
+        return [prompts]
+    return prompts
 
 
 def _per_prompt(params, n: int) -> list[SamplingParams]:
@@ -225,9 +394,15 @@ def _per_prompt(params, n: int) -> list[SamplingParams]:
         return [SamplingParams()] * n
     if isinstance(params, SamplingParams):
         return [params] * n
+    if not isinstance(params, Sequence):
+        raise TypeError(f"params must be SamplingParams or a list of them, got {params!r}")
     params = list(params)
     if len(params) != n:
         raise ValueError(
             f"params must be one SamplingParams or one per prompt ({n}), got {len(params)}"
         )
     return params
+
+
+def _ids(request_id: str | Iterable[str]) -> list[str]:
+    return [request_id] if isinstance(request_id, str) else list(request_id)

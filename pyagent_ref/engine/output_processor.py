@@ -82,18 +82,19 @@ class OutputProcessor:
             request_id, prompt, list(prompt_token_ids), states, stream
         )
 
-    def abort(self, request_id: str) -> list[str]:
-        """Forget a parent; returns its unfinished children for the core to abort."""
-        parent = self.requests.pop(request_id, None)
+    def unfinished_children(self, request_id: str) -> list[str]:
+        """The ids of a parent's children that have not finished (none if unknown)."""
+        parent = self.requests.get(request_id)
         if parent is None:
             return []
-        for cid in parent.children:
-            self._child_to_parent.pop(cid, None)
         return [cid for cid, c in parent.children.items() if not c.completion.finished]
 
     def process(self, outputs: Sequence[EngineCoreOutput]) -> tuple[list[str], list[RequestOutput]]:
-        """Apply one step's core outputs. Returns (children ended by a stop string, to be
-        aborted in the core; parents that finished this step)."""
+        """Apply one step's core outputs. Returns (children ended here that the core
+        still runs — by a stop string or an error of their own — to be aborted there;
+        parents that finished). An exception while processing one child (its
+        detokenizer, its stop checker) finishes that child with finish_reason "error"
+        and touches no other."""
         to_abort, touched = [], {}
         for out in outputs:
             pid = self._child_to_parent.get(out.req_id)
@@ -103,7 +104,14 @@ class OutputProcessor:
             child = parent.children[out.req_id]
             if child.completion.finished:
                 continue
-            if self._apply(child, out):
+            try:
+                ended_here = self._apply(child, out)
+            except Exception as exc:
+                comp = child.completion
+                comp.finish_reason = "error"
+                comp.error = f"processing its output failed: {type(exc).__name__}: {exc}"
+                ended_here = out.finish_reason is None
+            if ended_here:
                 to_abort.append(out.req_id)
             touched[pid] = parent
         finished = []
@@ -113,12 +121,17 @@ class OutputProcessor:
                 self._deltas.append((pid, self._delta(parent, done)))
             if done:
                 finished.append(self._final(parent))
-                self.abort(pid)
+                self._forget(pid)
         return to_abort, finished
 
     def take_deltas(self) -> list[tuple[str, RequestOutput]]:
         deltas, self._deltas = self._deltas, []
         return deltas
+
+    def _forget(self, request_id: str) -> None:
+        parent = self.requests.pop(request_id)
+        for cid in parent.children:
+            del self._child_to_parent[cid]
 
     def _apply(self, child: _Child, out: EngineCoreOutput) -> bool:
         """Feed one output to a child; True if a stop string ended it."""
@@ -145,6 +158,7 @@ class OutputProcessor:
             return not core_done
         if core_done:
             comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
+            comp.error = out.error
         return False
 
     def _delta(self, parent: _Parent, done: bool) -> RequestOutput:
@@ -157,6 +171,7 @@ class OutputProcessor:
                     c.new_ids,
                     c.completion.finish_reason,
                     c.completion.stop_reason,
+                    error=c.completion.error,
                 )
             )
             c.new_text, c.new_ids = "", []

@@ -44,7 +44,11 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
-    """One completion of a prompt (a request with n > 1 has n of them)."""
+    """One completion of a prompt (a request with n > 1 has n of them).
+
+    finish_reason: None while it runs, then "stop", "length", "abort" or "error";
+    error says what went wrong with this completion when it is "error".
+    """
 
     index: int
     text: str
@@ -52,6 +56,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[dict[int, float]] | None = None
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

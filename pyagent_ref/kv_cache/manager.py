@@ -12,6 +12,7 @@ successful allocation, by the `num_computed` it used.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -80,6 +81,19 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self.pool.usage
+
+    def max_tokens_per_request(self) -> int:
+        """The most tokens one request can hold in an otherwise empty cache (the null
+        block is never handed out)."""
+        usable = self.pool.num_blocks - 1
+        return (
+            bisect.bisect_right(
+                range(usable * self.block_size + 1),
+                usable,
+                key=lambda n: self.coordinator.blocks_needed("", n, 0, None),
+            )
+            - 1
+        )
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix of `request`, as (blocks, number of tokens).

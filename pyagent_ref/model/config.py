@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .._files import read_json_object
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -116,7 +117,14 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
+        """Read ``config.json`` of a model directory (see `from_hf`).
+
+        Raises:
+            FileNotFoundError: the directory has no config.json.
+            ValueError: config.json is not a JSON object (the message names the file and,
+                for invalid JSON, the line and column), or lacks what `from_hf` needs.
+        """
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}")
-        return cls.from_hf(json.loads(path.read_text()))
+        return cls.from_hf(read_json_object(path))

@@ -5,18 +5,19 @@ or shards listed in `model.safetensors.index.json`. Tensors are read one at a ti
 (safetensors maps the file, so memory stays at one tensor beyond the model), renamed
 from HF's layout to ours (q/k/v and gate/up fused, the `model.` prefix dropped), checked
 for shape and cast to the requested dtype. Every parameter must be filled exactly once:
-a missing or mis-shaped tensor is an error that names it.
+a missing or mis-shaped tensor is an error that names it, and a file that cannot be read
+(corrupt JSON, a truncated safetensors file) is an error that names the file.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .._files import read_json_object
 from .config import DTYPES, ModelConfig
 from .registry import resolve_architecture
 
@@ -24,11 +25,23 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
-    """The weight files of a model directory: the shards of the index, or the one file."""
+    """The weight files of a model directory: the shards of the index, or the one file.
+
+    Raises:
+        FileNotFoundError: no weights, or a shard the index lists is missing.
+        ValueError: the index is not a JSON object whose ``weight_map`` maps tensor names
+            to file names (the message names the index file).
+    """
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = sorted({model_dir / name for name in weight_map.values()})
+        weight_map = read_json_object(index).get("weight_map")
+        shards = weight_map.values() if isinstance(weight_map, dict) else ()
+        if not shards or not all(isinstance(name, str) for name in shards):
+            raise ValueError(
+                f"{index}: 'weight_map' must map tensor names to file names, "
+                f"got {weight_map!r:.100}"
+            )
+        files = sorted({model_dir / name for name in shards})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise FileNotFoundError(f"shards listed in {index.name} are missing: {missing}")
@@ -42,16 +55,25 @@ def safetensors_files(model_dir: Path) -> list[Path]:
 
 
 def iter_tensors(files: list[Path], progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of every file, with a progress bar over files."""
-    from safetensors import safe_open
+    """(name, tensor) for every tensor of every file, with a progress bar over files.
+
+    Raises:
+        ValueError: a file is not a readable safetensors file (truncated, a corrupt header,
+            not safetensors at all); the message names the file and gives the library's
+            reason.
+    """
+    from safetensors import SafetensorError, safe_open
     from tqdm import tqdm
 
     for path in tqdm(
         files, desc="loading weights", unit="file", disable=not progress or len(files) < 2
     ):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except SafetensorError as exc:
+            raise ValueError(f"{path} is not a readable safetensors file: {exc}") from exc
 
 
 def _target(hf_name: str, model: nn.Module) -> tuple[str, object | None]:
@@ -78,7 +100,9 @@ def _shard_slice(param_name: str, shard: object, model: nn.Module) -> slice:
 def load_weights(
     model: nn.Module, files: list[Path], dtype: torch.dtype, progress: bool = True
 ) -> None:
-    """Fill every parameter of `model` from the files; errors name the tensor at fault."""
+    """Fill every parameter of `model` from the files; errors name the tensor at fault
+    (one without a place in the model, of the wrong shape or of a non-floating-point dtype,
+    or a parameter no tensor filled) or the file that cannot be read."""
     params = dict(model.named_parameters())
     filled: dict[str, int] = {}
     # a fused parameter is complete once all of its shards were copied in
@@ -99,6 +123,11 @@ def load_weights(
             raise ValueError(
                 f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
                 f"expected {tuple(target.shape)}"
+            )
+        if not tensor.is_floating_point():
+            raise ValueError(
+                f"checkpoint tensor {hf_name!r} has dtype {tensor.dtype}, "
+                f"expected a floating-point dtype"
             )
         target.copy_(tensor.to(dtype))
         filled[name] = filled.get(name, 0) + 1
@@ -139,7 +168,9 @@ def load_model(
     Raises:
         FileNotFoundError: no config.json or no weights.
         ValueError: an unsupported architecture or dtype, a device torch does not know or
-            does not have, or a missing / mis-shaped tensor.
+            does not have, a corrupt config.json, index or safetensors file (the message
+            names the file), or a missing / mis-shaped / non-float tensor (it names the
+            tensor).
     """
     device = check_device(device)
     model_dir = Path(model_dir)

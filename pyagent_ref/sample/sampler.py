@@ -23,6 +23,7 @@ from .params import SamplingParams
 class SamplingRow:
     """What the sampler needs of one request this step."""
 
+    request_id: str
     params: SamplingParams
     seed: int
     prompt_token_ids: Sequence[int]
@@ -78,7 +79,7 @@ class Sampler:
             )
         x = self._mask_early_stops(x, rows)
         logprobs = self._logprobs(x, rows)
-        temperature = np.array([q.temperature for q in p], dtype=np.float32)
+        temperature = np.array([q.sampling_temperature for q in p], dtype=np.float32)
         x = s.apply_temperature(x, temperature)
         if any(q.min_p > 0 for q in p):
             x = s.apply_min_p(x, np.array([q.min_p for q in p], dtype=np.float32))

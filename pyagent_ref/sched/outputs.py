@@ -55,12 +55,14 @@ class SchedulerOutput:
 @dataclass
 class ModelRunnerOutput:
     """Per scheduled request: the token sampled after its last scheduled token (None
-    for a prefill chunk that does not reach the end of its known tokens)."""
+    for a prefill chunk that does not reach the end of its known tokens), or the error
+    that sampling it raised (the request fails; the others are unaffected)."""
 
     sampled_token_ids: dict[str, int | None]
     logprobs: dict[str, tuple[list[int], list[float], float, int] | None] = field(
         default_factory=dict
     )
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -72,6 +74,7 @@ class EngineCoreOutput:
     logprobs: tuple | None = None
     finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: int | str | None = None  # the stop token id, when a stop token ended it
+    error: str | None = None  # what went wrong, when finish_reason is "error"
 
 
 @dataclass

@@ -13,7 +13,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..sample.params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -91,13 +92,14 @@ class Request:
             cross-attention KV it needs).
         block_hashes: hashes of the full blocks of all_token_ids, filled by
             `kv_cache.RequestBlockHasher`.
-        sampling_params: a `SamplingParams` (None for bare KV-cache use).
+        sampling_params: how its tokens are drawn and when it stops.
         seed: the Philox key of its sampling stream.
         eos_token_id: the tokenizer's EOS, ending the output unless ignored.
         max_tokens: the generated-token budget (resolved against the context length).
         priority, client_id, deadline: inputs of the queue policies (lower priority
             value runs first; deadline is a time.monotonic() instant).
         status, times, stop_reason: the state machine above and its timestamps.
+        error: why it finished with FINISHED_ERROR (its own failure, not another's).
     """
 
     request_id: str
@@ -109,7 +111,7 @@ class Request:
     cache_salt: str | None = None
     num_encoder_tokens: int = 0
     block_hashes: list[bytes] = field(default_factory=list)
-    sampling_params: Any = None
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
     seed: int = 0
     eos_token_id: int | None = None
     max_tokens: int = 16
@@ -119,6 +121,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     times: RequestTimes = field(default_factory=RequestTimes)
     stop_reason: int | str | None = None
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -13,6 +13,14 @@ Each step has a token budget (`max_num_batched_tokens`) and a sequence cap
    (`get_computed_blocks`), the rest is scheduled, chunked to the budget when
    `enable_chunked_prefill` (else a prompt that does not fit waits).
 
+Progress guarantee: the head of `running` (the request running longest without a
+preemption) is never preempted for another request, so it is scheduled every step,
+advances by at least one token and finishes within max_model_len steps; a request that
+could never be scheduled even alone (its KV does not fit in the whole cache, or its
+prompt in the whole budget without chunked prefill) finishes with FINISHED_ERROR and a
+message instead of waiting forever. So while requests are unfinished, some request
+finishes at least every max_model_len steps, and none waits forever for the impossible.
+
 A request's computed-token count advances at scheduling time, as the runner will
 compute those tokens in this step. `update_from_output` appends each sampled token and
 applies the stop conditions: EOS (unless ignore_eos), stop token ids, both only from
@@ -72,6 +80,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
+        self._failed: list[EngineCoreOutput] = []  # finished by schedule(), not yet reported
         self._known_to_runner: set[str] = set()
 
     # --- requests ----------------------------------------------------------------------
@@ -88,10 +97,12 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.push(request)
 
-    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
-        """End requests from outside (abort, error): free their blocks. Unknown or
-        already finished ids are ignored; returns the requests it finished."""
-        done = []
+    def finish_requests(
+        self, request_ids: Iterable[str], status: RequestStatus, error: str | None = None
+    ) -> list[EngineCoreOutput]:
+        """End requests from outside a step (abort, error) and free their blocks. Unknown
+        or already finished ids are ignored; returns the final output of each one ended."""
+        outputs = []
         for rid in request_ids:
             request = self.requests.get(rid)
             if request is None or request.is_finished:
@@ -100,9 +111,15 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove(request)
+            request.error = error
             self._finish(request, status)
-            done.append(request)
-        return done
+            outputs.append(_final_output(request))
+        return outputs
+
+    def fail_requests(self, request_ids: Iterable[str], error: str) -> None:
+        """Finish requests with an error of their own (FINISHED_ERROR); the next
+        update_from_output reports them."""
+        self._failed += self.finish_requests(request_ids, RequestStatus.FINISHED_ERROR, error)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
@@ -121,20 +138,21 @@ class Scheduler:
             if budget == 0 or request.status != RequestStatus.RUNNING:
                 continue  # out of budget, or preempted earlier in this loop
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new <= 0:
-                continue
-            while True:
-                blocks = self.kv.allocate_slots(request, num_new, lookahead)
-                if blocks is not None:
+            while (blocks := self.kv.allocate_slots(request, num_new, lookahead)) is None:
+                candidates = [r for r in self.running if r.request_id not in scheduled]
+                if request is self.running[0]:
+                    candidates.remove(request)  # the progress guarantee: keep the head
+                if not candidates:
                     break
-                victim = self.waiting.victim(
-                    [r for r in self.running if r.request_id not in scheduled]
-                )
+                victim = self.waiting.victim(candidates)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is request:
                     break
             if blocks is None:
+                if request.status == RequestStatus.RUNNING:  # the head, alone, cannot grow
+                    self.running.remove(request)
+                    self._fail(request, self._too_large(request))
                 continue
             scheduled[request.request_id] = num_new
             new_blocks[request.request_id] = blocks.get_block_ids() if blocks.num_blocks else ()
@@ -151,12 +169,20 @@ class Scheduler:
             computed, num_computed = self.kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
             if num_new > budget and not cfg.enable_chunked_prefill:
+                if num_new > cfg.max_num_batched_tokens:  # no step could ever take it
+                    self.waiting.pop()
+                    self._fail(request, self._too_large(request, num_new))
+                    continue
                 break
             num_new = min(num_new, budget)
             blocks = self.kv.allocate_slots(
                 request, num_new, lookahead, new_computed_blocks=computed
             )
             if blocks is None:
+                if not self.running:  # an empty cache cannot hold it: it never will
+                    self.waiting.pop()
+                    self._fail(request, self._too_large(request))
+                    continue
                 break
             self.waiting.pop()
             request.num_computed_tokens = num_computed
@@ -179,8 +205,8 @@ class Scheduler:
         new, cached = [], []
         for request in admitted:
             params = request.sampling_params
-            stop_ids = tuple(params.stop_token_ids if params else ())
-            if request.eos_token_id is not None and not (params and params.ignore_eos):
+            stop_ids = tuple(params.stop_token_ids)
+            if request.eos_token_id is not None and not params.ignore_eos:
                 stop_ids += (request.eos_token_id,)
             new.append(
                 NewRequestData(
@@ -223,14 +249,22 @@ class Scheduler:
     def update_from_output(
         self, sched: SchedulerOutput, result: ModelRunnerOutput
     ) -> EngineCoreOutputs:
-        """Append sampled tokens, apply stop conditions, free finished requests."""
+        """Append sampled tokens, apply stop conditions, free finished requests; a
+        request whose sampling failed (`result.errors`) finishes with FINISHED_ERROR.
+        Requests that schedule() found impossible are reported here too."""
         outputs = []
         now = self.clock()
         sampled = result.sampled_token_ids
         for rid in sched.num_scheduled_tokens:
             request = self.requests.get(rid)
+            if request is None or request.is_finished:
+                continue
+            if rid in result.errors:
+                self.running.remove(request)
+                self._fail(request, result.errors[rid])
+                continue
             token = sampled.get(rid)
-            if request is None or token is None or request.is_finished:
+            if token is None:
                 continue
             request.output_token_ids.append(token)
             times = request.times
@@ -252,20 +286,38 @@ class Scheduler:
                     stop_reason,
                 )
             )
-        return EngineCoreOutputs(outputs, self._stats(sched))
+        failed, self._failed = self._failed, []
+        return EngineCoreOutputs(failed + outputs, self._stats(sched))
 
     def _check_stop(self, request: Request, token: int) -> tuple[RequestStatus | None, int | None]:
         params = request.sampling_params
         n = request.num_output_tokens
-        min_tokens = params.min_tokens if params else 0
-        if n >= min_tokens:
-            if request.eos_token_id == token and not (params and params.ignore_eos):
+        if n >= params.min_tokens:
+            if request.eos_token_id == token and not params.ignore_eos:
                 return RequestStatus.FINISHED_STOPPED, None
-            if params and token in params.stop_token_ids:
+            if token in params.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED, token
         if n >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH, None
         return None, None
+
+    def _fail(self, request: Request, error: str) -> None:
+        """Finish a request (already out of running/waiting) with an error of its own;
+        update_from_output reports it."""
+        request.error = error
+        self._finish(request, RequestStatus.FINISHED_ERROR)
+        self._failed.append(_final_output(request))
+
+    def _too_large(self, request: Request, num_new: int | None = None) -> str:
+        """Why `request` can never be scheduled: its KV, or (num_new) its prompt."""
+        why = (
+            f"its {num_new} uncached tokens exceed max_num_batched_tokens="
+            f"{self.config.max_num_batched_tokens} and chunked prefill is off"
+            if num_new is not None
+            else f"its KV does not fit even alone in the cache ({self.kv.pool.num_blocks - 1} "
+            f"blocks of {self.kv.block_size} tokens)"
+        )
+        return f"request {request.request_id!r} ({request.num_tokens} tokens) can never run: {why}"
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.move_to(status)
@@ -288,3 +340,10 @@ class Scheduler:
             kv_usage=metrics.usage,
             prefix_hit_rate=metrics.hit_rate,
         )
+
+
+def _final_output(request: Request) -> EngineCoreOutput:
+    """The output that tells the frontend a request ended with no new token."""
+    return EngineCoreOutput(
+        request.request_id, (), finish_reason=request.status.value, error=request.error
+    )

@@ -4,7 +4,8 @@
   `HFTokenizer` (``tokenizer.json`` via the `tokenizers` library) and
   `TiktokenTokenizer` (a ``*.tiktoken`` rank file via the optional `tiktoken` package);
   `load_tokenizer(model_dir)` picks the one a checkpoint needs.
-* `render_chat_template`: HF chat templates rendered the way transformers renders them.
+* `render_chat_template`: HF chat templates rendered the way transformers renders them;
+  `check_messages` checks a conversation first, naming the message at fault.
 * `IncrementalDetokenizer`: generated ids in, text deltas out, never a broken character.
 * `StopChecker`: stop strings (across deltas) and stop token ids on streamed text.
 
@@ -13,6 +14,7 @@
 
 from .chat import (
     ChatTemplateError,
+    check_messages,
     compile_chat_template,
     load_chat_templates,
     render_chat_template,
@@ -34,6 +36,7 @@ __all__ = [
     "StopResult",
     "TiktokenTokenizer",
     "Tokenizer",
+    "check_messages",
     "compile_chat_template",
     "find_stop",
     "load_chat_templates",

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from .chat import render_chat_template, select_chat_template
@@ -22,17 +20,6 @@ SPECIAL_TOKEN_NAMES = (
     "mask_token",
 )
 """The named special tokens a chat template sees (as transformers names them)."""
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object stored in ``path``; ValueError naming the file if it is not one."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
 
 
 def check_token_ids(ids: Iterable[int], vocab_size: int, name: str = "ids") -> list[int]:

@@ -38,8 +38,11 @@ import jinja2.ext
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .._files import read_json_object
+
 __all__ = [
     "ChatTemplateError",
+    "check_messages",
     "compile_chat_template",
     "load_chat_templates",
     "render_chat_template",
@@ -159,16 +162,73 @@ def _plain(value: Any, where: str) -> Any:
     )
 
 
+def _is_list(value: Any) -> bool:
+    """Whether ``value`` is a list-like sequence (a list or tuple; not a str or bytes)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _check_dicts(value: Any, name: str, expected: str) -> None:
+    """TypeError unless ``value`` is a list or tuple of mappings; ``expected`` says what
+    ``name`` must be in the message about a ``value`` that is not a list."""
+    if not _is_list(value):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise TypeError(f"{name}[{i}] must be a dict, got {type(item).__name__}: {item!r}")
+
+
 def _plain_records(value: Any, name: str) -> list[dict[str, Any]] | None:
     """``tools`` / ``documents``: None, or a list or tuple of mappings (copied as plain data)."""
     if value is None:
         return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} must be a list of dicts or None, got {type(value).__name__}")
-    for i, item in enumerate(value):
-        if not isinstance(item, Mapping):
-            raise TypeError(f"{name}[{i}] must be a dict, got {type(item).__name__}: {item!r}")
+    _check_dicts(value, name, "a list of dicts or None")
     return [_plain(item, f"{name}[{i}]") for i, item in enumerate(value)]
+
+
+def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Check a conversation and return the copy of it that a chat template sees.
+
+    A conversation is a non-empty list (or tuple) of messages, each a dict with:
+
+    * ``role``: a str, required;
+    * ``content``: a str, None, or a list of content parts, each a dict such as
+      ``{"type": "text", "text": "..."}`` or ``{"type": "image"}``; it may be absent (an
+      assistant message that only calls tools);
+    * ``tool_calls``: None or a list of dicts, if present;
+    * whatever else the template reads (``name``, ``tool_call_id``, ...).
+
+    Every value must be JSON-like (dict, list, tuple, str, int, float, bool, None).
+
+    Returns:
+        Copies of the messages made of plain dicts and lists, without the keys whose value
+        is None; the caller's objects are never changed.
+
+    Raises:
+        TypeError: ``messages`` is not a list, a message is not a dict, its ``role`` is not
+            a str, its ``content`` or ``tool_calls`` has the wrong type, or a value is not
+            JSON-like. The message names the place, e.g. ``messages[0]['content']``.
+        ValueError: ``messages`` is empty, or a message has no ``role`` key.
+    """
+    if not _is_list(messages):
+        raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
+    if len(messages) == 0:
+        raise ValueError("messages must not be empty, got []")
+    chat = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise TypeError(f"{where} must be a dict, got {type(message).__name__}")
+        if "role" not in message:
+            raise ValueError(f"{where} has no 'role' key; its keys are {list(message)}")
+        if not isinstance(message["role"], str):
+            raise TypeError(f"{where}['role'] must be a str, got {message['role']!r}")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            _check_dicts(content, f"{where}['content']", "a str, a list of content parts or None")
+        if message.get("tool_calls") is not None:
+            _check_dicts(message["tool_calls"], f"{where}['tool_calls']", "a list of dicts or None")
+        chat.append({k: _plain(v, f"{where}[{k!r}]") for k, v in message.items() if v is not None})
+    return chat
 
 
 def render_chat_template(
@@ -186,8 +246,9 @@ def render_chat_template(
     Args:
         template: the Jinja source of the template.
         messages: the conversation, a non-empty list of dicts (``role``, ``content``, and
-            whatever else the template reads: ``tool_calls``, ``name``, ...). Keys whose value
-            is None are dropped. Messages are copied; the caller's objects are never changed.
+            whatever else the template reads: ``tool_calls``, ``name``, ...), checked by
+            `check_messages`. Keys whose value is None are dropped. Messages are copied; the
+            caller's objects are never changed.
         tools: None, or a list of tool JSON schemas (dicts), passed as ``tools``.
         documents: None, or a list of dicts (e.g. ``title`` and ``text``) for RAG templates.
         add_generation_prompt: passed to the template; templates append the header that
@@ -200,23 +261,15 @@ def render_chat_template(
         The rendered prompt text.
 
     Raises:
-        TypeError: ``messages`` is not a list of dicts, a tool or document is not a dict, a
-            value anywhere is not JSON-like, or ``add_generation_prompt`` is not a bool.
-        ValueError: ``messages`` is empty.
+        TypeError: ``messages`` is not a list of dicts, a message's ``role``, ``content``
+            or ``tool_calls`` has the wrong type (see `check_messages`), a tool or document
+            is not a dict, a value anywhere is not JSON-like, or ``add_generation_prompt``
+            is not a bool.
+        ValueError: ``messages`` is empty, or a message has no ``role``.
         ChatTemplateError: the template has a syntax error, fails while rendering, or
             calls ``raise_exception``.
     """
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
-    if len(messages) == 0:
-        raise ValueError("messages must not be empty, got []")
-    chat = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise TypeError(f"messages[{i}] must be a dict, got {type(message).__name__}")
-        chat.append(
-            {k: _plain(v, f"messages[{i}][{k!r}]") for k, v in message.items() if v is not None}
-        )
+    chat = check_messages(messages)
     if not isinstance(add_generation_prompt, bool):
         raise TypeError(f"add_generation_prompt must be a bool, got {add_generation_prompt!r}")
     variables: dict[str, Any] = {}
@@ -324,11 +377,8 @@ def load_chat_templates(
     )
     json_file = root / "chat_template.json"
     if json_file.is_file():
-        try:
-            data = json.loads(json_file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{json_file} is not valid JSON: {exc}") from exc
-        if not isinstance(data, Mapping) or "chat_template" not in data:
+        data = read_json_object(json_file)
+        if "chat_template" not in data:
             raise ValueError(f"{json_file} must be an object with a 'chat_template' key")
         templates.update(_templates_from_value(data["chat_template"], str(json_file)))
     jinja_file = root / "chat_template.jinja"

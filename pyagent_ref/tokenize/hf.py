@@ -34,6 +34,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, processors
 
+from .._files import read_json_object
 from ._base import (
     SPECIAL_TOKEN_NAMES,
     TokenizerBase,
@@ -42,7 +43,6 @@ from ._base import (
     check_text,
     check_token_ids,
     normalize_chat_templates,
-    read_json_object,
 )
 from .chat import load_chat_templates
 

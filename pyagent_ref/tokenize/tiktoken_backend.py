@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._files import read_json_object
 from ._base import (
     TokenizerBase,
     check_flag,
@@ -38,7 +39,6 @@ from ._base import (
     check_text,
     check_token_ids,
     normalize_chat_templates,
-    read_json_object,
 )
 from .chat import load_chat_templates
 

@@ -56,6 +56,11 @@ class InputBatch:
         self.seq_lens = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_table = np.zeros((max_num_reqs, self.max_blocks), dtype=np.int64)
 
+    def forget(self, req_ids) -> None:
+        """Drop requests whatever state they are in (after a failed step)."""
+        for rid in req_ids:
+            self.states.pop(rid, None)
+
     def update_states(self, sched: SchedulerOutput) -> None:
         """Drop finished and preempted requests, add new ones, extend block lists."""
         for rid in sched.finished_req_ids | sched.preempted_req_ids:
@@ -116,6 +121,7 @@ class InputBatch:
     def sampling_row(self, rid: str) -> SamplingRow:
         state = self.states[rid]
         return SamplingRow(
+            request_id=rid,
             params=state.data.sampling_params,
             seed=state.data.seed,
             prompt_token_ids=state.token_ids[: state.num_prompt_tokens],

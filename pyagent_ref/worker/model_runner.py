@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 from ..model.llama import AttentionMetadata
-from ..sample.sampler import Sampler
+from ..sample.sampler import Sampler, SamplingRow
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
 from .cuda_graph import (
     DEFAULT_CAPTURE_SIZES,
@@ -162,13 +162,36 @@ class ModelRunner:
             )
         rows = [i for i, s in enumerate(prep.samples) if s]
         sampled: dict[str, int | None] = {rid: None for rid in prep.req_ids}
-        logprobs = {}
+        logprobs, errors = {}, {}
         if rows:
             index = torch.from_numpy(prep.logits_indices[rows]).to(self.device)
             logits = self.model.compute_logits(hidden[index]).cpu()
-            out = self.sampler(logits, [self.batch.sampling_row(prep.req_ids[i]) for i in rows])
-            for j, i in enumerate(rows):
-                sampled[prep.req_ids[i]] = out.token_ids[j]
-                logprobs[prep.req_ids[i]] = out.logprobs[j]
+            sampling_rows = [self.batch.sampling_row(prep.req_ids[i]) for i in rows]
+            for row, token, top, error in self._sample(logits, sampling_rows):
+                if error is None:
+                    sampled[row.request_id], logprobs[row.request_id] = token, top
+                else:
+                    errors[row.request_id] = error
         self.batch.after_step(sched, sampled)
-        return ModelRunnerOutput(sampled, logprobs)
+        return ModelRunnerOutput(sampled, logprobs, errors)
+
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]):
+        """(row, token, logprobs, error) per row. If the batch raises, one request's row
+        may be at fault: each row is then sampled alone. Sampling is batch-invariant
+        (the contract), so the other rows draw exactly the tokens they would have drawn."""
+        try:
+            out = self.sampler(logits, rows)
+            return list(zip(rows, out.token_ids, out.logprobs, [None] * len(rows), strict=True))
+        except Exception:
+            results = []
+            for i, row in enumerate(rows):
+                try:
+                    out = self.sampler(logits[i : i + 1], [row])
+                    results.append((row, out.token_ids[0], out.logprobs[0], None))
+                except Exception as exc:
+                    results.append((row, None, None, f"sampling failed: {_describe(exc)}"))
+            return results
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

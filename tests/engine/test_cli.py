@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 pytest.importorskip("torch")
@@ -24,3 +26,22 @@ def test_engine_options_reach_the_engine_and_bad_ones_exit_2(capsys):
         main(["generate", "def ", "--compile", "fastest"])
     assert exc.value.code == 2
     assert "compile must be a bool or a torch.compile backend name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "corrupt"),
+    [
+        ("config.json", lambda data: data[: len(data) // 2]),
+        ("model.safetensors", lambda data: data[:-64]),
+    ],
+    ids=["corrupt config.json", "truncated model.safetensors"],
+)
+def test_a_corrupt_model_file_is_named_and_exits_2(tiny_llm_dir, tmp_path, capsys, name, corrupt):
+    model_dir = shutil.copytree(tiny_llm_dir[1], tmp_path / "model")
+    (model_dir / name).write_bytes(corrupt((model_dir / name).read_bytes()))
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "def ", "--model", str(model_dir), "--max-tokens", "1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pyagent: error: {model_dir / name} is not ")
+    assert "Traceback" not in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -68,6 +69,65 @@ def _copy(src, dst, edit):
     return dst
 
 
+def _corrupt(src, dst, name, data: bytes):
+    """A copy of the model directory `src` at `dst` whose file `name` holds `data`."""
+    shutil.copytree(src, dst)
+    (dst / name).write_bytes(data)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b'{\n  "architectures": [\n', r"is not valid JSON: Expecting value: line 3 column 1"),
+        (b"[1, 2]", "must hold a JSON object, got list"),
+        (b'{"vocab_size": "\xff"}', "is not UTF-8 text"),
+    ],
+    ids=["truncated", "not an object", "not utf-8"],
+)
+def test_corrupt_config_json_is_named(hf_dir, tmp_path, data, message):
+    path = _corrupt(hf_dir[0], tmp_path / "m", "config.json", data)
+    with pytest.raises(ValueError, match=re.escape(str(path / "config.json")) + " " + message):
+        ModelConfig.from_pretrained(path)
+    with pytest.raises(ValueError, match=message):
+        load_model(path, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b'{"weight_map": {"lm_head.weight": ', "is not valid JSON: Expecting value: line 1"),
+        (b'{"metadata": {}}', "'weight_map' must map tensor names to file names, got None"),
+        (b'{"weight_map": {"lm_head.weight": 3}}', "must map tensor names to file names"),
+    ],
+    ids=["truncated", "no weight_map", "not a file name"],
+)
+def test_corrupt_shard_index_is_named(hf_dir, tmp_path, data, message):
+    path = _corrupt(hf_dir[1], tmp_path / "m", "model.safetensors.index.json", data)
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json:? .*" + message):
+        load_model(path, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("keep", "reason"),
+    [(-100, "incomplete metadata"), (0, "header too small"), (20, "")],
+    ids=["truncated", "empty", "cut in the header"],
+)
+def test_unreadable_safetensors_file_is_named(hf_dir, tmp_path, keep, reason):
+    data = (hf_dir[0] / "model.safetensors").read_bytes()
+    path = _corrupt(hf_dir[0], tmp_path / "m", "model.safetensors", data[:keep])
+    expected = re.escape(f"{path / 'model.safetensors'} is not a readable safetensors file: ")
+    with pytest.raises(ValueError, match=expected + ".*" + reason):
+        load_model(path, progress=False)
+
+
+def test_truncated_shard_is_named(hf_dir, tmp_path):
+    shard = sorted(hf_dir[1].glob("model-*.safetensors"))[-1]
+    path = _corrupt(hf_dir[1], tmp_path / "m", shard.name, shard.read_bytes()[:-8])
+    with pytest.raises(ValueError, match=re.escape(shard.name) + " is not a readable safetensors"):
+        load_model(path, progress=False)
+
+
 def test_missing_tensor_is_named(hf_dir, tmp_path):
     path = _copy(hf_dir[0], tmp_path / "m", lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
     with pytest.raises(ValueError, match="layers.1.mlp.gate_up_proj.weight"):
@@ -80,6 +140,17 @@ def test_misshaped_tensor_is_named(hf_dir, tmp_path):
 
     with pytest.raises(
         ValueError, match=r"'model.norm.weight' has shape \(31,\), expected \(32,\)"
+    ):
+        load_model(_copy(hf_dir[0], tmp_path / "m", edit), progress=False)
+
+
+def test_non_float_tensor_is_named(hf_dir, tmp_path):
+    def edit(t):
+        t["model.norm.weight"] = torch.ones(32, dtype=torch.int64)
+
+    with pytest.raises(
+        ValueError,
+        match=r"'model.norm.weight' has dtype torch.int64, expected a floating-point dtype",
     ):
         load_model(_copy(hf_dir[0], tmp_path / "m", edit), progress=False)
 

@@ -181,3 +181,93 @@ def test_duplicate_and_oversized_requests_are_rejected():
         scheduler.add_request(Request("a", [1]))
     with pytest.raises(ValueError, match="max_model_len=8"):
         scheduler.add_request(Request("b", list(range(8))))
+
+
+@settings(deadline=None)
+@given(
+    workload=workloads,
+    num_blocks=st.integers(3, 16),
+    budget=st.integers(4, 24),
+    max_seqs=st.integers(1, 6),
+    chunked=st.booleans(),
+    policy=st.sampled_from(["fcfs", "priority", "deadline", "fair", "mlfq"]),
+)
+def test_progress_guarantee(workload, num_blocks, budget, max_seqs, chunked, policy):
+    """With max_model_len within the cache (and, unchunked, the budget), as the engine
+    sets it, some request finishes at least every max_model_len steps."""
+    max_model_len = (num_blocks - 1) * BLOCK
+    if not chunked:
+        max_model_len = min(max_model_len, budget)
+    scheduler, kv, runner = make(num_blocks, budget, max_seqs, chunked, policy, max_model_len)
+    requests = []
+    for i, (plen, max_tokens, _, _, shared) in enumerate(workload):
+        r = new_request(i, plen, max_tokens, shared)
+        if r.num_prompt_tokens < max_model_len:
+            requests.append(r)
+            scheduler.add_request(r)
+    since_finish, step = 0, 0
+    while scheduler.has_unfinished_requests():
+        sched = scheduler.schedule()
+        out = scheduler.update_from_output(sched, runner.execute(sched))
+        finished = [o for o in out.outputs if o.finish_reason is not None]
+        since_finish = 0 if finished else since_finish + 1
+        assert since_finish <= max_model_len, "no request finished for max_model_len steps"
+        step += 1
+        assert step < 10_000
+    assert all(r.status == RequestStatus.FINISHED_LENGTH for r in requests)
+    assert kv.pool.num_free_blocks == num_blocks - 1
+
+
+def test_a_prompt_larger_than_the_budget_fails_without_chunked_prefill():
+    scheduler, kv, runner = make(40, 8, 4, chunked=False, max_model_len=100)
+    small, big = new_request(0, 4, 3, 0), new_request(1, 12, 3, 0)
+    for r in (big, small):
+        scheduler.add_request(r)
+    for _ in range(20):
+        if scheduler.has_unfinished_requests():
+            sched = scheduler.schedule()
+            scheduler.update_from_output(sched, runner.execute(sched))
+    assert big.status == RequestStatus.FINISHED_ERROR
+    assert "its 12 uncached tokens exceed max_num_batched_tokens=8" in big.error
+    assert small.status == RequestStatus.FINISHED_LENGTH
+
+
+def test_a_request_larger_than_the_whole_cache_fails_instead_of_looping():
+    scheduler, kv, runner = make(4, 64, 4, max_model_len=200)  # 3 blocks: 12 tokens
+    r = new_request(0, 8, 20, 0)
+    scheduler.add_request(r)
+    outputs = []
+    for _ in range(50):
+        if not scheduler.has_unfinished_requests():
+            break
+        sched = scheduler.schedule()
+        outputs += scheduler.update_from_output(sched, runner.execute(sched)).outputs
+    assert r.status == RequestStatus.FINISHED_ERROR
+    assert "does not fit even alone in the cache (3 blocks of 4 tokens)" in r.error
+    assert outputs[-1].finish_reason == "error" and outputs[-1].error == r.error
+    assert len(r.output_token_ids) == 5  # it ran until the KV of its 13th token needed a 4th block
+    assert kv.pool.num_free_blocks == 3
+
+
+def test_the_head_of_running_is_never_preempted_for_another_request():
+    """The rule behind the progress guarantee, under a policy that would preempt the
+    earliest request first: the head still runs to its end."""
+    from pyagent_ref.sched.policy import WaitingQueue
+
+    class OldestFirst(WaitingQueue):
+        def victim_key(self, request):
+            return (-request.times.arrival,)
+
+    scheduler, kv, runner = make(7, 64, 4, max_model_len=24)  # 6 blocks: 24 tokens
+    scheduler.waiting = OldestFirst()
+    head, other = new_request(0, 8, 12, 0), new_request(1, 8, 12, 0)
+    for r in (head, other):
+        scheduler.add_request(r)
+    order = []
+    while scheduler.has_unfinished_requests():
+        sched = scheduler.schedule()
+        out = scheduler.update_from_output(sched, runner.execute(sched))
+        order += [o.req_id for o in out.outputs if o.finish_reason]
+    assert head.times.num_preemptions == 0 and other.times.num_preemptions > 0
+    assert order == ["r0", "r1"]
+    assert all(r.status == RequestStatus.FINISHED_LENGTH for r in (head, other))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 import warnings
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from pyagent_ref.tokenize import (
     ChatTemplateError,
     HFTokenizer,
+    check_messages,
     load_chat_templates,
     render_chat_template,
     select_chat_template,
@@ -229,10 +231,91 @@ def test_sandbox_and_errors():
         render_chat_template(SIMPLE, [{"role": "user", "content": "x"}, "hello"])
     with pytest.raises(TypeError, match=r"tools\[0\] must be a dict"):
         render_chat_template(SIMPLE, [{"role": "user"}], tools=[print])
-    with pytest.raises(TypeError, match=r"messages\[0\]\['content'\]: chat template inputs"):
-        render_chat_template(SIMPLE, [{"role": "user", "content": object()}])
+    with pytest.raises(TypeError, match=r"messages\[0\]\['extra'\]: chat template inputs"):
+        render_chat_template(SIMPLE, [{"role": "user", "content": "x", "extra": object()}])
     with pytest.raises(TypeError, match="add_generation_prompt must be a bool"):
         render_chat_template(SIMPLE, [{"role": "user"}], add_generation_prompt="yes")
+
+
+@pytest.mark.parametrize(
+    ("messages", "error", "message"),
+    [
+        ("hello", TypeError, "messages must be a list of dicts, got str"),
+        ({"role": "user", "content": "x"}, TypeError, "messages must be a list of dicts, got dict"),
+        (
+            [{"role": "user", "content": "x"}, {"content": "y"}],
+            ValueError,
+            "messages[1] has no 'role' key; its keys are ['content']",
+        ),
+        (
+            [{"role": None, "content": "x"}],
+            TypeError,
+            "messages[0]['role'] must be a str, got None",
+        ),
+        ([{"role": 1, "content": "x"}], TypeError, "messages[0]['role'] must be a str, got 1"),
+        (
+            [{"role": "user", "content": 3}],
+            TypeError,
+            "messages[0]['content'] must be a str, a list of content parts or None, got int",
+        ),
+        (
+            [{"role": "user", "content": {"type": "text", "text": "x"}}],
+            TypeError,
+            "messages[0]['content'] must be a str, a list of content parts or None, got dict",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "x"}, "y"]}],
+            TypeError,
+            "messages[0]['content'][1] must be a dict, got str: 'y'",
+        ),
+        (
+            [{"role": "assistant", "tool_calls": "get_weather()"}],
+            TypeError,
+            "messages[0]['tool_calls'] must be a list of dicts or None, got str",
+        ),
+    ],
+    ids=[
+        "str",
+        "dict",
+        "no role",
+        "role None",
+        "role int",
+        "content int",
+        "content dict",
+        "content part str",
+        "tool_calls str",
+    ],
+)
+def test_malformed_conversations_are_named(hf_tok, messages, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        check_messages(messages)
+    with pytest.raises(error, match=re.escape(message)):
+        hf_tok.apply_chat_template(messages, chat_template=SIMPLE)
+
+
+def test_well_formed_conversations_render():
+    parts = [{"type": "text", "text": "look: "}, {"type": "image"}]
+    template = (
+        "{% for m in messages %}{{ m.role }}:"
+        "{% if m.content is string %}{{ m.content }}"
+        "{% elif m.content is defined %}"
+        "{% for p in m.content %}{{ p.text if p.type == 'text' else '<' ~ p.type ~ '>' }}"
+        "{% endfor %}{% endif %}"
+        "{% for c in m.tool_calls or [] %}[{{ c.function.name }}]{% endfor %};{% endfor %}"
+    )
+    messages = (
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": None, "tool_calls": TOOL_CONVERSATION[1]["tool_calls"]},
+        {"role": "tool", "content": "21"},
+        {"role": "assistant"},
+    )
+    assert render_chat_template(template, messages) == (
+        "user:look: <image>;assistant:[get_weather];tool:21;assistant:;"
+    )
+    assert check_messages(messages)[1] == {
+        "role": "assistant",
+        "tool_calls": TOOL_CONVERSATION[1]["tool_calls"],
+    }
 
 
 def test_messages_are_not_modified():
