@@ -22,6 +22,7 @@ import itertools
 import logging
 import random
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 
@@ -220,6 +221,7 @@ class LLM(_Frontend):
                     finished += self._end_orphans()
                     self._keep(finished)
                 remaining = {rid for rid in remaining if rid not in self._done}
+                time.sleep(0)  # let a thread waiting to abort take the lock between steps
         except BaseException:
             with self._lock:
                 self._end(remaining)
