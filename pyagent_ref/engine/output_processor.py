@@ -16,7 +16,7 @@ from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
 from ..sched.request import Request
 from ..tokenize import IncrementalDetokenizer, StopChecker
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 
 @dataclass
@@ -139,8 +139,12 @@ class OutputProcessor:
         comp.token_ids.extend(out.new_token_ids)
         child.new_ids.extend(out.new_token_ids)
         if out.logprobs is not None and comp.logprobs is not None:
-            ids, values, _, _ = out.logprobs
-            comp.logprobs.append(dict(zip(ids, values, strict=True)))
+            comp.logprobs.append(
+                {
+                    token: Logprob(value, rank, self.tokenizer.decode([token]))
+                    for token, (value, rank) in out.logprobs.ranked().items()
+                }
+            )
         core_done = out.finish_reason is not None
         ids = list(out.new_token_ids)
         if out.finish_reason == "stop" and not child.params.include_stop_str_in_output:

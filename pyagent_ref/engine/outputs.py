@@ -42,12 +42,24 @@ class RequestMetrics:
         )
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """One token's entry at one position of `CompletionOutput.logprobs` (vLLM's shape):
+    its log-probability, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
 @dataclass
 class CompletionOutput:
     """One completion of a prompt (a request with n > 1 has n of them).
 
     finish_reason: None while it runs, then "stop", "length", "abort" or "error";
     error says what went wrong with this completion when it is "error".
+    logprobs: when the request asked for k, one dict per generated token: the sampled
+    token first, then the k most likely ones, each token id -> `Logprob`.
     """
 
     index: int
@@ -55,7 +67,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
     error: str | None = None
 
     @property

@@ -16,6 +16,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from .logprobs import Logprobs
 from .params import SamplingParams
 
 
@@ -38,10 +39,10 @@ class SamplingRow:
 
 @dataclass
 class SamplerOutput:
-    """Sampled token ids, and if asked, the top log-probabilities of each row."""
+    """Sampled token ids, and if asked, the log-probabilities of each row."""
 
     token_ids: list[int]
-    logprobs: list[tuple[list[int], list[float], float, int] | None]
+    logprobs: list[Logprobs | None]
 
 
 def _padded(rows: Sequence[Sequence[int]]) -> np.ndarray:
@@ -127,11 +128,12 @@ class Sampler:
                 out.append(None)
                 continue
             out.append(
-                (
-                    [int(t) for t in ids[i, :k]],
-                    [float(v) for v in values[i, :k]],
-                    float(chosen[i]),
-                    int(rank[i]),
+                Logprobs(
+                    top_ids=tuple(int(t) for t in ids[i, :k]),
+                    top_logprobs=tuple(float(v) for v in values[i, :k]),
+                    sampled_id=tokens[i],
+                    sampled_logprob=float(chosen[i]),
+                    sampled_rank=int(rank[i]),
                 )
             )
         return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..sample.params import SamplingParams
+from ..sample.logprobs import Logprobs
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,7 @@ class ModelRunnerOutput:
     that sampling it raised (the request fails; the others are unaffected)."""
 
     sampled_token_ids: dict[str, int | None]
-    logprobs: dict[str, tuple[list[int], list[float], float, int] | None] = field(
-        default_factory=dict
-    )
+    logprobs: dict[str, Logprobs | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -71,7 +70,7 @@ class EngineCoreOutput:
 
     req_id: str
     new_token_ids: tuple[int, ...]
-    logprobs: tuple | None = None
+    logprobs: Logprobs | None = None
     finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: int | str | None = None  # the stop token id, when a stop token ended it
     error: str | None = None  # what went wrong, when finish_reason is "error"

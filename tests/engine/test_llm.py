@@ -119,5 +119,20 @@ def test_logprobs_of_greedy_tokens(llm):
     completion = out.outputs[0]
     assert len(completion.logprobs) == len(completion.token_ids)
     for token, top in zip(completion.token_ids, completion.logprobs, strict=True):
-        assert len(top) == 3 and max(top, key=top.get) == token
-        assert all(v <= 0 for v in top.values())
+        assert len(top) == 3 and max(top, key=lambda t: top[t].logprob) == token
+        assert all(v.logprob <= 0 for v in top.values())
+        assert next(iter(top)) == token and top[token].rank == 1  # the sampled one first
+        assert [v.rank for v in top.values()] == sorted(v.rank for v in top.values())
+        assert top[token].decoded_token == llm.tokenizer.decode([token])
+
+
+def test_logprobs_keep_the_sampled_token_and_its_rank(llm):
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=12, logprobs=1, ignore_eos=True)
+    completion = llm.generate(PROMPTS[1], params)[0].outputs[0]
+    ranks = []
+    for token, entry in zip(completion.token_ids, completion.logprobs, strict=True):
+        assert token in entry and len(entry) in (1, 2)  # the sampled token, then the best
+        best = max(entry.values(), key=lambda v: v.logprob)
+        assert best.rank == 1 and entry[token].logprob <= best.logprob
+        ranks.append(entry[token].rank)
+    assert any(rank > 1 for rank in ranks)  # sampling at T=1 drew a token that is not the best

@@ -564,5 +564,7 @@ def test_fuzz_every_request_is_rejected_by_name_or_finishes(tiny_llm_dir, shape,
         assert out.finished and len(out.outputs) == p.n
         for comp in out.outputs:
             assert comp.finish_reason in ("stop", "length"), comp.error
-            assert not any(math.isnan(v) for top in comp.logprobs or [] for v in top.values())
+            assert not any(
+                math.isnan(v.logprob) for top in comp.logprobs or [] for v in top.values()
+            )
     assert_idle(engine)
