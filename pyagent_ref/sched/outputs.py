@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..sample.params import SamplingParams
 from ..sample.logprobs import Logprobs
+from ..sample.params import SamplingParams
 
 
 @dataclass(frozen=True)
