@@ -79,6 +79,16 @@ def _percentiles(values: list[float]) -> str:
     return f"p50 {pick(0.5):7.1f} ms  p90 {pick(0.9):7.1f} ms  p99 {pick(0.99):7.1f} ms"
 
 
+def _steps_line(stats) -> str:
+    """The engine's step totals (`EngineStats`) in one line."""
+    per_step = stats.scheduled_tokens / stats.steps if stats.steps else 0.0
+    return (
+        f"steps {stats.steps}: {per_step:.1f} tokens/step ({stats.prefill_tokens} prefill, "
+        f"{stats.decode_tokens} decode), up to {stats.max_running} running, "
+        f"{stats.preemptions} preemptions, peak KV usage {stats.max_kv_usage:.0%}"
+    )
+
+
 def run_demo(
     ops: str,
     num_requests: int,
@@ -92,6 +102,7 @@ def run_demo(
     llm.generate("import os\n", SamplingParams(max_tokens=2))  # warm-up, not timed
     llm.core.kv.reset_prefix_cache()
     before = llm.core.kv.metrics()
+    llm.core.stats.reset()
     prompts = [DEMO_PREFIX + DEMO_TAILS[i % len(DEMO_TAILS)] for i in range(num_requests)]
     params = [
         SamplingParams(temperature=0.7, top_p=0.95, max_tokens=max_tokens, seed=i)
@@ -116,6 +127,7 @@ def run_demo(
         "ttft": _percentiles([m.ttft for m in metrics if m.ttft is not None]),
         "itl": _percentiles([gap for m in metrics for gap in m.itl]),
         "hit_rate": (kv.hits - before.hits) / queries if queries else 0.0,
+        "steps": llm.core.stats,
         "tokens": [o.outputs[0].token_ids for o in outs],
     }
 
@@ -143,7 +155,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"ops={r['ops']:<6} {r['generated']} tokens in {r['seconds']:.2f} s "
             f"= {r['tok_per_s']:.1f} tok/s, "
             f"prefix-cache hit rate {r['hit_rate']:.1%}\n"
-            f"    TTFT {r['ttft']}\n    ITL  {r['itl']}"
+            f"    TTFT {r['ttft']}\n    ITL  {r['itl']}\n"
+            f"    {_steps_line(r['steps'])}"
         )
     if len(results) == 2:
         same = results[0]["tokens"] == results[1]["tokens"]

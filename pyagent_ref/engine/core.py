@@ -31,9 +31,9 @@ from ..ops import load as load_ops
 from ..sched.outputs import (
     EngineCoreOutput,
     EngineCoreOutputs,
+    EngineStats,
     ModelRunnerOutput,
     SchedulerOutput,
-    StepStats,
 )
 from ..sched.request import Request, RequestStatus
 from ..sched.scheduler import Scheduler, SchedulerConfig
@@ -169,7 +169,7 @@ class EngineCore:
         self.limits = Limits(mcfg.vocab_size, max_model_len, config.max_logprobs)
         self.asleep = False
         self.accepting = True
-        self.last_stats: StepStats | None = None
+        self.stats = EngineStats()
         self._lock = threading.RLock()
 
     def _fit_max_model_len(self, model_len: int) -> int:
@@ -268,7 +268,7 @@ class EngineCore:
                     raise  # KeyboardInterrupt: the next step reports the failed requests
                 result = ModelRunnerOutput({})
             outputs = self.scheduler.update_from_output(sched, result)
-            self.last_stats = outputs.stats
+            self.stats.add(outputs.stats)
             return outputs
 
     def _fail_step(self, sched: SchedulerOutput, exc: BaseException) -> None:

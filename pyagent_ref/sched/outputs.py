@@ -91,6 +91,36 @@ class StepStats:
 
 
 @dataclass
+class EngineStats:
+    """Totals over an engine's steps since it started (or since `reset`): what the
+    demo's summary prints and a metrics endpoint exports."""
+
+    steps: int = 0
+    scheduled_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    preemptions: int = 0
+    max_running: int = 0
+    max_waiting: int = 0
+    max_kv_usage: float = 0.0
+    last: StepStats | None = None
+
+    def add(self, step: StepStats) -> None:
+        self.steps += 1
+        self.scheduled_tokens += step.num_scheduled_tokens
+        self.prefill_tokens += step.num_prefill_tokens
+        self.decode_tokens += step.num_decode_tokens
+        self.preemptions += step.num_preempted
+        self.max_running = max(self.max_running, step.num_running)
+        self.max_waiting = max(self.max_waiting, step.num_waiting)
+        self.max_kv_usage = max(self.max_kv_usage, step.kv_usage)
+        self.last = step
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+@dataclass
 class EngineCoreOutputs:
     outputs: list[EngineCoreOutput]
     stats: StepStats | None = None

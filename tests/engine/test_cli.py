@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -45,3 +46,19 @@ def test_a_corrupt_model_file_is_named_and_exits_2(tiny_llm_dir, tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith(f"pyagent: error: {model_dir / name} is not ")
     assert "Traceback" not in err
+
+
+def test_demo_reports_the_engine_step_totals(capsys):
+    args = ["demo", "--requests", "4", "--max-tokens", "4", "--show", "0", "--ops", "ref"]
+    assert main([*args, "accel"]) == 0
+    out = capsys.readouterr().out
+    assert "drew the same tokens for every request: True" in out
+    steps = re.findall(
+        r"steps (\d+): [\d.]+ tokens/step \((\d+) prefill, (\d+) decode\), up to (\d+) running",
+        out,
+    )
+    assert len(steps) == 2
+    for num_steps, prefill, decode, running in steps:
+        # 4 requests of at most 4 tokens: the prefill draws each one's first token
+        assert 0 < int(decode) <= 12 and int(prefill) > 0 and 1 <= int(running) <= 4
+        assert int(num_steps) >= 2
