@@ -336,7 +336,7 @@ def _mulhilo(xp: Any, m: int, x: Any) -> tuple[Any, Any]:
     return (prod >> 32) & _MASK32, prod & _MASK32
 
 
-def philox4x32_10(counter: tuple[Any, Any, Any, Any], key: tuple[Any, Any]) -> tuple:
+def _philox4x32_10(counter: tuple[Any, Any, Any, Any], key: tuple[Any, Any]) -> tuple:
     """Philox-4x32 with 10 rounds (Salmon et al., SC'11), on int64 arrays of uint32 words.
 
     One round maps (c0, c1, c2, c3) with key (k0, k1) to
@@ -401,7 +401,7 @@ def philox_uniform(seeds: Any, positions: Any, num: int) -> Any:
     col = lambda v: xp.reshape(v, (-1, 1)) + zeros  # noqa: E731  (broadcast a row value)
     counter = (j & _MASK32) + zeros, (j >> 32) + zeros, col(pos & _MASK32), col(pos >> 32)
     key = col(seed & _MASK32), col((seed >> 32) & _MASK32)
-    x0, x1, x2, x3 = philox4x32_10(counter, key)
+    x0, x1, x2, x3 = _philox4x32_10(counter, key)
     m = xp.stack([(x1 << 20) | (x0 >> 12), (x3 << 20) | (x2 >> 12)], axis=2)
     u = (xp.astype(m, xp.float64) * 2.0 + 1.0) * 2.0**-53
     return xp.reshape(u, (batch, 2 * blocks))[:, :num]

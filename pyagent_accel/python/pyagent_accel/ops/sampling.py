@@ -19,7 +19,7 @@ Exactness, against the numpy and the torch paths of the reference:
 
 - Bit-identical: `apply_temperature`, `apply_top_k`, `apply_penalties`,
   `apply_logit_bias` (same operations in the same dtype, signed zeros included),
-  `topk_logprobs`, `philox4x32_10`, `philox_uniform`, and the tokens of `sample`
+  `topk_logprobs`, `_philox4x32_10`, `philox_uniform`, and the tokens of `sample`
   (exact float64 scores x - log(-log(u)) for every token that can win; a token can
   differ only if two scores tie to the last bit, where numpy's and torch's own `log`
   already disagree).
@@ -221,10 +221,11 @@ def topk_logprobs(logprobs: Any, num: int, sampled: Any) -> tuple[Any, Any, Any,
     )
 
 
-def philox4x32_10(counter: tuple[Any, Any, Any, Any], key: tuple[Any, Any]) -> tuple:
+def _philox4x32_10(counter: tuple[Any, Any, Any, Any], key: tuple[Any, Any]) -> tuple:
     """Philox-4x32 with 10 rounds on int64 arrays of uint32 words (broadcast together).
 
-    Contract: `pyagent_ref.ops.sampling.philox4x32_10`. Words must be in [0, 2**32)
+    Contract: `pyagent_ref.ops.sampling._philox4x32_10` (private in both packages: the
+    public, specified op is `philox_uniform`). Words must be in [0, 2**32)
     (ValueError otherwise; the reference does not check them and computes garbage).
     Returns four int64 arrays of the broadcast shape.
     """
