@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import numbers
 import random
 import threading
 import time
@@ -376,8 +377,9 @@ class AsyncLLM(_Frontend):
 
 
 def _prompt_list(prompts) -> list:
-    """One prompt or a list of prompts, as a list (a list of ints is one prompt)."""
-    if isinstance(prompts, (str, dict, bytes, bytearray)):
+    """One prompt or a list of prompts, as a list (a list or 1-D array of ints is one
+    prompt)."""
+    if isinstance(prompts, (str, dict, bytes, bytearray)) or getattr(prompts, "ndim", 0) == 1:
         return [prompts]
     if not isinstance(prompts, Sequence):
         raise TypeError(
@@ -386,7 +388,7 @@ def _prompt_list(prompts) -> list:
         )
     prompts = list(prompts)
     first = prompts[0] if prompts else None
-    if isinstance(first, int) and not isinstance(first, bool):
+    if isinstance(first, numbers.Integral) and not isinstance(first, bool):
         return [prompts]
     return prompts
 

@@ -162,10 +162,22 @@ def test_no_prompts_no_outputs(llm):
     assert llm.generate([]) == []
 
 
-def test_the_dict_prompt_forms(llm):
+def test_the_prompt_forms(llm):
+    import numpy as np
+
     by_text = llm.generate({"prompt": PROMPTS[0]}, GREEDY)[0]
-    by_ids = llm.generate({"prompt_token_ids": by_text.prompt_token_ids}, GREEDY)[0]
-    assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
+    ids = by_text.prompt_token_ids
+    for prompt in (
+        {"prompt_token_ids": ids},
+        ids,
+        tuple(ids),
+        np.array(ids),
+        torch.tensor(ids),
+        [np.int32(t) for t in ids],
+    ):
+        out = llm.generate(prompt, GREEDY)[0]
+        assert out.prompt_token_ids == ids
+        assert out.outputs[0].token_ids == by_text.outputs[0].token_ids
 
 
 def test_admission_of_a_batch_is_all_or_nothing(llm):
