@@ -53,7 +53,7 @@ def scan_polluted_trace(rounds: int, seed: int = 0) -> list[list[int]]:
 
 
 def hit_rate(eviction: str, trace: list[list[int]], num_blocks: int) -> float:
-    kv = KVCacheManager(config(num_blocks), eviction=eviction)
+    kv = KVCacheManager(config(num_blocks), eviction=eviction, ops=pyagent_ref.ops)
     for i, tokens in enumerate(trace):
         request = Request(str(i), tokens)
         assert admit(kv, request)
@@ -115,7 +115,7 @@ def bench_scale(quick: bool) -> None:
 
 def bench_decode_step(quick: bool) -> None:
     num_running, steps = 256, 50 if quick else 200
-    kv = KVCacheManager(config(256 * 80 + 1))
+    kv = KVCacheManager(config(256 * 80 + 1), ops=pyagent_ref.ops)
     rng = random.Random(2)
     requests = [
         Request(str(i), [rng.randrange(50000) for _ in range(rng.randrange(400, 600))])

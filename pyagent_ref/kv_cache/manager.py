@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 
-from ..sched.request import Request
 from .block import KVCacheBlock
 from .block_pool import BlockPool
 from .coordinator import KVCacheCoordinator
 from .events import KVCacheEvent, KVCacheMetrics
+from .protocol import KVRequest
 from .request_hashing import RequestBlockHasher
 from .specs import KVCacheConfig
 
@@ -46,7 +46,8 @@ class KVCacheManager:
 
     Args:
         config: the number of blocks and the KV cache groups.
-        ops: the ops namespace whose `hashing` computes block hashes (default: ref).
+        ops: the ops namespace whose `hashing` computes block hashes
+            (`pyagent_ref.ops.load("ref" | "accel" | "auto")`).
         enable_caching: reuse KV across requests through the prefix cache.
         eviction: "lru" or "arc" (see `BlockPool`).
         hash_algorithm: "sha256" or "xxh3_128".
@@ -56,15 +57,13 @@ class KVCacheManager:
     def __init__(
         self,
         config: KVCacheConfig,
-        ops: ModuleType | None = None,
+        ops: ModuleType,
         enable_caching: bool = True,
         eviction: str = "lru",
         hash_algorithm: str = "sha256",
         enable_events: bool = False,
         clock=time.monotonic,
     ) -> None:
-        if ops is None:
-            import pyagent_ref.ops as ops
         self.config = config
         self.block_size = config.block_size
         self.enable_caching = enable_caching
@@ -95,7 +94,7 @@ class KVCacheManager:
             - 1
         )
 
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+    def get_computed_blocks(self, request: KVRequest) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix of `request`, as (blocks, number of tokens).
 
         Only full blocks count, and never all of the request's tokens: the last token
@@ -119,7 +118,7 @@ class KVCacheManager:
 
     def allocate_slots(
         self,
-        request: Request,
+        request: KVRequest,
         num_new_tokens: int,
         num_lookahead_tokens: int = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
@@ -178,15 +177,15 @@ class KVCacheManager:
                 self._num_cached[rid] = num_full
         return KVCacheBlocks(new) if new else self._empty
 
-    def free(self, request: Request) -> None:
+    def free(self, request: KVRequest) -> None:
         """Release every block of the request (finished, aborted or preempted)."""
         self.coordinator.free(request.request_id)
         self._num_cached.pop(request.request_id, None)
 
-    def get_blocks(self, request: Request) -> KVCacheBlocks:
+    def get_blocks(self, request: KVRequest) -> KVCacheBlocks:
         return KVCacheBlocks(self.coordinator.get_blocks(request.request_id))
 
-    def get_block_ids(self, request: Request) -> tuple[list[int], ...]:
+    def get_block_ids(self, request: KVRequest) -> tuple[list[int], ...]:
         return self.get_blocks(request).get_block_ids()
 
     def reset_prefix_cache(self) -> bool:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ..sched.request import Request
 from .block import BlockContent
+from .protocol import KVRequest
 
 
-def block_extra_keys(request: Request, index: int, block_size: int) -> tuple[tuple, ...]:
+def block_extra_keys(request: KVRequest, index: int, block_size: int) -> tuple[tuple, ...]:
     """The extra keys of block `index` of `request` (see the module docstring)."""
     start, end = index * block_size, (index + 1) * block_size
     keys: list[tuple] = []
@@ -48,7 +48,7 @@ class RequestBlockHasher:
         self._hashing = ops.hashing
         self.root = self._hashing.root_hash(algorithm)
 
-    def update(self, request: Request) -> None:
+    def update(self, request: KVRequest) -> None:
         """Append the hashes of the request's newly completed full blocks."""
         done = len(request.block_hashes)
         total = request.num_tokens // self.block_size
@@ -61,7 +61,7 @@ class RequestBlockHasher:
             self._hashing.hash_blocks(tokens, self.block_size, keys, self.algorithm, parent)
         )
 
-    def content(self, request: Request, index: int) -> BlockContent:
+    def content(self, request: KVRequest, index: int) -> BlockContent:
         """What block `index` of `request` hashes, to verify a cache hit on it."""
         bs = self.block_size
         return BlockContent(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import pyagent_ref.ops
 from pyagent_ref.kv_cache import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -24,7 +25,9 @@ def config(num_blocks, *specs):
 
 
 def test_sliding_window_frees_blocks_that_left_the_window():
-    kv = KVCacheManager(config(32, SlidingWindowSpec(BLOCK, 1, 8, sliding_window=6)))
+    kv = KVCacheManager(
+        config(32, SlidingWindowSpec(BLOCK, 1, 8, sliding_window=6)), ops=pyagent_ref.ops
+    )
     a = Request("a", list(range(16)))
     admit(kv, a)
     a.append_output_token_ids(1)
@@ -51,7 +54,7 @@ def _decode_then_pollute(kv, filler_blocks=3, finish=False):
 
 def test_sliding_window_hit_needs_only_the_window():
     sw = SlidingWindowSpec(BLOCK, 1, 8, sliding_window=5)  # the window spans 1 block
-    kv = KVCacheManager(config(8, sw))
+    kv = KVCacheManager(config(8, sw), ops=pyagent_ref.ops)
     a = _decode_then_pollute(kv)
     # block 2 of a was evicted by the filler; blocks 0, 1 are cached, block 3 is in use
     b = Request("b", a.all_token_ids)
@@ -63,7 +66,7 @@ def test_sliding_window_hit_needs_only_the_window():
 def test_hybrid_hit_is_valid_for_every_group():
     full = FullAttentionSpec(BLOCK, 1, 8)
     sw = SlidingWindowSpec(BLOCK, 1, 8, sliding_window=5)
-    kv = KVCacheManager(config(64, full, sw))
+    kv = KVCacheManager(config(64, full, sw), ops=pyagent_ref.ops)
     a = Request("a", list(range(17)))
     admit(kv, a)
     computed, hit = kv.get_computed_blocks(Request("b", list(range(17))))
@@ -74,7 +77,7 @@ def test_hybrid_hit_is_valid_for_every_group():
 def test_hybrid_hit_is_the_longest_valid_for_all_groups():
     full = FullAttentionSpec(BLOCK, 1, 8)
     sw = SlidingWindowSpec(BLOCK, 1, 8, sliding_window=5)
-    kv = KVCacheManager(config(15, full, sw))
+    kv = KVCacheManager(config(15, full, sw), ops=pyagent_ref.ops)
     # eviction order after a finishes: sw blocks 2, 1, 0 (left the window first), then
     # full blocks 3, 2, 1, 0, sw block 3; the filler's 10 blocks evict the first four
     a = _decode_then_pollute(kv, filler_blocks=5, finish=True)
@@ -95,7 +98,7 @@ def test_hybrid_hit_is_the_longest_valid_for_all_groups():
 
 def test_chunked_local_attention_skips_earlier_chunks():
     spec = ChunkedLocalAttentionSpec(BLOCK, 1, 8, attention_chunk_size=8)
-    kv = KVCacheManager(config(32, spec))
+    kv = KVCacheManager(config(32, spec), ops=pyagent_ref.ops)
     a = Request("a", list(range(20)))
     admit(kv, a)
     a.append_output_token_ids(5)
@@ -110,7 +113,7 @@ def test_mla_caches_like_full_attention_with_a_smaller_page():
     mla = MLASpec(BLOCK, 1, 576, dtype_bytes=2)
     assert mla.page_size_bytes == BLOCK * 576 * 2
     assert FullAttentionSpec(BLOCK, 1, 576).page_size_bytes == 2 * mla.page_size_bytes
-    kv = KVCacheManager(config(16, mla))
+    kv = KVCacheManager(config(16, mla), ops=pyagent_ref.ops)
     admit(kv, Request("a", list(range(9))))
     assert kv.get_computed_blocks(Request("b", list(range(9))))[1] == 8
     with pytest.raises(ValueError, match="num_kv_heads"):
@@ -118,7 +121,7 @@ def test_mla_caches_like_full_attention_with_a_smaller_page():
 
 
 def test_cross_attention_holds_encoder_blocks_and_never_caches():
-    kv = KVCacheManager(full_config(32, CrossAttentionSpec(BLOCK, 1, 8)))
+    kv = KVCacheManager(full_config(32, CrossAttentionSpec(BLOCK, 1, 8)), ops=pyagent_ref.ops)
     a = Request("a", list(range(5)), num_encoder_tokens=10)
     admit(kv, a)
     self_blocks, cross_blocks = kv.get_block_ids(a)

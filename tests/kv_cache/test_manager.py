@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import pyagent_ref.ops
 from pyagent_ref.kv_cache import KVCacheManager
 from pyagent_ref.sched import MultiModalFeature, Request
 
@@ -11,7 +12,7 @@ from .helpers import BLOCK, admit, full_config
 
 
 def test_hit_is_the_longest_cached_full_block_prefix():
-    kv = KVCacheManager(full_config(16))
+    kv = KVCacheManager(full_config(16), ops=pyagent_ref.ops)
     a = Request("a", list(range(14)))
     assert admit(kv, a) == 0
     b = Request("b", list(range(9)) + [99] * 5)
@@ -20,7 +21,7 @@ def test_hit_is_the_longest_cached_full_block_prefix():
 
 
 def test_hit_never_covers_the_whole_prompt():
-    kv = KVCacheManager(full_config(16))
+    kv = KVCacheManager(full_config(16), ops=pyagent_ref.ops)
     admit(kv, Request("a", list(range(8))))
     _, hit = kv.get_computed_blocks(Request("b", list(range(8))))
     assert hit == BLOCK  # 8 tokens are cached, but the last token must be computed
@@ -37,7 +38,7 @@ def test_hit_never_covers_the_whole_prompt():
     ],
 )
 def test_extra_keys_separate_caches(variant):
-    kv = KVCacheManager(full_config(16))
+    kv = KVCacheManager(full_config(16), ops=pyagent_ref.ops)
     admit(kv, Request("a", list(range(13)), mm_features=(MultiModalFeature("img-a", 2, 3),)))
     base = Request("b", list(range(13)), mm_features=(MultiModalFeature("img-a", 2, 3),))
     _, same = kv.get_computed_blocks(base)
@@ -48,7 +49,7 @@ def test_extra_keys_separate_caches(variant):
 
 
 def test_multimodal_key_only_on_overlapping_blocks():
-    kv = KVCacheManager(full_config(16))
+    kv = KVCacheManager(full_config(16), ops=pyagent_ref.ops)
     admit(kv, Request("a", list(range(13)), mm_features=(MultiModalFeature("img-a", 5, 2),)))
     # the image spans tokens 5-6 (block 1): block 0 is shared, blocks from 1 on are not
     _, hit = kv.get_computed_blocks(
@@ -58,7 +59,7 @@ def test_multimodal_key_only_on_overlapping_blocks():
 
 
 def test_allocation_fails_cleanly_when_the_pool_is_short():
-    kv = KVCacheManager(full_config(4))  # 3 usable blocks
+    kv = KVCacheManager(full_config(4), ops=pyagent_ref.ops)  # 3 usable blocks
     a = Request("a", list(range(12)))
     admit(kv, a)
     b = Request("b", [7] * 5)
@@ -70,7 +71,7 @@ def test_allocation_fails_cleanly_when_the_pool_is_short():
 
 
 def test_decode_grows_one_block_at_a_time_and_caches_full_blocks():
-    kv = KVCacheManager(full_config(8))
+    kv = KVCacheManager(full_config(8), ops=pyagent_ref.ops)
     a = Request("a", list(range(4)))
     admit(kv, a)
     assert len(kv.get_block_ids(a)[0]) == 1
@@ -83,7 +84,7 @@ def test_decode_grows_one_block_at_a_time_and_caches_full_blocks():
 
 
 def test_lookahead_slots_are_allocated_but_not_cached():
-    kv = KVCacheManager(full_config(8))
+    kv = KVCacheManager(full_config(8), ops=pyagent_ref.ops)
     a = Request("a", list(range(4)))
     computed, _ = kv.get_computed_blocks(a)
     new = kv.allocate_slots(a, 4, num_lookahead_tokens=5, new_computed_blocks=computed)
@@ -91,7 +92,7 @@ def test_lookahead_slots_are_allocated_but_not_cached():
 
 
 def test_free_restores_the_pool_and_keeps_the_cache():
-    kv = KVCacheManager(full_config(8))
+    kv = KVCacheManager(full_config(8), ops=pyagent_ref.ops)
     a = Request("a", list(range(10)))
     admit(kv, a)
     kv.free(a)
@@ -101,7 +102,7 @@ def test_free_restores_the_pool_and_keeps_the_cache():
 
 
 def test_statistics():
-    kv = KVCacheManager(full_config(16))
+    kv = KVCacheManager(full_config(16), ops=pyagent_ref.ops)
     admit(kv, Request("a", list(range(8))))
     admit(kv, Request("b", list(range(12))))
     m = kv.metrics()
@@ -109,13 +110,13 @@ def test_statistics():
 
 
 def test_negative_counts_are_rejected():
-    kv = KVCacheManager(full_config(8))
+    kv = KVCacheManager(full_config(8), ops=pyagent_ref.ops)
     with pytest.raises(ValueError, match="num_new_tokens"):
         kv.allocate_slots(Request("a", [1]), -1)
 
 
 def test_computed_blocks_only_for_new_requests():
-    kv = KVCacheManager(full_config(8))
+    kv = KVCacheManager(full_config(8), ops=pyagent_ref.ops)
     admit(kv, Request("a", list(range(9))))
     b = Request("b", list(range(9)))
     computed, _ = kv.get_computed_blocks(b)
@@ -126,7 +127,10 @@ def test_computed_blocks_only_for_new_requests():
 
 def test_accelerated_hashing_gives_the_same_hits():
     accel = pytest.importorskip("pyagent_accel.ops")
-    ref_kv, acc_kv = KVCacheManager(full_config(16)), KVCacheManager(full_config(16), ops=accel)
+    ref_kv, acc_kv = (
+        KVCacheManager(full_config(16), ops=pyagent_ref.ops),
+        KVCacheManager(full_config(16), ops=accel),
+    )
     for kv in (ref_kv, acc_kv):
         admit(kv, Request("a", list(range(13)), cache_salt="s", lora_name="l"))
     r1 = Request("b", list(range(13)), cache_salt="s", lora_name="l")

@@ -12,6 +12,7 @@ from collections import Counter
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+import pyagent_ref.ops
 from pyagent_ref.kv_cache import BlockRemoved, BlockStored, KVCacheManager
 from pyagent_ref.kv_cache.events import AllBlocksCleared
 from pyagent_ref.sched import Request
@@ -28,7 +29,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.kv = KVCacheManager(
-            full_config(NUM_BLOCKS), eviction=self.eviction, enable_events=True
+            full_config(NUM_BLOCKS), eviction=self.eviction, enable_events=True, ops=pyagent_ref.ops
         )
         self.running: dict[str, Request] = {}
         self.prefix_of_hash: dict[bytes, tuple[int, ...]] = {}

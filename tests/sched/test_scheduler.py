@@ -9,6 +9,7 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pyagent_ref.ops
 from pyagent_ref.kv_cache import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheManager
 from pyagent_ref.sample.params import SamplingParams
 from pyagent_ref.sched import Request, RequestStatus
@@ -39,7 +40,10 @@ class StandInRunner:
 
 
 def make(num_blocks, budget, max_seqs, chunked=True, policy="fcfs", max_model_len=200):
-    kv = KVCacheManager(KVCacheConfig(num_blocks, (KVCacheGroup(FullAttentionSpec(BLOCK, 1, 8)),)))
+    kv = KVCacheManager(
+        KVCacheConfig(num_blocks, (KVCacheGroup(FullAttentionSpec(BLOCK, 1, 8)),)),
+        ops=pyagent_ref.ops,
+    )
     config = SchedulerConfig(
         max_num_batched_tokens=budget,
         max_num_seqs=max_seqs,
