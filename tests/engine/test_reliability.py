@@ -371,6 +371,27 @@ def test_async_bad_request_fails_alone_and_abort_and_shutdown_end_streams(tiny_l
     assert_idle(engine)
 
 
+def test_async_sleep_and_wake_up(tiny_llm_dir):
+    engine = AsyncLLM(tiny_llm_dir[1], **ENGINE)
+
+    async def main():
+        before = await collect(engine.generate(PROMPTS[0], GREEDY))
+        agen = engine.generate(PROMPTS[1], SamplingParams(max_tokens=50, ignore_eos=True))
+        await agen.__anext__()
+        with pytest.raises(RuntimeError, match="unfinished requests"):
+            await engine.sleep()  # refused while a request is in flight
+        await agen.aclose()
+        await engine.sleep()
+        with pytest.raises(RuntimeError, match="asleep"):
+            await collect(engine.generate(PROMPTS[0], GREEDY))
+        await engine.wake_up()
+        after = await collect(engine.generate(PROMPTS[0], GREEDY))
+        assert [d.outputs[0].token_ids for d in after] == [d.outputs[0].token_ids for d in before]
+
+    asyncio.run(main())
+    assert_idle(engine)
+
+
 def test_async_shutdown_without_drain_ends_every_stream(tiny_llm_dir):
     engine = AsyncLLM(tiny_llm_dir[1], **ENGINE)
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
