@@ -3,30 +3,53 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from .protocol import Tokenizer
 from .tiktoken_backend import TIKTOKEN_CONFIG
 
-__all__ = ["load_tokenizer"]
+__all__ = ["TOKENIZER_BACKENDS", "load_tokenizer"]
+
+TOKENIZER_BACKENDS = ("library", "pyagent", "auto")
+"""The values of ``load_tokenizer(backend=...)``."""
 
 
-def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+def load_tokenizer(
+    model_dir: str | Path, backend: Literal["library", "pyagent", "auto"] = "library"
+) -> Tokenizer:
     """Load the tokenizer stored in ``model_dir``.
 
-    * ``tokenizer.json`` present: `HFTokenizer.from_pretrained` (the `tokenizers` library);
+    * ``tokenizer.json`` present: with ``backend="library"``,
+      `HFTokenizer.from_pretrained` (the `tokenizers` library); with ``"pyagent"``,
+      `BPETokenizer.from_pretrained` (this package's byte-level BPE, `tokenize.bpe`);
+      with ``"auto"``, `BPETokenizer` where it supports the tokenizer (byte-level BPE:
+      GPT-2, Llama 3, Qwen2 families), else `HFTokenizer`. Both give the same ids and text;
     * else a ``*.tiktoken`` rank file and ``tiktoken_config.json``:
-      `TiktokenTokenizer.from_pretrained` (needs the optional `tiktoken` package).
+      `TiktokenTokenizer.from_pretrained` (needs the optional `tiktoken` package), whatever
+      ``backend`` says.
 
     Raises:
         FileNotFoundError: ``model_dir`` is not a directory, or holds neither kind of
             tokenizer (the message says what was looked for and what is missing).
-        ValueError: the files are there but malformed.
+        UnsupportedTokenizerError: ``backend="pyagent"`` and a tokenizer.json that
+            `BPETokenizer` does not implement (a ValueError; the message names the feature).
+        ValueError: an unknown ``backend``, or the files are there but malformed.
         ImportError: a tiktoken checkpoint without the `tiktoken` package.
     """
+    if backend not in TOKENIZER_BACKENDS:
+        raise ValueError(f"backend must be one of {TOKENIZER_BACKENDS}, got {backend!r}")
     root = Path(model_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"model_dir {str(model_dir)!r} is not a directory")
     if (root / "tokenizer.json").is_file():
+        if backend != "library":
+            from .bpe import BPETokenizer, UnsupportedTokenizerError
+
+            try:
+                return BPETokenizer.from_pretrained(root)
+            except UnsupportedTokenizerError:
+                if backend == "pyagent":
+                    raise
         from .hf import HFTokenizer
 
         return HFTokenizer.from_pretrained(root)
