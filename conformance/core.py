@@ -274,7 +274,10 @@ class Ctx:
         return view
 
     def convert(self, value: Any) -> Any:
-        """`arr` applied to numpy arrays, leaving everything else (ints, bytes, lists) alone."""
+        """`arr` applied to numpy arrays and to the arrays of a list (per-request masks),
+        leaving everything else (ints, bytes, lists of ints) alone."""
+        if isinstance(value, list) and any(isinstance(v, np.ndarray) for v in value):
+            return [self.convert(v) for v in value]
         return self.arr(value) if isinstance(value, np.ndarray) else value
 
     # calls

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import contract
+
 
 @dataclass(frozen=True)
 class Divergence:
@@ -89,17 +91,7 @@ _ACCEL_STRIDES = (
     "copying: the Foundation issue asks the accelerator to reject non-contiguous input, never "
     "to copy it silently; padded rows (a row stride larger than the vocab) are accepted"
 )
-_ACCEL_STRIDED_OPS = (
-    "apply_temperature",
-    "apply_top_k",
-    "apply_top_p",
-    "apply_min_p",
-    "apply_penalties",
-    "apply_logit_bias",
-    "log_softmax",
-    "topk_logprobs",
-    "sample",
-)
+_ACCEL_STRIDED_OPS = contract.ops_taking("sampling", "logits", "logprobs")
 
 
 def _hf(op: str, prop: str, *reasons: str) -> Divergence:

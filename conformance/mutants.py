@@ -28,6 +28,7 @@ from pyagent_ref.ops import layers as L
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
 
+from . import contract
 from .core import Impl, library_of, to_numpy
 
 NEG_INF = float("-inf")
@@ -503,17 +504,7 @@ def _requires_contiguous(op: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-for _op in (
-    "apply_temperature",
-    "apply_top_k",
-    "apply_top_p",
-    "apply_min_p",
-    "apply_penalties",
-    "apply_logit_bias",
-    "log_softmax",
-    "topk_logprobs",
-    "sample",
-):
+for _op in contract.ops_taking("sampling", "logits", "logprobs"):
     MUTANTS.append(
         Mutant(
             f"{_op}_requires_contiguous",
@@ -1131,6 +1122,22 @@ def attention_ignores_window(*args: Any) -> Any:
     if len(args) > 7:
         args[7] = None
     return A.paged_attention(*args)
+
+
+@mutant("attention", "paged_attention", "ignores the custom masks (tree attention)")
+def attention_ignores_custom_masks(*args: Any) -> Any:
+    A.paged_attention(*args)  # the reference's errors for bad masks
+    return A.paged_attention(*args[:10])
+
+
+@mutant("attention", "paged_attention", "reads each mask's query rows in reverse order")
+def attention_reverses_custom_masks(*args: Any) -> Any:
+    A.paged_attention(*args)
+    masks = args[10] if len(args) > 10 else None
+    if masks is None:
+        return A.paged_attention(*args)
+    flipped = [None if m is None else _back(m, _np(m)[::-1].copy()) for m in masks]
+    return A.paged_attention(*args[:10], flipped)
 
 
 @mutant("attention", "reshape_and_cache", "writes padding tokens too (slot -1: the last slot)")

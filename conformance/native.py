@@ -97,6 +97,15 @@ def _defined_in_reference(obj: Any) -> str | None:
     return None
 
 
+def _parameters(fn: Callable[..., Any]) -> tuple[tuple[str, str, Any], ...]:
+    """(name, kind, default) of each parameter of `fn` (annotations may differ)."""
+    try:
+        sig = inspect.signature(fn)
+    except ValueError:  # a builtin without a text signature
+        return (("<no signature>", "", None),)
+    return tuple((p.name, p.kind.name, p.default) for p in sig.parameters.values())
+
+
 def _accel_root_name(ctx: Ctx) -> str:
     return ctx.impl.target.split(".")[0]
 
@@ -164,8 +173,20 @@ def _add_module_checks(module: str) -> None:
                 sys.setprofile(None)
             assert not seen, f"{module}.{op} ran reference code: {sorted(set(seen))}"
 
+    def signatures_match_the_reference(ctx: Ctx) -> None:
+        """Every function has the reference's parameters: names, order, kinds and defaults."""
+        accel, ref = _ops(ctx, module)
+        for name in sorted(_public_names(accel)):
+            obj, want = getattr(accel, name), getattr(ref, name, None)
+            if callable(obj) and callable(want):
+                got, expected = _parameters(obj), _parameters(want)
+                assert got == expected, (
+                    f"{module}.{name}{got} differs from the reference {expected}"
+                )
+
     spec.add(module, functions_are_not_the_reference)
     spec.add(module, no_public_name_beyond_the_reference)
+    spec.add(module, signatures_match_the_reference)
     spec.add(module, runs_no_reference_code)
 
 

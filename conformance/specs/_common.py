@@ -15,7 +15,7 @@ import hypothesis.extra.numpy as hnp
 import numpy as np
 from hypothesis import strategies as st
 
-from .. import checks
+from .. import checks, contract
 from ..core import Case, Ctx, Spec, SuiteError, library_of, to_numpy
 
 NEG_INF = float("-inf")
@@ -114,6 +114,12 @@ class OpShape:
 
     def call_args(self, case: Case) -> tuple[Any, ...]:
         return tuple(getattr(case, a) for a in self.args)
+
+
+def reference_shapes(module: str) -> dict[str, OpShape]:
+    """One OpShape per function of the reference module, its args the function's parameters
+    (so a Case names its fields like the parameters they feed)."""
+    return {op: OpShape(op, contract.parameters(module, op)) for op in contract.functions(module)}
 
 
 def add_does_not_modify_inputs(spec: Spec, shape: OpShape, cases: Any) -> None:

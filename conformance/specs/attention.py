@@ -28,44 +28,27 @@ from hypothesis import strategies as st
 
 import pyagent_ref.ops.attention  # noqa: F401 - binds pyagent_ref.ops.attention
 
-from .. import checks
+from .. import checks, contract
 from ..core import Case, Ctx, Spec, to_numpy
 from ._common import (
     FLOAT_DTYPES,
-    OpShape,
     add_does_not_modify_inputs,
     add_matches_reference,
     add_rejects_invalid_input,
     assert_within,
     check_like_input,
     error_variants,
+    reference_shapes,
 )
 
-OPS = ("reshape_and_cache", "paged_attention", "paged_decode_attention")
+OPS = contract.names("attention")
 TOL = {"float32": 2e-5, "float64": 1e-11}
 
 spec = Spec("attention", OPS)
 
-ATTN_ARGS = (
-    "query",
-    "key_cache",
-    "value_cache",
-    "block_table",
-    "query_start_loc",
-    "seq_lens",
-    "scale",
-    "sliding_window",
-    "soft_cap",
-    "alibi_slopes",
-)
-DECODE_ARGS = tuple(a for a in ATTN_ARGS if a != "query_start_loc")
-SHAPES = {
-    "reshape_and_cache": OpShape(
-        "reshape_and_cache", ("key", "value", "key_cache", "value_cache", "slot_mapping")
-    ),
-    "paged_attention": OpShape("paged_attention", ATTN_ARGS),
-    "paged_decode_attention": OpShape("paged_decode_attention", DECODE_ARGS),
-}
+SHAPES = reference_shapes("attention")
+ATTN_ARGS = SHAPES["paged_attention"].args
+DECODE_ARGS = SHAPES["paged_decode_attention"].args
 int_dtypes = st.sampled_from((np.int32, np.int64))
 
 # --- strategies -----------------------------------------------------------------------------
@@ -115,6 +98,12 @@ def attention_cases(
     alibi = None
     if extras and draw(st.booleans()):
         alibi = rng.uniform(0, 1, heads).astype(dtype)
+    masks = None
+    if extras and draw(st.booleans()):  # tree attention: some requests get a mask
+        masks = [
+            rng.random((q, s)) < 0.6 if draw(st.booleans()) else None
+            for q, s in zip(q_lens, seq_lens, strict=True)
+        ]
     return Case(
         query=query.astype(dtype),
         key_cache=kc.astype(dtype),
@@ -126,6 +115,7 @@ def attention_cases(
         sliding_window=draw(st.integers(1, 8)) if use_window else None,
         soft_cap=soft_cap,
         alibi_slopes=alibi,
+        custom_masks=masks,
     )
 
 
@@ -219,6 +209,10 @@ def dense_attention(case: Case) -> tuple[np.ndarray, np.ndarray]:
                 visible = pos <= p
                 if case.sliding_window is not None:
                     visible &= pos > p - case.sliding_window
+                if case.custom_masks is not None and case.custom_masks[r] is not None:
+                    visible &= case.custom_masks[r][i]
+                if not visible.any():
+                    continue  # nothing visible: the output stays 0
                 score = np.where(visible, score, -np.inf)
                 w = np.exp(score - score.max())
                 out[start + i, h] = (w / w.sum()) @ v[:, g]
@@ -328,6 +322,7 @@ def attention_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
     qsl, lens, table = case.query_start_loc, case.seq_lens, case.block_table
     bs = kc.shape[1]
     first_q = int(qsl[1] - qsl[0])
+    rest: list[Any] = [None] * (len(lens) - 1)  # no mask for the other requests
     short, long_ = lens.copy(), lens.copy()
     short[0] = first_q - 1
     long_[0] = table.shape[1] * bs + 1
@@ -346,6 +341,17 @@ def attention_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
         ("block_table one row short", {"block_table": table[:-1]}, ValueError),
         ("seq_len shorter than its query tokens", {"seq_lens": short}, ValueError),
         ("seq_len past its block table", {"seq_lens": long_}, ValueError),
+        ("custom_masks one entry short", {"custom_masks": [None] * (len(lens) - 1)}, ValueError),
+        (
+            "custom mask one key too wide",
+            {"custom_masks": [np.ones((first_q, int(lens[0]) + 1), bool)] + rest},
+            ValueError,
+        ),
+        (
+            "integer custom mask",
+            {"custom_masks": [np.ones((first_q, int(lens[0])), np.int64)] + rest},
+            TypeError,
+        ),
     ]
     return with_changes(case, ATTN_ARGS, options)
 
@@ -510,6 +516,7 @@ def as_flattened_batch(case: Case) -> tuple[Case, np.ndarray]:
     flat = Case(
         **{name: getattr(case, name) for name in DECODE_ARGS},
         query_start_loc=np.arange(len(real) + 1),
+        custom_masks=None,
     )
     flat.query = case.query[real]
     flat.block_table = case.block_table[real]

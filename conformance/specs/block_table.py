@@ -17,31 +17,23 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from .. import checks
+from .. import checks, contract
 from ..core import Case, Ctx, Spec, to_numpy
 from ._common import (
-    OpShape,
     add_does_not_modify_inputs,
     add_matches_reference,
     add_rejects_invalid_input,
     error_variants,
     hnp,
+    reference_shapes,
 )
 
-OPS = ("compute_positions", "compute_slot_mapping", "compute_logits_indices", "PAD_SLOT_ID")
+OPS = contract.names("block_table")
 PAD_SLOT_ID = -1
 
 spec = Spec("block_table", OPS)
 
-SHAPES = {
-    "compute_positions": OpShape(
-        "compute_positions", ("query_start_loc", "num_computed_tokens", "num_tokens")
-    ),
-    "compute_slot_mapping": OpShape(
-        "compute_slot_mapping", ("block_table", "query_start_loc", "positions", "block_size")
-    ),
-    "compute_logits_indices": OpShape("compute_logits_indices", ("query_start_loc",)),
-}
+SHAPES = reference_shapes("block_table")
 
 # --- strategies -----------------------------------------------------------------------------
 

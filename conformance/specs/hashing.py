@@ -12,23 +12,17 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from .. import oracles
+from .. import contract, oracles
 from ..core import Case, Ctx, Spec
-from ._common import OpShape, add_rejects_invalid_input, error_variants
+from ._common import add_rejects_invalid_input, error_variants, reference_shapes
 
-OPS = ("cbor_encode", "root_hash", "hash_block", "hash_blocks", "ALGORITHMS", "DIGEST_SIZES")
+OPS = contract.names("hashing")
 ALGORITHMS = ("sha256", "xxh3_128")
 DIGEST_SIZES = {"sha256": 32, "xxh3_128": 16}
 
 spec = Spec("hashing", OPS)
 
-SHAPES = {
-    "cbor_encode": OpShape("cbor_encode", ("value",)),
-    "hash_block": OpShape("hash_block", ("parent_hash", "token_ids", "extra_keys", "algorithm")),
-    "hash_blocks": OpShape(
-        "hash_blocks", ("token_ids", "block_size", "extra_keys", "algorithm", "parent")
-    ),
-}
+SHAPES = reference_shapes("hashing")
 
 # Golden values, computed once from the oracle and checked against the reference when
 # they were written down. They never change: a different value means a different cache key.

@@ -19,28 +19,25 @@ from hypothesis import strategies as st
 
 import pyagent_ref.ops.layers  # noqa: F401 - binds pyagent_ref.ops.layers for the reference
 
-from .. import checks
+from .. import checks, contract
 from ..core import Case, Ctx, Spec
 from ._common import (
     FLOAT_DTYPES,
-    OpShape,
     add_does_not_modify_inputs,
     add_matches_reference,
     add_rejects_invalid_input,
     assert_within,
     check_like_input,
     error_variants,
+    reference_shapes,
 )
 
-OPS = ("rms_norm", "silu_and_mul")
+OPS = contract.names("layers")
 TOL = {"float32": 2e-6, "float64": 1e-12}
 
 spec = Spec("layers", OPS)
 
-SHAPES = {
-    "rms_norm": OpShape("rms_norm", ("x", "weight", "eps", "residual")),
-    "silu_and_mul": OpShape("silu_and_mul", ("x",)),
-}
+SHAPES = reference_shapes("layers")
 
 
 def tol(dtype: Any) -> float:

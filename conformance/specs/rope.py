@@ -25,34 +25,26 @@ from hypothesis import strategies as st
 import pyagent_ref.ops.rope  # noqa: F401 - binds pyagent_ref.ops.rope for the reference
 from pyagent_ref.ops.rope import rope_inv_freq as _ref_inv_freq
 
-from .. import checks
+from .. import checks, contract
 from ..core import Case, Ctx, Spec
 from ._common import (
     FLOAT_DTYPES,
-    OpShape,
     add_does_not_modify_inputs,
     add_matches_reference,
     add_rejects_invalid_input,
     assert_within,
     check_like_input,
     error_variants,
+    reference_shapes,
 )
 
-OPS = ("rope_inv_freq", "apply_rope", "ROPE_TYPES")
+OPS = contract.names("rope")
 TOL = {"float32": 2e-6, "float64": 1e-12}
 ANGLE_TOL = 2e-6
 
 spec = Spec("rope", OPS)
 
-SHAPES = {
-    "rope_inv_freq": OpShape(
-        "rope_inv_freq",
-        ("rotary_dim", "theta", "rope_scaling", "max_position_embeddings", "seq_len", "like"),
-    ),
-    "apply_rope": OpShape(
-        "apply_rope", ("positions", "query", "key", "inv_freq", "scale", "is_neox")
-    ),
-}
+SHAPES = reference_shapes("rope")
 
 # --- strategies -----------------------------------------------------------------------------
 

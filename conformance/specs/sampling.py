@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from .. import checks, oracles
+from .. import checks, contract, oracles
 from ..core import Case, Ctx, Spec
 from ._common import (
     FLOAT_DTYPES,
     NEG_INF,
-    OpShape,
     add_accepts_strided_input,
     add_does_not_modify_inputs,
     add_matches_reference,
@@ -29,50 +28,19 @@ from ._common import (
     hnp,
     logits_arrays,
     logits_errors,
+    reference_shapes,
     row_values,
     token_id_arrays,
 )
 
-OPS = (
-    "apply_temperature",
-    "apply_top_k",
-    "apply_top_p",
-    "apply_min_p",
-    "apply_penalties",
-    "apply_logit_bias",
-    "log_softmax",
-    "topk_logprobs",
-    "philox_uniform",
-    "sample",
-)
+OPS = contract.names("sampling")
 
 spec = Spec("sampling", OPS)
 
 #: Factors that put a threshold on a boundary quantity or 1e-8 relative beside it.
 NEAR = (1.0, 1.0 + 1e-8, 1.0 - 1e-8)
 
-SHAPES = {
-    "apply_temperature": OpShape("apply_temperature", ("logits", "temperature")),
-    "apply_top_k": OpShape("apply_top_k", ("logits", "k")),
-    "apply_top_p": OpShape("apply_top_p", ("logits", "p")),
-    "apply_min_p": OpShape("apply_min_p", ("logits", "min_p")),
-    "apply_penalties": OpShape(
-        "apply_penalties",
-        (
-            "logits",
-            "prompt_ids",
-            "output_ids",
-            "repetition_penalty",
-            "frequency_penalty",
-            "presence_penalty",
-        ),
-    ),
-    "apply_logit_bias": OpShape("apply_logit_bias", ("logits", "token_ids", "bias")),
-    "log_softmax": OpShape("log_softmax", ("logits",)),
-    "topk_logprobs": OpShape("topk_logprobs", ("logprobs", "num", "sampled")),
-    "philox_uniform": OpShape("philox_uniform", ("seeds", "positions", "num")),
-    "sample": OpShape("sample", ("logits", "temperature", "seeds", "positions")),
-}
+SHAPES = reference_shapes("sampling")
 
 
 def call(ctx: Ctx, op: str, case: Case) -> Any:

@@ -123,6 +123,27 @@ def reshape_and_cache(
         flat[slots] = xp.where(any_real, new, xp.take(flat, slots, axis=0))
 
 
+def _check_masks(custom_masks: Sequence[Any | None], qsl: list[int], lens: list[int]) -> None:
+    """Each request's mask is None or a boolean array (q_len_r, seq_lens[r])."""
+    if len(custom_masks) != len(lens):
+        raise ValueError(
+            f"custom_masks must hold one entry per request ({len(lens)}), got {len(custom_masks)}"
+        )
+    for r, mask in enumerate(custom_masks):
+        if mask is None:
+            continue
+        if dtype_name(mask) != "bool":
+            raise TypeError(
+                f"custom_masks[{r}] must be a boolean array, got dtype {dtype_name(mask)}"
+            )
+        want = (qsl[r + 1] - qsl[r], lens[r])
+        if tuple(mask.shape) != want:
+            raise ValueError(
+                f"custom_masks[{r}] must have shape (q_len, seq_len) = {want}, "
+                f"got {tuple(mask.shape)}"
+            )
+
+
 def _flat_view(cache: Any, name: str) -> Any:
     """(num_blocks * block_size, heads, head_size) view sharing memory with `cache`."""
     contiguous = (
@@ -177,9 +198,10 @@ def paged_attention(
     Returns:
         An array like query.
     Raises:
-        TypeError: non-float query, non-integer index arrays.
+        TypeError: non-float query, non-integer index arrays, a non-boolean custom mask.
         ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
-            sequence longer than its block table, seq_lens[r] < q_len_r.
+            sequence longer than its block table, seq_lens[r] < q_len_r, a custom
+            mask not of shape (q_len_r, seq_lens[r]).
     """
     xp = _check_query(query, key_cache)
     block_size = key_cache.shape[1]
@@ -190,6 +212,8 @@ def paged_attention(
             f"query_start_loc ({len(qsl)}), seq_lens ({len(lens)}) and block_table rows "
             f"({block_table.shape[0]}) must describe the same requests"
         )
+    if custom_masks is not None:
+        _check_masks(custom_masks, qsl, lens)
     compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
     out = xp.zeros(query.shape, dtype=query.dtype, device=device(query))
     # Requests with the same number of query tokens (all the decodes, typically) are
