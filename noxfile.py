@@ -93,12 +93,41 @@ def demo(session: nox.Session) -> None:
     session.run("pyagent", "demo", *session.posargs)
 
 
+# Where the lint session looks for dead and duplicated code.
+PYTHON_SOURCES = ("pyagent_ref", "conformance", f"{ACCEL}/python", "benchmarks", "tools")
+# Decorators that register a function (so vulture must not call it unused).
+REGISTERING_DECORATORS = "@mutant,@*.prop,@pytest.fixture,@*.setter,@property,@st.composite"
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff on the Python, cargo fmt and clippy on the Rust."""
-    session.install("ruff")
+    """ruff on the Python; dead code (vulture) and duplicated code (pylint's duplicate-code
+    checker); cargo fmt and clippy on the Rust."""
+    session.install("ruff", "vulture", "pylint")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run(
+        "vulture",
+        *PYTHON_SOURCES,
+        "tests",
+        f"{ACCEL}/tests",
+        "tools/vulture_whitelist.py",
+        "--min-confidence=60",
+        "--ignore-names=test_*,Test*",
+        f"--ignore-decorators={REGISTERING_DECORATORS}",
+    )
+    session.run(
+        "pylint",
+        "--disable=all",
+        "--enable=duplicate-code",
+        "--min-similarity-lines=8",
+        "--ignore-imports=yes",
+        "--ignore-signatures=yes",
+        "--ignore-docstrings=yes",
+        "--score=no",
+        "--ignore-patterns=.*\\.pyi$",  # stubs repeat signatures by design
+        *PYTHON_SOURCES,
+    )
     session.run("cargo", "fmt", "--manifest-path", CARGO_MANIFEST, "--check", external=True)
     session.run(
         "cargo",

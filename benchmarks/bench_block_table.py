@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +34,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from the checkout
+
+from _timing import machine_line, timeit  # noqa: E402
 
 from pyagent_ref.ops import block_table as ref  # noqa: E402
 
@@ -53,20 +52,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 BLOCK_SIZE = 16
 MAX_BLOCKS = 256
-
-
-def timeit(fn: Callable[[], Any], budget: float, min_reps: int, max_reps: int) -> float:
-    """Median seconds of fn() over repeats sized so the total stays near `budget`."""
-    t0 = time.perf_counter()
-    fn()  # warm-up (allocator, caches, lazy init); also sizes the repeats
-    first = time.perf_counter() - t0
-    reps = int(min(max_reps, max(min_reps, budget / max(first, 1e-7))))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def make_batch(query_lens: list[int], pad_to: int, rng: np.random.Generator) -> dict[str, Any]:
@@ -211,10 +196,7 @@ def main() -> None:
     if torch is not None:
         torch.set_num_threads(args.torch_threads)
     print(
-        f"python {platform.python_version()}, numpy {np.__version__}, "
-        f"torch {torch.__version__ if torch else 'absent'} "
-        f"({torch.get_num_threads() if torch else 0} threads), cpus {os.cpu_count()}, "
-        f"pyagent_accel SIMD {accel_native.SIMD}, load average {os.getloadavg()[0]:.2f}; "
+        f"{machine_line(torch, accel_native.SIMD)}; "
         f"block_size {BLOCK_SIZE}, {MAX_BLOCKS} block-table columns\n"
     )
     t0 = time.perf_counter()

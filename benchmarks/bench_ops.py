@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import platform
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from the checkout
+
+from _timing import machine_line, timeit  # noqa: E402
 
 from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
@@ -45,20 +42,6 @@ try:
     from pyagent_accel.ops import sampling as accel_sampling
 except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(f"pyagent_accel is not installed ({exc}); build it with: pip install ./pyagent_accel")
-
-
-def timeit(fn: Callable[[], Any], budget: float, min_reps: int, max_reps: int) -> float:
-    """Median seconds of fn() over repeats sized so the total stays near `budget`."""
-    t0 = time.perf_counter()
-    fn()  # warm-up (allocator, caches, lazy init); also sizes the repeats
-    first = time.perf_counter() - t0
-    reps = int(min(max_reps, max(min_reps, budget / max(first, 1e-7))))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def sampling_cases(batch: int, vocab: int, rng: np.random.Generator) -> list[tuple[str, tuple]]:
@@ -202,12 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="reduced grid for CI smoke runs")
     args = parser.parse_args()
-    print(
-        f"python {platform.python_version()}, numpy {np.__version__}, "
-        f"torch {torch.__version__ if torch else 'absent'} "
-        f"({torch.get_num_threads() if torch else 0} threads), cpus {os.cpu_count()}, "
-        f"pyagent_accel SIMD {accel_native.SIMD}, load average {os.getloadavg()[0]:.2f}\n"
-    )
+    print(machine_line(torch, accel_native.SIMD) + "\n")
     if args.quick:
         shapes, lengths, budget, min_reps = [(4, 32000)], [1024, 16384], 0.02, 1
     else:
