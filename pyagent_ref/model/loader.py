@@ -87,7 +87,7 @@ def _target(hf_name: str, model: nn.Module) -> tuple[str, object | None]:
     return name, None
 
 
-def _shard_slice(param_name: str, shard: object, model: nn.Module) -> slice:
+def _shard_slice(shard: object, model: nn.Module) -> slice:
     cfg = model.config
     if shard in ("q", "k", "v"):
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
@@ -118,7 +118,7 @@ def load_weights(
                 f"checkpoint tensor {hf_name!r} has no place in {type(model).__name__}"
             )
         param = params[name]
-        target = param.data if shard is None else param.data[_shard_slice(name, shard, model)]
+        target = param.data if shard is None else param.data[_shard_slice(shard, model)]
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(
                 f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "

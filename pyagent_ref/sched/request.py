@@ -47,7 +47,6 @@ class RequestTimes:
     queued: float | None = None
     first_scheduled: float | None = None
     first_token: float | None = None
-    last_token: float | None = None
     finished: float | None = None
     token_times: list[float] = field(default_factory=list)
     num_preemptions: int = 0

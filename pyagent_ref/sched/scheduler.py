@@ -270,7 +270,6 @@ class Scheduler:
             times = request.times
             if times.first_token is None:
                 times.first_token = now
-            times.last_token = now
             times.token_times.append(now)
             status, stop_reason = self._check_stop(request, token)
             if status is not None:
