@@ -35,7 +35,8 @@ def install(session: nox.Session, extras: str, accel: bool = True) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole suite: cargo tests, pytest over ref + accel + conformance, strict docs."""
+    """The whole suite: cargo tests, pytest over ref + accel + conformance, the
+    conformance self-test (mutants), strict docs."""
     install(session, "engine,hf,tiktoken,tests,docs")
     session.run("cargo", "test", "--manifest-path", CARGO_MANIFEST, "--quiet", external=True)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
@@ -58,6 +59,8 @@ def tests(session: nox.Session) -> None:
             f"--conformance-array={array}",
             env=ENV,
         )
+    # The suite tests itself: every mutant must fail a property (about 3 CPU-minutes).
+    session.run("python", "-m", "conformance.selftest", f"--profile={profile}", env=ENV)
     site = f"{session.create_tmp()}/site"
     session.run("mkdocs", "build", "--strict", "--site-dir", site, env=ENV)
 
