@@ -307,7 +307,7 @@ class AddedToken:
     decoded: bytes | None = None
 
     @property
-    def bytes(self) -> bytes:
+    def decoded_bytes(self) -> bytes:
         """What ``decode`` writes for this token."""
         return self.content.encode("utf-8") if self.decoded is None else self.decoded
 
@@ -380,7 +380,8 @@ class BytePairEncoding:
                 raise ValueError(f"vocab: id {token_id} is used twice ({token!r})")
             table[token_id] = token
         for added in self.added_tokens.values():
-            table[added.id] = added.bytes  # may re-state a vocab token (GPT-2's <|endoftext|>)
+            # an added token may re-state a vocab token (GPT-2's <|endoftext|>)
+            table[added.id] = added.decoded_bytes
         for token_id in table:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
                 raise ValueError(f"token ids must be ints >= 0, got {token_id!r}")
@@ -798,7 +799,7 @@ class BPETokenizer(TokenizerBase):
             added = self._enc.added_tokens.get(token)
             spelled = byte_level_bytes(token)
             if added is not None:
-                chunks.append(added.bytes)
+                chunks.append(added.decoded_bytes)
             else:
                 chunks.append(token.encode("utf-8") if spelled is None else spelled)
         return b"".join(chunks).decode("utf-8", errors="replace")
