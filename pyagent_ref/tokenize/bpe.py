@@ -21,8 +21,16 @@ ever unknown (`BytePairEncoding` checks this). Byte-level vocabularies store tok
 as printable characters (`byte_level_alphabet`: ``" "`` is ``"Ġ"``); tiktoken rank files
 store raw bytes; here every token is its bytes.
 
+`BytePairEncoding` holds the data of the steps and runs them; it loads a ``tokenizer.json``
+(`BytePairEncoding.from_tokenizer_json`, which names what it does not support with
+`UnsupportedTokenizerError`) or tiktoken ranks (`BytePairEncoding.from_tiktoken`).
+`BPETokenizer` puts it behind the engine's `Tokenizer` protocol. docs/tokenization.md
+works through an example.
+
 Complexity: `bpe_merge` rescans all pairs after each merge, O(n^2) dictionary look-ups for
 a piece of n bytes; pieces are short (words), and repeated pieces are served from a cache.
+Normal forms are those of Python's `unicodedata`, whose Unicode version can be newer than
+the tables of the `tokenizers` library (NFKC differs on characters assigned from 12.1 on).
 """
 
 from __future__ import annotations
@@ -57,11 +65,16 @@ __all__ = [
     "UnsupportedTokenizerError",
     "bpe_merge",
     "byte_level_alphabet",
+    "byte_level_bytes",
+    "byte_level_decoding",
+    "byte_level_spelling",
+    "check_no_disallowed",
     "merges_from_ranks",
     "normalize",
     "pre_tokenize",
     "resolve_special_sets",
     "split_added_tokens",
+    "split_isolated",
 ]
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -115,6 +128,14 @@ def byte_level_bytes(token: str) -> bytes | None:
     if not all(char in byte_of for char in token):
         return None
     return bytes(byte_of[char] for char in token)
+
+
+def byte_level_decoding(token: str) -> bytes:
+    """What the ``ByteLevel`` decoder writes for a token string: the bytes it spells if
+    every character is in `byte_level_alphabet`, else its UTF-8 (``"é x"``: a space is
+    not in the alphabet)."""
+    spelled = byte_level_bytes(token)
+    return token.encode("utf-8") if spelled is None else spelled
 
 
 def byte_level_spelling(token: bytes) -> str:
@@ -296,7 +317,8 @@ class AddedToken:
         id: its id.
         special: special tokens obey ``allowed_special`` / ``disallowed_special`` and are
             dropped by ``skip_special_tokens``; other added tokens are always matched.
-        normalized: matched in the normalized text (after step 2) instead of the raw text.
+        normalized: matched, normalized itself, in the normalized text (after step 2)
+            instead of the raw text.
         decoded: the bytes ``decode`` writes for it (None: ``content`` in UTF-8).
     """
 
@@ -424,18 +446,17 @@ class BytePairEncoding:
 
     def _split_and_normalize(self, text: str, allowed: AbstractSet[str]) -> list[Segment]:
         """Steps 1 and 2: added tokens matched on the raw text, normalization of the text
-        between them, then added tokens that match the normalized text."""
-
-        def matched(normalized: bool) -> dict[str, int]:
-            return {
-                content: t.id
-                for content, t in self.added_tokens.items()
-                if t.normalized == normalized and (not t.special or content in allowed)
-            }
-
-        segments = split_added_tokens([text], matched(normalized=False))
+        between them, then the ``normalized`` added tokens, themselves normalized."""
+        matched = [t for t in self.added_tokens.values() if not t.special or t.content in allowed]
+        raw = {t.content: t.id for t in matched if not t.normalized}
+        in_normalized = {self.added_token_text(t): t.id for t in matched if t.normalized}
+        segments = split_added_tokens([text], raw)
         segments = [s if isinstance(s, int) else normalize(s, self.normal_forms) for s in segments]
-        return split_added_tokens(segments, matched(normalized=True))
+        return split_added_tokens(segments, in_normalized)
+
+    def added_token_text(self, token: AddedToken) -> str:
+        """The text ``token`` matches: its content, normalized if ``token.normalized``."""
+        return normalize(token.content, self.normal_forms) if token.normalized else token.content
 
     def _encode_text(self, text: str) -> list[int]:
         """Steps 3 and 4 on text that holds no added token."""
@@ -544,9 +565,10 @@ def _from_tokenizer_json(data: Mapping[str, Any]) -> BytePairEncoding:
     _require(not model.get("dropout"), f"BPE dropout {model.get('dropout')!r}")
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         _require(not model.get(key), f"BPE {key} {model.get(key)!r}")
-    added = [_added_token(entry) for entry in data.get("added_tokens") or []]
+    normal_forms = _normal_forms(data.get("normalizer"))
+    added = [_added_token(entry, normal_forms) for entry in data.get("added_tokens") or []]
     added_ids = {t.id for t in added}
-    vocab = {}
+    vocab: dict[bytes, int] = {}
     for spelling, token_id in model["vocab"].items():
         token = byte_level_bytes(spelling)
         if token is None and token_id not in added_ids:
@@ -555,6 +577,10 @@ def _from_tokenizer_json(data: Mapping[str, Any]) -> BytePairEncoding:
             )
         if token is not None:
             vocab[token] = token_id
+    _require(
+        all(bytes([b]) in vocab for b in range(256)),
+        "a vocab without all 256 single bytes (the library drops or unks the others)",
+    )
     merges = {}
     for rank, merge in enumerate(model["merges"]):
         left, right = merge.split(" ") if isinstance(merge, str) else merge
@@ -568,7 +594,7 @@ def _from_tokenizer_json(data: Mapping[str, Any]) -> BytePairEncoding:
         merges,
         patterns,
         added_tokens=added,
-        normal_forms=_normal_forms(data.get("normalizer")),
+        normal_forms=normal_forms,
         add_prefix_space=add_prefix_space,
         ignore_merges=bool(model.get("ignore_merges", False)),
         template=_template(data.get("post_processor")),
@@ -581,18 +607,22 @@ def _require(condition: bool, feature: str) -> None:
         raise UnsupportedTokenizerError(f"unsupported: {feature}")
 
 
-def _added_token(entry: Mapping[str, Any]) -> AddedToken:
-    """One ``added_tokens`` entry; lstrip / rstrip / single_word are not supported."""
+def _added_token(entry: Mapping[str, Any], normal_forms: Sequence[str]) -> AddedToken:
+    """One ``added_tokens`` entry; lstrip / rstrip / single_word are not supported.
+
+    It decodes as the ``ByteLevel`` decoder reads its text (`byte_level_decoding`); the
+    text of a ``normalized`` token is its normalized content."""
     for flag in ("lstrip", "rstrip", "single_word"):
         _require(not entry.get(flag), f"added token {entry['content']!r} with {flag}")
     content = entry["content"]
     _require(isinstance(content, str) and content != "", f"added token content {content!r}")
+    normalized = bool(entry.get("normalized", False))
     return AddedToken(
         content=content,
         id=int(entry["id"]),
         special=bool(entry.get("special", False)),
-        normalized=bool(entry.get("normalized", False)),
-        decoded=byte_level_bytes(content),
+        normalized=normalized,
+        decoded=byte_level_decoding(normalize(content, normal_forms) if normalized else content),
     )
 
 
@@ -703,8 +733,11 @@ class BPETokenizer(TokenizerBase):
         self.chat_templates = normalize_chat_templates(chat_templates)
         self.model_max_length = check_max_length(model_max_length)
         self._special_ids = frozenset(t.id for t in encoding.added_tokens.values() if t.special)
+        self._added_by_text = {
+            encoding.added_token_text(t): t for t in encoding.added_tokens.values()
+        }
         self._spelling = {i: byte_level_spelling(b) for b, i in encoding.vocab.items()}
-        self._spelling.update({t.id: t.content for t in encoding.added_tokens.values()})
+        self._spelling.update({t.id: text for text, t in self._added_by_text.items()})
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> BPETokenizer:
@@ -736,7 +769,11 @@ class BPETokenizer(TokenizerBase):
                     f"{config_file}: special token {text!r} is not in tokenizer.json's added_tokens"
                 )
         max_length = config.get("model_max_length")
-        if isinstance(max_length, (int, float)) and not isinstance(max_length, bool):
+        if max_length is not None:
+            if isinstance(max_length, bool) or not isinstance(max_length, (int, float)):
+                raise ValueError(
+                    f"{config_file}: model_max_length must be a number, got {max_length!r}"
+                )
             max_length = None if max_length >= 1e29 else int(max_length)  # 1e30: no limit
         return cls(
             encoding,
@@ -786,8 +823,12 @@ class BPETokenizer(TokenizerBase):
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-        self._enc.token_bytes(ids)  # the checks: ints, in range, ids of tokens
-        return [self._spelling[i] for i in ids]
+        out = []
+        for i, token_id in enumerate(check_token_ids(ids, self.vocab_size)):
+            if token_id not in self._spelling:
+                raise ValueError(f"ids[{i}] = {token_id} is not the id of any token")
+            out.append(self._spelling[token_id])
+        return out
 
     def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
         if isinstance(tokens, str):
@@ -796,12 +837,8 @@ class BPETokenizer(TokenizerBase):
         for i, token in enumerate(tokens):
             if not isinstance(token, str):
                 raise TypeError(f"tokens[{i}] must be a str, got {token!r}")
-            added = self._enc.added_tokens.get(token)
-            spelled = byte_level_bytes(token)
-            if added is not None:
-                chunks.append(added.decoded_bytes)
-            else:
-                chunks.append(token.encode("utf-8") if spelled is None else spelled)
+            added = self._added_by_text.get(token)
+            chunks.append(byte_level_decoding(token) if added is None else added.decoded_bytes)
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:

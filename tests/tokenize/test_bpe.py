@@ -205,6 +205,13 @@ def test_unsupported_features_are_named(embedded_json, path, value, feature):
         BytePairEncoding.from_tokenizer_json(_edited(embedded_json, path, value))
 
 
+def test_a_vocab_without_every_byte_is_unsupported(embedded_json):
+    data = json.loads(json.dumps(embedded_json))
+    del data["model"]["vocab"]["Ā"]  # byte 0x00
+    with pytest.raises(UnsupportedTokenizerError, match="without all 256 single bytes"):
+        BytePairEncoding.from_tokenizer_json(data)
+
+
 def test_invalid_tokenizer_json(tmp_path, embedded_json):
     bad = tmp_path / "tokenizer.json"
     bad.write_text("{", encoding="utf-8")

@@ -204,6 +204,7 @@ def _added_tokens_of_every_kind(tk):
     """Normalized and raw, special and not, with spaces and with byte-level characters."""
     tk.normalizer = normalizers.NFC()
     tk.add_tokens([AddedToken("café", normalized=True), AddedToken("plainé z", normalized=False)])
+    tk.add_tokens([AddedToken("nai\u0308f", normalized=True)])  # matched as NFC "naïf"
     tk.add_special_tokens(
         [AddedToken("Ġhi", normalized=False), AddedToken("é x", normalized=False)]
     )
@@ -216,7 +217,18 @@ VARIANTS = {
     "string_split_and_nfkd": _string_split_and_nfkd,
     "added_tokens": _added_tokens_of_every_kind,
 }
-VARIANT_FRAGMENTS = ["café", "cafe\u0301", "plainé z", "Ġhi", "é x", "<|im_start|>x", "ǅ", "㍿"]
+VARIANT_FRAGMENTS = [
+    "café",
+    "cafe\u0301",
+    "plainé z",
+    "Ġhi",
+    "é x",
+    "<|im_start|>x",
+    "ǅ",
+    "㍿",
+    "naïf",
+    "nai\u0308f",
+]
 
 
 def _same_in_both_tables(text: str, ours: BytePairEncoding, tk: tokenizers.Tokenizer) -> str:
@@ -248,5 +260,9 @@ def test_tokenizer_json_features_are_identical(variant, bpe):
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False)
 
     check()
+    every_fragment = "".join(FRAGMENTS + VARIANT_FRAGMENTS)
+    ids = hf.encode(every_fragment).ids
+    assert ours.encode(every_fragment, allowed_special="all") == ids
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False)
     stress = _same_in_both_tables(TEXTS["stress"], ours, tk)
     assert ours.encode(stress, allowed_special="all") == hf.encode(stress).ids

@@ -9,7 +9,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
 from pyagent_ref.tokenize import (
     BPETokenizer,
@@ -80,14 +80,17 @@ def test_added_tokens_spelled_and_decoded_like_hf(bpe):
     tk = Tokenizer.from_str(bpe.to_str())
     tk.add_special_tokens([AddedToken(t, normalized=False) for t in ("Ġhi", "é x")])
     tk.add_tokens([AddedToken("plain z", normalized=False)])
+    tk.normalizer = normalizers.NFC()
+    tk.add_tokens([AddedToken("nai\u0308f", normalized=True)])  # spelled and decoded as NFC
     ours = BPETokenizer(BytePairEncoding.from_tokenizer_json(json.loads(tk.to_str())))
     hf = HFTokenizer(tk)
-    ids = ours.encode("aĠhi b é x plain z")
-    assert ids == hf.encode("aĠhi b é x plain z")
+    text = "aĠhi b é x plain z nai\u0308f"
+    ids = ours.encode(text)
+    assert ids == hf.encode(text)
     tokens = ours.convert_ids_to_tokens(ids)
     assert tokens == hf.convert_ids_to_tokens(ids)
     assert ours.convert_tokens_to_string(tokens) == hf.convert_tokens_to_string(tokens)
-    assert ours.decode(ids) == hf.decode(ids) == "a hi b é x plain z"
+    assert ours.decode(ids) == hf.decode(ids) == "a hi b é x plain z na\ufffdf"
 
 
 def test_bad_arguments_are_named(pair):
