@@ -6,7 +6,8 @@
 //! comparison with the reference is `python benchmarks/bench_ops.py`.
 
 use pyagent_accel::float::simd_level;
-use pyagent_accel::{philox, sampling};
+use pyagent_accel::philox;
+use pyagent_accel::sampling::kernels as sampling;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -36,7 +37,7 @@ fn main() {
         })
         .collect();
     let mut out = vec![0f32; n];
-    let mut sc = sampling::Scratch::default();
+    let mut scratch = sampling::Scratch::default();
     let mut buf = Vec::new();
     let prompt: Vec<i64> = (0..300).map(|i| (i * 421) % n as i64).collect();
     let output: Vec<i64> = (0..200).map(|i| (i * 977) % n as i64).collect();
@@ -49,14 +50,21 @@ fn main() {
         black_box(sampling::top_k_row(&row, &mut out, 50, &mut buf));
     });
     best_of("top_p (p=0.9)", || {
-        black_box(sampling::top_p_row(&row, &mut out, 0.9, &mut sc));
+        black_box(sampling::top_p_row(&row, &mut out, 0.9, &mut scratch));
     });
     best_of("min_p (0.05)", || {
         black_box(sampling::min_p_row(&row, &mut out, 0.05));
     });
     best_of("penalties", || {
         black_box(sampling::penalties_row(
-            &row, &mut out, &prompt, &output, 1.1, 0.2, 0.3, &mut sc,
+            &row,
+            &mut out,
+            &prompt,
+            &output,
+            1.1,
+            0.2,
+            0.3,
+            &mut scratch,
         ));
     });
     best_of("log_softmax", || {

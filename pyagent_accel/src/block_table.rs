@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
-use crate::sampling::detached;
+use crate::py_util::detached;
 
 /// The slot of padding tokens (the cache write skips it).
 pub const PAD_SLOT_ID: i64 = -1;

@@ -11,6 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyList, PyString, PyTuple};
 use sha2::{Digest, Sha256};
 
+use crate::py_util::{detached, slice};
+
 pub const ROOT_LABEL: &str = "pyagent.prefix-cache.v1";
 
 /// Append a CBOR head: major type in the top 3 bits, argument n in the shortest form.
@@ -443,16 +445,14 @@ fn hash_block<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let alg = Algorithm::from_code(algorithm)?;
     check_parent(parent, alg)?;
-    let toks = tokens
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("token_ids must be C-contiguous"))?;
+    let toks = slice(&tokens, "token_ids")?;
     let mut keys = Vec::new();
     encode_keys(&mut keys, extra_keys, "extra_keys")?;
     let mut buf = Vec::with_capacity(16 + parent.len() + 9 * toks.len() + keys.len());
     encode_block(&mut buf, parent, toks, &keys);
     let mut out = vec![0u8; alg.size()];
     if buf.len() > 1 << 16 {
-        crate::sampling::detached(py, || alg.digest(&buf, &mut out))?;
+        detached(py, || alg.digest(&buf, &mut out))?;
     } else {
         alg.digest(&buf, &mut out);
     }
@@ -475,9 +475,7 @@ fn hash_blocks<'py>(
     if block_size == 0 {
         return Err(PyValueError::new_err("block_size must be >= 1, got 0"));
     }
-    let toks = tokens
-        .as_slice()
-        .map_err(|_| PyValueError::new_err("token_ids must be C-contiguous"))?;
+    let toks = slice(&tokens, "token_ids")?;
     let n = toks.len() / block_size;
     // Encode every block's keys first, in block order, so the first malformed key
     // raises as it would in the reference's loop.
@@ -509,7 +507,7 @@ fn hash_blocks<'py>(
     }
     let none_keys = [0x80u8];
     let has_keys = extra_keys.is_some();
-    let digests = crate::sampling::detached(py, || {
+    let digests = detached(py, || {
         if !has_keys {
             chain(alg, parent, toks, block_size, |_| &none_keys[..])
         } else {

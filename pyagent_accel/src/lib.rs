@@ -1,9 +1,9 @@
 //! `pyagent_accel._native`: Rust kernels behind `pyagent_accel.ops`.
 //!
-//! The Python package (`python/pyagent_accel/ops/*.py`) normalises arguments exactly
-//! like `pyagent_ref.ops` and calls the functions registered here, which validate what
-//! they are given again (nothing reachable from Python panics) and do the numeric work
-//! with the GIL released.
+//! The Python package (`python/pyagent_accel/ops/*.py`) checks arguments exactly like
+//! `pyagent_ref.ops` and calls the functions registered here, which check again only
+//! what the kernels rely on (nothing reachable from Python panics) and do the numeric
+//! work with the GIL released. `py_util` holds what the bindings of all modules share.
 
 // Kernels index lanes explicitly (`for l in 0..LANES`) so the compiler vectorises
 // them, and spell NaN-aware tests as `!(x < y)` on purpose (true for NaN).
@@ -15,6 +15,7 @@ pub mod block_table;
 pub mod float;
 pub mod hashing;
 pub mod philox;
+pub mod py_util;
 pub mod sampling;
 
 #[pymodule]

@@ -1,12 +1,21 @@
 # Private native module: the ops in pyagent_accel.ops wrap these. Not a public API.
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 SIMD: str
 
+class Check:
+    FINITE_NONNEG: ClassVar[Check]
+    UNIT_OPEN_CLOSED: ClassVar[Check]
+    UNIT_CLOSED: ClassVar[Check]
+    FINITE_POS: ClassVar[Check]
+    FINITE: ClassVar[Check]
+    NONNEG: ClassVar[Check]
+    INDEX: ClassVar[Check]
+
 def check_logits(x: np.ndarray, name: str) -> None: ...
-def first_bad(values: np.ndarray, kind: str, bound: int) -> int: ...
+def first_bad(values: np.ndarray, check: Check, bound: int = 0) -> int: ...
 def apply_temperature(logits: np.ndarray, temperature: np.ndarray) -> np.ndarray: ...
 def apply_top_k(logits: np.ndarray, k: np.ndarray) -> np.ndarray: ...
 def apply_top_p(logits: np.ndarray, p: np.ndarray) -> np.ndarray: ...

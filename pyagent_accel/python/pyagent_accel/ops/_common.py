@@ -1,21 +1,30 @@
-"""Argument normalisation shared by the ops wrappers (private).
+"""The validation layer of the ops wrappers (private): arguments converted and checked
+as `pyagent_ref.ops` converts and checks them, and the builder of the sampling wrappers.
 
-The checks mirror `pyagent_ref.ops._arrays` step for step (same order, exception
-classes and messages) for the two array libraries pyagent_accel supports: numpy
-arrays and torch CPU tensors. torch is never imported here: a value is a tensor only
-if torch is already loaded and the value is an instance of `torch.Tensor`.
+The checks mirror `pyagent_ref.ops._arrays` and the ops step for step (same order,
+exception classes and messages) for the two array libraries pyagent_accel supports:
+numpy arrays and torch CPU tensors. torch is never imported here: a value is a tensor
+only if torch is already loaded and the value is an instance of `torch.Tensor`.
 
 Main arrays (logits, logprobs) are handed to Rust as zero-copy numpy views. Rows may
 be strided (e.g. `logits[:, :vocab]` of a padded array), but each row must be
 contiguous: a hidden copy of a (batch, vocab) array would cost more than the op.
 Per-row parameters and id arrays are small and are converted like the reference
 converts them.
+
+A sampling op is declared by `op(module, native, *steps)`: its native function (whose
+signature is the op's) and the steps the reference takes on the other arguments, in
+the reference's order: conversions (`Rows`, `TokenIds`, `Bias`, `Count`) and value
+checks (`Values`). See `op` for the order of the row checks of the logits.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,6 +34,11 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 I64 = np.dtype(np.int64)
 FLOAT_DTYPE_NAMES = ("float32", "float64")
+LOGITS_DTYPE = None  # `Rows` dtype: the dtype of the op's logits
+
+Check = _native.Check
+
+# --- arrays ---------------------------------------------------------------------------
 
 
 def torch_module() -> Any:
@@ -36,9 +50,23 @@ def is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def dtype_name(x: Any) -> str:
-    """'float32', 'int64', ... for a numpy array or torch tensor."""
-    return str(x.dtype).removeprefix("torch.")
+    """'float32', 'int64', ... for a numpy array or torch tensor.
+
+    Cached per dtype: `str()` of a numpy dtype costs microseconds, as much as an op on
+    a decode batch.
+    """
+    dtype = x.dtype
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        return name
+    except TypeError:  # an unhashable dtype attribute
+        return str(dtype).removeprefix("torch.")
 
 
 def check_cpu(x: Any, name: str) -> None:
@@ -65,6 +93,18 @@ def native_array(arr: np.ndarray) -> np.ndarray:
     if not (arr.flags.c_contiguous and arr.flags.aligned):
         arr = np.array(arr, order="C", copy=True)
     return arr
+
+
+def wrap(out: Any, torch_in: bool) -> Any:
+    """A result array (or a tuple of them) in the input's library (torch: zero-copy)."""
+    if isinstance(out, tuple):
+        return tuple(wrap(o, torch_in) for o in out)
+    if torch_in:
+        return sys.modules["torch"].from_numpy(out)
+    return out
+
+
+# --- main arrays: the checks the reference makes first ----------------------------------
 
 
 def logits_array(x: Any, name: str = "logits") -> tuple[np.ndarray, bool]:
@@ -99,80 +139,242 @@ def logits_array(x: Any, name: str = "logits") -> tuple[np.ndarray, bool]:
     return arr, torch_in
 
 
-def wrap(out: Any, torch_in: bool) -> Any:
-    """A result array in the input's library (torch: zero-copy)."""
-    if torch_in:
-        return sys.modules["torch"].from_numpy(out)
-    return out
+def check_logits(x: np.ndarray, name: str = "logits") -> None:
+    """The row checks of `check_logits` (NaN/+inf, then all -inf), in Rust."""
+    _native.check_logits(x, name)
 
 
-def row_param(torch_in: bool, batch: int, value: Any, name: str, dtype: np.dtype) -> np.ndarray:
-    """`_arrays.row_param`: a (batch,) array of `dtype`, converted like the reference."""
-    if (
-        not torch_in
-        and type(value) is np.ndarray
-        and value.dtype == dtype
-        and value.ndim == 1
-        and value.shape[0] == batch
-    ):
-        return native_array(value)
-    kind = dtype_name(value) if hasattr(value, "dtype") else None
-    if kind is not None and not ("float" in kind or "int" in kind):
-        raise TypeError(f"{name} must hold numbers, got dtype {kind}")
-    if kind is not None and "float" in kind and dtype == I64:
-        raise TypeError(f"{name} must hold integers, got dtype {kind}")
-    if is_torch(value):
-        check_cpu(value, name)
-    try:
-        if torch_in:
-            torch = sys.modules["torch"]
-            arr = torch.asarray(value, dtype=torch_dtype(dtype), device="cpu")
-        else:
-            arr = np.asarray(value, dtype=dtype)
-    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
-        raise TypeError(f"{name} must be array-like of numbers, got {value!r}") from exc
-    if arr.ndim != 1 or arr.shape[0] != batch:
-        raise ValueError(
-            f"{name} must have shape ({batch},) to match the batch, got shape {tuple(arr.shape)}"
+def seeds_array(seeds: Any, name: str = "seeds") -> tuple[np.ndarray, bool]:
+    """The checks `philox_uniform` makes on its seeds; returns (int64 array, input was torch)."""
+    if isinstance(seeds, np.ndarray):
+        torch_in = False
+    elif is_torch(seeds):
+        check_cpu(seeds, name)
+        torch_in = True
+    elif isinstance(seeds, np.generic):
+        seeds, torch_in = np.asarray(seeds), False
+    else:
+        raise TypeError(
+            f"{name} must be a numpy array or a torch tensor, got {type(seeds).__name__}"
         )
-    return native_array(tensor_to_numpy(arr) if torch_in else arr)
-
-
-def token_ids(torch_in: bool, batch: int, vocab: int, ids: Any, name: str) -> np.ndarray:
-    """`sampling._token_ids`: padded (batch, n) int64 ids; entries < 0 are padding."""
-    kind = str(getattr(ids, "dtype", "int")).removeprefix("torch.")
+    kind = dtype_name(seeds)
     if "int" not in kind:
         raise TypeError(f"{name} must be an integer array, got dtype {kind}")
-    if is_torch(ids):
-        check_cpu(ids, name)
+    if seeds.ndim != 1:
+        raise ValueError(f"{name} must have shape (batch,), got shape {tuple(seeds.shape)}")
     if torch_in:
-        torch = sys.modules["torch"]
-        arr = torch.asarray(ids, dtype=torch.int64, device="cpu")
+        arr = tensor_to_numpy(seeds.to(torch_dtype(I64)))
     else:
-        arr = np.asarray(ids, dtype=I64)
-    if arr.ndim != 2 or arr.shape[0] != batch:
-        raise ValueError(f"{name} must have shape ({batch}, n), got shape {tuple(arr.shape)}")
-    arr = native_array(tensor_to_numpy(arr) if torch_in else arr)
-    if arr.size:
-        top = int(arr.max())
-        if top >= vocab:
-            raise ValueError(f"{name} holds token id {top}, outside the vocab of {vocab}")
-    return arr
+        arr = seeds.astype(I64, copy=False)
+    return native_array(arr), torch_in
 
 
-def check_values(arr: np.ndarray, kind: str, message: str, bound: int = 0) -> None:
-    """ValueError `message` (formatted with row and value) for the first bad entry.
+# --- the steps of an op, after its main array --------------------------------------------
+#
+# A step converts or checks one argument of a call in place: `args` is the list of the
+# call's arguments, `at` maps a parameter name to its position, `x` is the main array
+# (a numpy view) and `torch_in` says whether the inputs are torch tensors.
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A per-row parameter, as `_arrays.row_param` converts it: a (batch,) array of
+    `dtype` (LOGITS_DTYPE: the logits' dtype)."""
+
+    name: str
+    dtype: np.dtype | None
+
+    def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
+        name, i, batch = self.name, at[self.name], x.shape[0]
+        dtype = x.dtype if self.dtype is None else self.dtype
+        value = args[i]
+        if (
+            not torch_in
+            and type(value) is np.ndarray
+            and value.dtype == dtype
+            and value.ndim == 1
+            and value.shape[0] == batch
+        ):
+            args[i] = native_array(value)
+            return
+        kind = dtype_name(value) if hasattr(value, "dtype") else None
+        if kind is not None and not ("float" in kind or "int" in kind):
+            raise TypeError(f"{name} must hold numbers, got dtype {kind}")
+        if kind is not None and "float" in kind and dtype == I64:
+            raise TypeError(f"{name} must hold integers, got dtype {kind}")
+        if is_torch(value):
+            check_cpu(value, name)
+        try:
+            if torch_in:
+                torch = sys.modules["torch"]
+                arr = torch.asarray(value, dtype=torch_dtype(dtype), device="cpu")
+            else:
+                arr = np.asarray(value, dtype=dtype)
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+            raise TypeError(f"{name} must be array-like of numbers, got {value!r}") from exc
+        if arr.ndim != 1 or arr.shape[0] != batch:
+            raise ValueError(
+                f"{name} must have shape ({batch},) to match the batch, "
+                f"got shape {tuple(arr.shape)}"
+            )
+        args[i] = native_array(tensor_to_numpy(arr) if torch_in else arr)
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """Token ids as `sampling._token_ids` converts them: padded (batch, n) int64 ids,
+    each < vocab; entries < 0 are padding."""
+
+    name: str
+
+    def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
+        name, i, (batch, vocab) = self.name, at[self.name], x.shape
+        ids = args[i]
+        kind = dtype_name(ids) if hasattr(ids, "dtype") else "int"
+        if "int" not in kind:
+            raise TypeError(f"{name} must be an integer array, got dtype {kind}")
+        if is_torch(ids):
+            check_cpu(ids, name)
+        if torch_in:
+            torch = sys.modules["torch"]
+            arr = torch.asarray(ids, dtype=torch.int64, device="cpu")
+        else:
+            arr = np.asarray(ids, dtype=I64)
+        if arr.ndim != 2 or arr.shape[0] != batch:
+            raise ValueError(f"{name} must have shape ({batch}, n), got shape {tuple(arr.shape)}")
+        arr = native_array(tensor_to_numpy(arr) if torch_in else arr)
+        if arr.size:
+            top = int(arr.max())
+            if top >= vocab:
+                raise ValueError(f"{name} holds token id {top}, outside the vocab of {vocab}")
+        args[i] = arr
+
+
+@dataclass(frozen=True)
+class Bias:
+    """Finite float64 weights, one per entry of the (converted) token ids `ids`."""
+
+    name: str
+    ids: str
+
+    def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
+        name, i, ids = self.name, at[self.name], args[at[self.ids]]
+        bias = args[i]
+        kind = dtype_name(bias) if hasattr(bias, "dtype") else "float"
+        if not ("float" in kind or "int" in kind):
+            raise TypeError(f"{name} must hold numbers, got dtype {kind}")
+        if is_torch(bias):
+            check_cpu(bias, name)
+        if torch_in:
+            torch = sys.modules["torch"]
+            b = tensor_to_numpy(torch.asarray(bias, dtype=torch.float64, device="cpu"))
+        else:
+            b = np.asarray(bias, dtype=F64)
+        if tuple(b.shape) != tuple(ids.shape):
+            raise ValueError(
+                f"{name} must have the shape of {self.ids} {tuple(ids.shape)}, got {tuple(b.shape)}"
+            )
+        b = native_array(b)
+        if _native.first_bad(b.reshape(-1), Check.FINITE) >= 0:
+            raise ValueError(f"{name} must be finite, got a NaN or infinite entry")
+        args[i] = b
+
+
+@dataclass(frozen=True)
+class Count:
+    """A Python int (not a bool) >= 0, and <= the vocab if `at_most_vocab`."""
+
+    name: str
+    at_most_vocab: bool = False
+
+    def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
+        name, num = self.name, args[at[self.name]]
+        if isinstance(num, bool) or not isinstance(num, int):
+            raise TypeError(f"{name} must be an int, got {num!r}")
+        if self.at_most_vocab:
+            vocab = x.shape[1]
+            if not 0 <= num <= vocab:
+                raise ValueError(f"{name} must be in [0, {vocab}], got {num}")
+        elif num < 0:
+            raise ValueError(f"{name} must be >= 0, got {num}")
+
+
+@dataclass(frozen=True)
+class Values:
+    """ValueError `message`, formatted with row, value and vocab, for the first entry of
+    a converted argument that `check` rejects. The vocab (the length of the main
+    array's last axis) also ends the range of Check.INDEX.
 
     The scan runs in Rust (`_native.first_bad`); the message is formatted here so
     values print exactly as the reference prints them (Python float/int repr).
     """
-    row = _native.first_bad(arr, kind, bound)
-    if row >= 0:
-        value = arr[row]
-        value = int(value) if arr.dtype.kind == "i" else float(value)
-        raise ValueError(message.format(row=row, value=value))
+
+    name: str
+    check: Any  # a _native.Check
+    message: str
+
+    def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
+        arr, vocab = args[at[self.name]], x.shape[-1]
+        row = _native.first_bad(arr, self.check, vocab)
+        if row >= 0:
+            value = int(arr[row]) if arr.dtype.kind == "i" else float(arr[row])
+            raise ValueError(self.message.format(row=row, value=value, vocab=vocab))
 
 
-def check_logits(x: np.ndarray, name: str = "logits") -> None:
-    """The row checks of `check_logits` (NaN/+inf, then all -inf), in Rust."""
-    _native.check_logits(x, name)
+Step = Callable[[list[Any], dict[str, int], np.ndarray, bool], None]
+
+
+class Main(NamedTuple):
+    """How an op reads its first argument: `load(value, name)` gives (numpy array,
+    input was torch); `row_checks(array, name)`, if any, are the reference's checks of
+    its rows, which it makes before looking at the other arguments."""
+
+    load: Callable[[Any, str], tuple[np.ndarray, bool]]
+    row_checks: Callable[[np.ndarray, str], None] | None
+
+
+LOGITS = Main(logits_array, check_logits)
+SEEDS = Main(seeds_array, None)
+
+
+def op(module: str, native: Any, *steps: Step, main: Main = LOGITS) -> Callable[..., Any]:
+    """The public op of `module` that runs `native` (a `_native` function).
+
+    The op has the native function's name and signature (the reference's, which the
+    tests check). A call reads the first argument with `main.load`, runs `steps` in
+    order on the others, then calls `native` with the main array and the converted
+    arguments; results come back in the input's library.
+
+    The reference checks the rows of the logits (NaN/+inf, all -inf) before any other
+    argument. Here the native op checks them, fused with its work; so when a step
+    fails, the row checks run first, and a bad row is the error reported, as in the
+    reference.
+    """
+    signature = inspect.signature(native)
+    params = tuple(signature.parameters)
+    main_name, arity = params[0], len(params)
+    at = {name: i for i, name in enumerate(params)}
+    calls = tuple(step.__call__ for step in steps)  # bound methods: cheaper to call
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != arity:
+            args = signature.bind(*args, **kwargs).args
+        x, torch_in = main.load(args[0], main_name)
+        values = list(args)
+        values[0] = x
+        try:
+            for step in calls:
+                step(values, at, x, torch_in)
+        except Exception:
+            if main.row_checks is not None:
+                main.row_checks(x, main_name)
+            raise
+        return wrap(native(*values), torch_in)
+
+    name = native.__name__
+    contract = module.replace("pyagent_accel", "pyagent_ref", 1)
+    call.__name__ = call.__qualname__ = name
+    call.__module__ = module
+    call.__signature__ = signature  # type: ignore[attr-defined]
+    call.__doc__ = f"{native.__doc__}\n\nContract: `{contract}.{name}` (its docstring)."
+    return call

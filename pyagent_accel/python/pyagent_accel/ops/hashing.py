@@ -64,7 +64,7 @@ def _check_parent(parent: Any, algorithm: Any, name: str) -> bytes:
 def _tokens(token_ids: Any, name: str = "token_ids") -> _np.ndarray:
     """Token ids (sequence or 1-D integer array) as a contiguous uint64 array."""
     if hasattr(token_ids, "dtype"):
-        kind = str(token_ids.dtype).removeprefix("torch.")
+        kind = _c.dtype_name(token_ids)
         if "int" not in kind:
             raise TypeError(f"{name} must hold integers, got dtype {kind}")
         if token_ids.ndim != 1:
@@ -80,7 +80,7 @@ def _tokens(token_ids: Any, name: str = "token_ids") -> _np.ndarray:
             return _c.native_array(arr.astype(_np.uint64, copy=False))
         if arr.dtype.kind == "i":
             signed = _c.native_array(arr.astype(_np.int64, copy=False))
-            row = _native.first_bad(signed, "nonneg", 0)
+            row = _native.first_bad(signed, _c.Check.NONNEG)
             if row >= 0:
                 raise ValueError(f"{name}[{row}] must be in [0, 2**64), got {int(signed[row])}")
             return signed.view(_np.uint64)

@@ -41,6 +41,7 @@ import numpy as _np
 
 from .. import _native
 from . import _common as _c
+from ._common import F64, I64, LOGITS_DTYPE, SEEDS, Bias, Check, Count, Rows, TokenIds, Values
 
 __all__ = [
     "apply_temperature",
@@ -58,167 +59,73 @@ __all__ = [
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85  # key schedule (Weyl) increments
 
-
-def apply_temperature(logits: Any, temperature: Any) -> Any:
-    """Divide each row's logits by its temperature (0 leaves the row unchanged).
-
-    Contract: `pyagent_ref.ops.sampling.apply_temperature`.
-    """
-    x, torch_in = _c.logits_array(logits)
-    try:
-        t = _c.row_param(torch_in, x.shape[0], temperature, "temperature", x.dtype)
-        _c.check_values(
-            t, "finite_nonneg", "temperature[{row}] must be finite and >= 0, got {value}"
-        )
-    except Exception:
-        _c.check_logits(x)
-        raise
-    return _c.wrap(_native.apply_temperature(x, t), torch_in)
+_TEMPERATURE = "temperature[{row}] must be finite and >= 0, got {value}"
+_POSITION = "positions[{row}] must be >= 0, got {value}"
 
 
-def apply_top_k(logits: Any, k: Any) -> Any:
-    """Keep each row's k largest logits (and ties with the k-th), mask the rest.
-
-    Contract: `pyagent_ref.ops.sampling.apply_top_k`.
-    """
-    x, torch_in = _c.logits_array(logits)
-    try:
-        kk = _c.row_param(torch_in, x.shape[0], k, "k", _c.I64)
-    except Exception:
-        _c.check_logits(x)
-        raise
-    return _c.wrap(_native.apply_top_k(x, kk), torch_in)
+def _op(native: Any, *steps: _c.Step, main: _c.Main = _c.LOGITS) -> Any:
+    return _c.op(__name__, native, *steps, main=main)
 
 
-def apply_top_p(logits: Any, p: Any) -> Any:
-    """Nucleus filter: keep the smallest set of most likely tokens whose mass reaches p.
+# One op per statement: the native function, then what the reference does with the
+# arguments after the logits, in its order (conversions, then value checks).
 
-    Contract: `pyagent_ref.ops.sampling.apply_top_p`.
-    """
-    x, torch_in = _c.logits_array(logits)
-    try:
-        pp = _c.row_param(torch_in, x.shape[0], p, "p", _c.F64)
-        _c.check_values(pp, "unit_open_closed", "p[{row}] must be in (0, 1], got {value}")
-    except Exception:
-        _c.check_logits(x)
-        raise
-    return _c.wrap(_native.apply_top_p(x, pp), torch_in)
-
-
-def apply_min_p(logits: Any, min_p: Any) -> Any:
-    """Mask tokens that are much less likely than the most likely one.
-
-    Contract: `pyagent_ref.ops.sampling.apply_min_p`.
-    """
-    x, torch_in = _c.logits_array(logits)
-    try:
-        mp = _c.row_param(torch_in, x.shape[0], min_p, "min_p", _c.F64)
-        _c.check_values(mp, "unit_closed", "min_p[{row}] must be in [0, 1], got {value}")
-    except Exception:
-        _c.check_logits(x)
-        raise
-    return _c.wrap(_native.apply_min_p(x, mp), torch_in)
-
-
-def apply_penalties(
-    logits: Any,
-    prompt_ids: Any,
-    output_ids: Any,
-    repetition_penalty: Any,
-    frequency_penalty: Any,
-    presence_penalty: Any,
-) -> Any:
-    """Penalise tokens that already appeared (repetition, frequency, presence).
-
-    Contract: `pyagent_ref.ops.sampling.apply_penalties`.
-    """
-    x, torch_in = _c.logits_array(logits)
-    batch, vocab = x.shape
-    try:
-        prompt = _c.token_ids(torch_in, batch, vocab, prompt_ids, "prompt_ids")
-        output = _c.token_ids(torch_in, batch, vocab, output_ids, "output_ids")
-        r = _c.row_param(torch_in, batch, repetition_penalty, "repetition_penalty", x.dtype)
-        f = _c.row_param(torch_in, batch, frequency_penalty, "frequency_penalty", x.dtype)
-        q = _c.row_param(torch_in, batch, presence_penalty, "presence_penalty", x.dtype)
-        for name, val, kind in (
-            ("repetition_penalty", r, "finite_pos"),
-            ("frequency_penalty", f, "finite"),
-            ("presence_penalty", q, "finite"),
-        ):
-            _c.check_values(val, kind, name + "[{row}] out of range, got {value}")
-    except Exception:
-        _c.check_logits(x)
-        raise
-    return _c.wrap(_native.apply_penalties(x, prompt, output, r, f, q), torch_in)
-
-
-def apply_logit_bias(logits: Any, token_ids: Any, bias: Any) -> Any:
-    """Add per-row biases to chosen tokens (OpenAI's `logit_bias`).
-
-    Contract: `pyagent_ref.ops.sampling.apply_logit_bias`.
-    """
-    x, torch_in = _c.logits_array(logits)
-    batch, vocab = x.shape
-    try:
-        ids = _c.token_ids(torch_in, batch, vocab, token_ids, "token_ids")
-        kind = str(getattr(bias, "dtype", "float")).removeprefix("torch.")
-        if not ("float" in kind or "int" in kind):
-            raise TypeError(f"bias must hold numbers, got dtype {kind}")
-        if _c.is_torch(bias):
-            _c.check_cpu(bias, "bias")
-        if torch_in:
-            torch = _c.torch_module()
-            b = _c.tensor_to_numpy(torch.asarray(bias, dtype=torch.float64, device="cpu"))
-        else:
-            b = _np.asarray(bias, dtype=_c.F64)
-        if tuple(b.shape) != tuple(ids.shape):
-            raise ValueError(
-                f"bias must have the shape of token_ids {tuple(ids.shape)}, got {tuple(b.shape)}"
-            )
-        b = _c.native_array(b)
-        if _native.first_bad(b.reshape(-1), "finite", 0) >= 0:
-            raise ValueError("bias must be finite, got a NaN or infinite entry")
-    except Exception:
-        _c.check_logits(x)
-        raise
-    return _c.wrap(_native.apply_logit_bias(x, ids, b), torch_in)
-
-
-def log_softmax(logits: Any) -> Any:
-    """Log-probabilities: x - max(x) - log(sum(exp(x - max(x)))) per row.
-
-    Contract: `pyagent_ref.ops.sampling.log_softmax` (float tolerance: see the module
-    docstring).
-    """
-    x, torch_in = _c.logits_array(logits)
-    return _c.wrap(_native.log_softmax(x), torch_in)
-
-
-def topk_logprobs(logprobs: Any, num: int, sampled: Any) -> tuple[Any, Any, Any, Any]:
-    """The `num` most likely tokens of each row, and the sampled token's logprob and rank.
-
-    Contract: `pyagent_ref.ops.sampling.topk_logprobs`.
-    """
-    x, torch_in = _c.logits_array(logprobs, "logprobs")
-    batch, vocab = x.shape
-    try:
-        if isinstance(num, bool) or not isinstance(num, int):
-            raise TypeError(f"num must be an int, got {num!r}")
-        if not 0 <= num <= vocab:
-            raise ValueError(f"num must be in [0, {vocab}], got {num}")
-        s = _c.row_param(torch_in, batch, sampled, "sampled", _c.I64)
-        message = "sampled[{row}] must be a token id in [0, " + str(vocab) + "), got {value}"
-        _c.check_values(s, "index", message, vocab)
-    except Exception:
-        _c.check_logits(x, "logprobs")
-        raise
-    values, ids, chosen, rank = _native.topk_logprobs(x, num, s)
-    return (
-        _c.wrap(values, torch_in),
-        _c.wrap(ids, torch_in),
-        _c.wrap(chosen, torch_in),
-        _c.wrap(rank, torch_in),
-    )
+apply_temperature = _op(
+    _native.apply_temperature,
+    Rows("temperature", LOGITS_DTYPE),
+    Values("temperature", Check.FINITE_NONNEG, _TEMPERATURE),
+)
+apply_top_k = _op(_native.apply_top_k, Rows("k", I64))
+apply_top_p = _op(
+    _native.apply_top_p,
+    Rows("p", F64),
+    Values("p", Check.UNIT_OPEN_CLOSED, "p[{row}] must be in (0, 1], got {value}"),
+)
+apply_min_p = _op(
+    _native.apply_min_p,
+    Rows("min_p", F64),
+    Values("min_p", Check.UNIT_CLOSED, "min_p[{row}] must be in [0, 1], got {value}"),
+)
+apply_penalties = _op(
+    _native.apply_penalties,
+    TokenIds("prompt_ids"),
+    TokenIds("output_ids"),
+    Rows("repetition_penalty", LOGITS_DTYPE),
+    Rows("frequency_penalty", LOGITS_DTYPE),
+    Rows("presence_penalty", LOGITS_DTYPE),
+    Values(
+        "repetition_penalty",
+        Check.FINITE_POS,
+        "repetition_penalty[{row}] out of range, got {value}",
+    ),
+    Values("frequency_penalty", Check.FINITE, "frequency_penalty[{row}] out of range, got {value}"),
+    Values("presence_penalty", Check.FINITE, "presence_penalty[{row}] out of range, got {value}"),
+)
+apply_logit_bias = _op(_native.apply_logit_bias, TokenIds("token_ids"), Bias("bias", "token_ids"))
+log_softmax = _op(_native.log_softmax)
+topk_logprobs = _op(
+    _native.topk_logprobs,
+    Count("num", at_most_vocab=True),
+    Rows("sampled", I64),
+    Values(
+        "sampled", Check.INDEX, "sampled[{row}] must be a token id in [0, {vocab}), got {value}"
+    ),
+)
+philox_uniform = _op(
+    _native.philox_uniform,
+    Count("num"),
+    Rows("positions", I64),
+    Values("positions", Check.NONNEG, _POSITION),
+    main=SEEDS,
+)
+sample = _op(
+    _native.sample,
+    Rows("temperature", F64),
+    Values("temperature", Check.FINITE_NONNEG, _TEMPERATURE),
+    Rows("seeds", I64),
+    Rows("positions", I64),
+    Values("positions", Check.NONNEG, _POSITION),
+)
 
 
 def _philox4x32_10(counter: tuple[Any, Any, Any, Any], key: tuple[Any, Any]) -> tuple:
@@ -259,60 +166,3 @@ def _philox4x32_10(counter: tuple[Any, Any, Any, Any], key: tuple[Any, Any]) -> 
     ]
     out = _native.philox4x32_10(flat)
     return tuple(_c.wrap(o.reshape(shape), torch_in) for o in out)
-
-
-def philox_uniform(seeds: Any, positions: Any, num: int) -> Any:
-    """`num` uniform doubles in (0, 1) per row, a pure function of (seed, position, index).
-
-    Contract: `pyagent_ref.ops.sampling.philox_uniform` (bit-identical).
-    """
-    if isinstance(seeds, _np.ndarray):
-        torch_in = False
-    elif _c.is_torch(seeds):
-        _c.check_cpu(seeds, "seeds")
-        torch_in = True
-    elif isinstance(seeds, _np.generic):
-        seeds, torch_in = _np.asarray(seeds), False
-    else:
-        raise TypeError(
-            f"seeds must be a numpy array or a torch tensor, got {type(seeds).__name__}"
-        )
-    kind = _c.dtype_name(seeds)
-    if "int" not in kind:
-        raise TypeError(f"seeds must be an integer array, got dtype {kind}")
-    if seeds.ndim != 1:
-        raise ValueError(f"seeds must have shape (batch,), got shape {tuple(seeds.shape)}")
-    if isinstance(num, bool) or not isinstance(num, int):
-        raise TypeError(f"num must be an int, got {num!r}")
-    if num < 0:
-        raise ValueError(f"num must be >= 0, got {num}")
-    if torch_in:
-        seed = _c.tensor_to_numpy(seeds.to(_c.torch_dtype(_c.I64)))
-    else:
-        seed = seeds.astype(_c.I64, copy=False)
-    seed = _c.native_array(seed)
-    pos = _c.row_param(torch_in, seed.shape[0], positions, "positions", _c.I64)
-    _c.check_values(pos, "nonneg", "positions[{row}] must be >= 0, got {value}")
-    return _c.wrap(_native.philox_uniform(seed, pos, num), torch_in)
-
-
-def sample(logits: Any, temperature: Any, seeds: Any, positions: Any) -> Any:
-    """Draw one token per row: greedy where temperature is 0, else a seeded random draw.
-
-    Contract: `pyagent_ref.ops.sampling.sample` (same tokens). Greedy rows draw no
-    uniforms; random rows score exactly only the tokens that can still win.
-    """
-    x, torch_in = _c.logits_array(logits)
-    batch = x.shape[0]
-    try:
-        t = _c.row_param(torch_in, batch, temperature, "temperature", _c.F64)
-        _c.check_values(
-            t, "finite_nonneg", "temperature[{row}] must be finite and >= 0, got {value}"
-        )
-        s = _c.row_param(torch_in, batch, seeds, "seeds", _c.I64)
-        pos = _c.row_param(torch_in, batch, positions, "positions", _c.I64)
-        _c.check_values(pos, "nonneg", "positions[{row}] must be >= 0, got {value}")
-    except Exception:
-        _c.check_logits(x)
-        raise
-    return _c.wrap(_native.sample(x, t, s, pos), torch_in)

@@ -1,0 +1,132 @@
+//! One pass over a row of logits: the reference's row validation fused with the row's
+//! maximum, the first index of a value (argmax), and numpy's pairwise sum.
+
+use crate::float::{multiversion, Float};
+
+/// Lanes of the vectorised row loops (16 f32 fill one AVX-512 register).
+pub const LANES: usize = 16;
+
+/// What the row checks of `pyagent_ref.ops._arrays.check_logits` say about one row.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum RowStatus {
+    #[default]
+    Ok,
+    /// Some entry is NaN or +inf.
+    NanOrInf,
+    /// Every entry is -inf.
+    AllMasked,
+}
+
+/// The error the reference raises for a batch of row statuses, if any: the lowest
+/// NaN/+inf row, else the lowest all -inf row (the reference checks NaN/+inf first).
+pub fn first_error(statuses: &[RowStatus]) -> Option<(usize, RowStatus)> {
+    if let Some(row) = statuses.iter().position(|s| *s == RowStatus::NanOrInf) {
+        return Some((row, RowStatus::NanOrInf));
+    }
+    statuses
+        .iter()
+        .position(|s| *s == RowStatus::AllMasked)
+        .map(|row| (row, RowStatus::AllMasked))
+}
+
+/// Validate a row and return its maximum (one vectorised pass).
+#[inline(always)]
+pub fn scan<T: Float>(row: &[T]) -> (RowStatus, T) {
+    let mut lane_max = [T::NEG_INF; LANES];
+    let mut lane_bad = [0u8; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for l in 0..LANES {
+            let x = chunk[l];
+            lane_bad[l] |= (!(x < T::INF)) as u8;
+            lane_max[l] = if x > lane_max[l] { x } else { lane_max[l] };
+        }
+    }
+    let mut max = T::NEG_INF;
+    let mut bad = 0u8;
+    for &x in chunks.remainder() {
+        bad |= (!(x < T::INF)) as u8;
+        if x > max {
+            max = x;
+        }
+    }
+    for l in 0..LANES {
+        bad |= lane_bad[l];
+        if lane_max[l] > max {
+            max = lane_max[l];
+        }
+    }
+    let status = if bad != 0 {
+        RowStatus::NanOrInf
+    } else if max == T::NEG_INF {
+        RowStatus::AllMasked
+    } else {
+        RowStatus::Ok
+    };
+    (status, max)
+}
+
+#[inline(always)]
+fn row_status_impl<T: Float>(row: &[T]) -> RowStatus {
+    scan(row).0
+}
+
+multiversion! {
+    /// The status of a row alone (the row checks without an op).
+    pub fn row_status<T>(row: &[T]) -> RowStatus = row_status_impl;
+}
+
+/// Index of the first entry equal to `value` (numpy/torch argmax of the max: lowest
+/// index on ties); 0 if there is none.
+#[inline(always)]
+pub fn first_index_of<T: Float>(row: &[T], value: T) -> usize {
+    let mut base = 0;
+    for chunk in row.chunks(64) {
+        let mut hit = false;
+        for &x in chunk {
+            hit |= x == value;
+        }
+        if hit {
+            return base + chunk.iter().position(|&x| x == value).unwrap_or(0);
+        }
+        base += chunk.len();
+    }
+    0
+}
+
+/// numpy's pairwise summation (`pairwise_sum` in loops_utils.h.src), which is what
+/// `np.sum(x, axis=-1)` computes for a contiguous row: blocks of up to 128 summed with
+/// 8 accumulators, halves split at multiples of 8.
+#[inline(always)]
+pub fn pairwise_sum<T: Float>(a: &[T]) -> T {
+    let n = a.len();
+    if n < 8 {
+        let mut sum = T::NEG_ZERO;
+        for &x in a {
+            sum = sum + x;
+        }
+        sum
+    } else if n <= 128 {
+        let mut acc = [T::ZERO; 8];
+        acc.copy_from_slice(&a[..8]);
+        let end = n - n % 8;
+        let mut i = 8;
+        while i < end {
+            for j in 0..8 {
+                acc[j] = acc[j] + a[i + j];
+            }
+            i += 8;
+        }
+        let mut sum =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        while i < n {
+            sum = sum + a[i];
+            i += 1;
+        }
+        sum
+    } else {
+        let mut half = n / 2;
+        half -= half % 8;
+        pairwise_sum(&a[..half]) + pairwise_sum(&a[half..])
+    }
+}

@@ -1,0 +1,125 @@
+//! Unit tests of the sampling kernels and helpers against brute-force versions.
+
+use super::kernels::sample_row;
+use super::row_scan::{first_error, pairwise_sum, scan, RowStatus};
+use super::select::{kth_largest, top_p_threshold};
+use crate::philox;
+
+fn lcg(seed: &mut u64) -> f64 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    ((*seed >> 11) as f64) / (1u64 << 53) as f64
+}
+
+/// `n` normal(0, scale) values (Box-Muller on the LCG), as f32.
+fn normal_row(n: usize, scale: f64, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (lcg(&mut s).max(1e-300), lcg(&mut s));
+            (scale * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+        })
+        .collect()
+}
+#[test]
+fn pairwise_sum_small_and_large() {
+    let v: Vec<f64> = (0..1000).map(|i| i as f64).collect();
+    assert_eq!(pairwise_sum(&v), 499500.0);
+    assert_eq!(pairwise_sum::<f64>(&[]), -0.0);
+    assert_eq!(pairwise_sum(&[1.0f32, 2.0, 3.0]), 6.0);
+}
+
+#[test]
+fn kth_largest_matches_sort() {
+    for (n, k) in [
+        (100, 1),
+        (5000, 50),
+        (5000, 1),
+        (5000, 4999),
+        (20000, 7),
+        (20000, 600),
+    ] {
+        let row = normal_row(n, 3.0, n as u64 + k as u64);
+        let mut sorted = row.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let mut buf = Vec::new();
+        assert_eq!(kth_largest(&row, k, &mut buf), sorted[k - 1], "n={n} k={k}");
+    }
+    // many ties: falls back to the full selection
+    let row: Vec<f32> = (0..10000).map(|i| (i % 3) as f32).collect();
+    let mut buf = Vec::new();
+    assert_eq!(kth_largest(&row, 10, &mut buf), 2.0);
+    assert_eq!(kth_largest(&row, 4000, &mut buf), 1.0);
+}
+
+#[test]
+fn top_p_threshold_matches_sorted_cumsum() {
+    for (n, scale, p) in [
+        (1000, 1.0, 0.9),
+        (30000, 3.0, 0.9),
+        (30000, 5.0, 0.5),
+        (100, 0.0, 0.3),
+    ] {
+        let row: Vec<f64> = normal_row(n, scale, 7).iter().map(|&x| x as f64).collect();
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = row.iter().map(|&x| (x - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        let probs: Vec<f64> = e.iter().map(|v| v / s).collect();
+        let mut sorted = probs.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let mut acc = 0.0;
+        let mut want = None;
+        for &v in &sorted {
+            acc += v;
+            if acc >= p {
+                want = Some(v);
+                break;
+            }
+        }
+        let (mut cands, mut keys, mut hist) = (Vec::new(), Vec::new(), Vec::new());
+        let pmax = sorted[0];
+        assert_eq!(
+            top_p_threshold(&probs, pmax, p, &mut keys, &mut hist, &mut cands),
+            want,
+            "n={n}"
+        );
+    }
+}
+
+#[test]
+fn sample_matches_brute_force() {
+    for seed in 0..20i64 {
+        let row = normal_row(3000, 2.0, seed as u64);
+        let mut u = vec![0.0; row.len()];
+        philox::fill_uniforms(seed, 3, &mut u);
+        let mut best = (f64::NEG_INFINITY, 0usize);
+        for (i, (&x, &ui)) in row.iter().zip(&u).enumerate() {
+            let s = x as f64 - (-(ui.ln())).ln();
+            if s > best.0 {
+                best = (s, i);
+            }
+        }
+        assert_eq!(sample_row(&row, 1.0, seed, 3), Ok(best.1 as i64));
+    }
+    assert_eq!(sample_row(&[1.0f32, 3.0, 3.0], 0.0, 0, 0), Ok(1));
+    assert_eq!(
+        sample_row(&[1.0f32, f32::NAN], 1.0, 0, 0),
+        Err(RowStatus::NanOrInf)
+    );
+    assert_eq!(
+        sample_row(&[f32::NEG_INFINITY; 3], 1.0, 0, 0),
+        Err(RowStatus::AllMasked)
+    );
+}
+
+#[test]
+fn scan_statuses() {
+    assert_eq!(scan(&[1.0f64, f64::INFINITY]).0, RowStatus::NanOrInf);
+    assert_eq!(scan(&[f64::NEG_INFINITY; 40]).0, RowStatus::AllMasked);
+    assert_eq!(scan(&[-1.0f64, f64::NEG_INFINITY]), (RowStatus::Ok, -1.0));
+    assert_eq!(
+        first_error(&[RowStatus::Ok, RowStatus::AllMasked, RowStatus::NanOrInf]),
+        Some((2, RowStatus::NanOrInf))
+    );
+}
