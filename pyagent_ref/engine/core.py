@@ -19,14 +19,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
-from ..kv_cache import FullAttentionSpec, KVCacheConfig, KVCacheGroup, KVCacheManager
+from ..kv_cache import (
+    BlockOffloader,
+    CPUTier,
+    DiskTier,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroup,
+    KVCacheManager,
+    OffloadManager,
+    SlidingWindowSpec,
+    group_layers,
+)
 from ..model import load_model
-from ..model.config import DTYPES
+from ..model.config import DTYPES, ModelConfig
 from ..ops import load as load_ops
 from ..sched.outputs import (
     EngineCoreOutput,
@@ -44,6 +55,59 @@ from .admission import Limits, check_request
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class KVOffloadConfig:
+    """Where KV blocks evicted from the prefix cache go, to be found again later (vLLM's
+    KV offloading): host memory, then optionally files on a local disk.
+
+    cpu_blocks: blocks kept in host memory, >= 1.
+    disk_dir: a directory for a second tier of block files, or None. Its files are keyed
+        by the model's architecture, KV layout and tokens, not by its weights: give
+        each model its own directory.
+    disk_blocks: blocks kept under disk_dir: >= 1 with a disk_dir, 0 without one.
+    A block here is one block id's KV in every layer of its KV cache group.
+    """
+
+    cpu_blocks: int
+    disk_dir: str | Path | None = None
+    disk_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_blocks", "disk_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"kv_offload.{name} must be an int, got {value!r}")
+        if self.cpu_blocks < 1:
+            raise ValueError(f"kv_offload.cpu_blocks must be >= 1, got {self.cpu_blocks}")
+        if not isinstance(self.disk_dir, (str, Path, type(None))):
+            raise TypeError(
+                f"kv_offload.disk_dir must be None, a str or a Path, got {self.disk_dir!r}"
+            )
+        if (self.disk_dir is None) != (self.disk_blocks == 0) or self.disk_blocks < 0:
+            raise ValueError(
+                "kv_offload.disk_blocks must be >= 1 with a disk_dir and 0 without one, "
+                f"got disk_blocks={self.disk_blocks} with disk_dir={self.disk_dir!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, value: dict) -> KVOffloadConfig:
+        """From a dict of the fields (a JSON object on the command line)."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"kv_offload has unknown keys {unknown}; its keys are {known}")
+        if "cpu_blocks" not in value:
+            raise ValueError(f"kv_offload needs cpu_blocks, got {value!r}")
+        return cls(**value)
+
+    def make_tiers(self) -> OffloadManager:
+        """The offload tiers: host memory, then the disk if set."""
+        tiers = [CPUTier(self.cpu_blocks)]
+        if self.disk_dir is not None:
+            tiers.append(DiskTier(self.disk_dir, self.disk_blocks))
+        return OffloadManager(tiers)
+
+
 @dataclass
 class EngineConfig:
     """Everything that sizes and shapes an engine (vLLM's engine arguments, abridged).
@@ -59,6 +123,10 @@ class EngineConfig:
     graph_mode: "auto", "eager" or "static" (see `ModelRunner`); enforce_eager=True
         means "eager". cudagraph_capture_sizes: the decode batch sizes graphs serve.
     compile: torch.compile the forward: True (inductor) or a backend name.
+    kv_offload: None, or where blocks evicted from the prefix cache go to be found
+        again (`KVOffloadConfig`, or a dict of its fields); needs prefix caching.
+    disable_hybrid_kv_cache_manager: give sliding-window layers full-attention KV (every
+        block kept) instead of their own KV cache groups (see `kv_cache_groups`).
     """
 
     model: str | Path | None = None
@@ -80,10 +148,13 @@ class EngineConfig:
     cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
     compile: bool | str = False
     max_logprobs: int = 20
+    kv_offload: KVOffloadConfig | dict | None = None
+    disable_hybrid_kv_cache_manager: bool = False
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
-        for a value of the wrong type, ValueError for one out of range."""
+        for a value of the wrong type, ValueError for one out of range or at odds with
+        another field. A kv_offload dict becomes a `KVOffloadConfig`."""
         for name, (types, ok, what) in _CONFIG_RULES.items():
             value, types = getattr(self, name), types if isinstance(types, tuple) else (types,)
             wrong_type = not isinstance(value, types) or (
@@ -93,6 +164,13 @@ class EngineConfig:
                 raise (TypeError if wrong_type else ValueError)(
                     f"{name} must be {what}, got {value!r}"
                 )
+        if isinstance(self.kv_offload, dict):
+            self.kv_offload = KVOffloadConfig.from_dict(self.kv_offload)
+        if self.kv_offload is not None and not self.enable_prefix_caching:
+            raise ValueError(
+                "kv_offload needs enable_prefix_caching=True: offloaded blocks are found "
+                "by their prefix-cache keys"
+            )
 
 
 _ANY = lambda v: True  # noqa: E731
@@ -114,7 +192,35 @@ _CONFIG_RULES = {
     "enforce_eager": (bool, _ANY, "a bool"),
     "compile": ((bool, str), _ANY, "a bool or a torch.compile backend name"),
     "max_logprobs": (int, lambda v: v >= 0, "an int >= 0"),
+    "kv_offload": (
+        (KVOffloadConfig, dict, type(None)),
+        _ANY,
+        "None, a KVOffloadConfig or a dict of its fields",
+    ),
+    "disable_hybrid_kv_cache_manager": (bool, _ANY, "a bool"),
 }
+
+
+def kv_cache_groups(
+    config: ModelConfig, block_size: int, dtype_bytes: int, hybrid: bool = True
+) -> tuple[KVCacheGroup, ...]:
+    """The KV cache groups of a model, from its `layer_types`.
+
+    A "sliding_attention" layer keeps a `SlidingWindowSpec` of the model's window (its
+    blocks that leave the window go back to the pool), a "full_attention" layer a
+    `FullAttentionSpec`; layers are cut into groups of equal size (`group_layers`) that
+    share the KV tensors. With hybrid=False every layer keeps full-attention KV: one
+    group, the layout of an engine that ignores the window (the model still masks by it).
+    Layer names are the decoder layers' paths, "layers.<i>".
+    """
+    shape = (block_size, config.num_key_value_heads, config.head_dim, dtype_bytes)
+
+    def spec(kind: str) -> FullAttentionSpec:
+        if hybrid and kind == "sliding_attention":
+            return SlidingWindowSpec(*shape, sliding_window=config.sliding_window)
+        return FullAttentionSpec(*shape)
+
+    return group_layers({f"layers.{i}": spec(k) for i, k in enumerate(config.layer_types)})
 
 
 class EngineCore:
@@ -129,15 +235,17 @@ class EngineCore:
                 f"max_model_len={config.max_model_len} exceeds the model's context "
                 f"(max_position_embeddings={mcfg.max_position_embeddings}); lower it"
             )
-        dtype_bytes = next(model.parameters()).element_size()
-        spec = FullAttentionSpec(
-            config.block_size, mcfg.num_key_value_heads, mcfg.head_dim, dtype_bytes
+        dtype = next(model.parameters()).dtype
+        groups = kv_cache_groups(
+            mcfg,
+            config.block_size,
+            dtype.itemsize,
+            hybrid=not config.disable_hybrid_kv_cache_manager,
         )
-        group = KVCacheGroup(spec, tuple(f"layers.{i}" for i in range(mcfg.num_hidden_layers)))
         if config.num_kv_blocks is not None:
-            kv_config = KVCacheConfig(config.num_kv_blocks, (group,))
+            kv_config = KVCacheConfig(config.num_kv_blocks, groups)
         else:
-            kv_config = KVCacheConfig.from_memory(config.kv_cache_memory_bytes, (group,))
+            kv_config = KVCacheConfig.from_memory(config.kv_cache_memory_bytes, groups)
         self.kv = KVCacheManager(
             kv_config,
             ops=self.ops,
@@ -164,7 +272,16 @@ class EngineCore:
             graph_mode="eager" if config.enforce_eager else config.graph_mode,
             capture_sizes=config.cudagraph_capture_sizes,
             compile=config.compile,
+            kv_groups=groups,
         )
+        if config.kv_offload is not None:
+            self.kv.enable_offload(
+                BlockOffloader(
+                    config.kv_offload.make_tiers(),
+                    self.runner,
+                    f"{mcfg.architecture}|{dtype}|{groups!r}",
+                )
+            )
         self.max_model_len = max_model_len
         self.limits = Limits(mcfg.vocab_size, max_model_len, config.max_logprobs)
         self.asleep = False
@@ -180,7 +297,7 @@ class EngineCore:
         wanted = config.max_model_len or model_len
         bounds = [
             (
-                self.kv.max_tokens_per_request(),
+                self.kv.max_tokens_per_request(config.max_num_batched_tokens, wanted),
                 "the KV cache holds for one request",
                 "give it more blocks (num_kv_blocks, kv_cache_memory_bytes)",
             )

@@ -13,6 +13,7 @@ from .events import (
 )
 from .eviction import ARCPolicy, KeyList, LRUPolicy, make_policy
 from .manager import KVCacheBlocks, KVCacheManager
+from .offload import BlockOffloader, CPUTier, DiskTier, OffloadManager
 from .request_hashing import RequestBlockHasher, block_extra_keys
 from .specs import (
     ChunkedLocalAttentionSpec,
@@ -22,6 +23,7 @@ from .specs import (
     KVCacheGroup,
     MLASpec,
     SlidingWindowSpec,
+    group_layers,
 )
 
 __all__ = [
@@ -29,11 +31,14 @@ __all__ = [
     "AllBlocksCleared",
     "BlockContent",
     "BlockList",
+    "BlockOffloader",
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
+    "CPUTier",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
+    "DiskTier",
     "FullAttentionSpec",
     "KVCacheBlock",
     "KVCacheBlocks",
@@ -46,9 +51,11 @@ __all__ = [
     "KeyList",
     "LRUPolicy",
     "MLASpec",
+    "OffloadManager",
     "PrefixCacheStats",
     "RequestBlockHasher",
     "SlidingWindowSpec",
     "block_extra_keys",
+    "group_layers",
     "make_policy",
 ]

@@ -16,12 +16,16 @@ its last blocks are evicted before its first ones and shared prefixes live longe
 
 Block 0 is the null block: it stands for "no block" in block tables (e.g. blocks a
 sliding window no longer needs), is never handed out and never freed.
+
+`on_evict`, when set, sees every cached block just before its content is evicted,
+while its KV is still intact (nothing writes a block before the step that runs after
+it is handed out): the KV offload stores it there (`KVCacheManager.enable_offload`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .block import BlockContent, BlockList, KVCacheBlock
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, PrefixCacheStats
@@ -62,6 +66,7 @@ class BlockPool:
         self._events: list[KVCacheEvent] | None = [] if enable_events else None
         self._clock = clock
         self.stats = PrefixCacheStats()
+        self.on_evict: Callable[[KVCacheBlock], None] | None = None
 
     # --- queries -----------------------------------------------------------------------
 
@@ -203,6 +208,8 @@ class BlockPool:
 
     def _evict(self, block: KVCacheBlock) -> None:
         assert block.cache_key is not None and block.block_hash is not None
+        if self.on_evict is not None:
+            self.on_evict(block)
         del self._cached[block.cache_key]
         self.stats.evictions += 1
         self.stats.residency.record(self._clock() - block.cached_at)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from .block import KVCacheBlock
 from .block_pool import BlockPool
-from .single_type import ContentOf, SingleTypeManager, make_manager
+from .single_type import ContentOf, OffloadLookup, SingleTypeManager, make_manager
 from .specs import KVCacheConfig
 
 GroupBlocks = tuple[list[KVCacheBlock], ...]
@@ -32,13 +32,22 @@ class KVCacheCoordinator:
         self._skipping = [m for m in self.managers if m.skips_blocks]
 
     def find_longest_cache_hit(
-        self, hashes: Sequence[bytes], max_blocks: int, content_of: ContentOf
+        self,
+        hashes: Sequence[bytes],
+        max_blocks: int,
+        content_of: ContentOf,
+        offloaded: OffloadLookup | None = None,
     ) -> tuple[GroupBlocks, int]:
-        """(blocks per group, hit length in blocks) of the longest hit valid for all groups."""
+        """(blocks per group, hit length in blocks) of the longest hit valid for all
+        groups; with `offloaded`, blocks the offload tiers hold count as cached and stand
+        in the hit as the placeholders it returns."""
         caching = [m for m in self.managers if m.caches_prefix]
         bound = min(max_blocks, len(hashes)) if caching else 0
         while True:
-            hits = {id(m): m.find_longest_cache_hit(hashes, bound, content_of) for m in caching}
+            hits = {
+                id(m): m.find_longest_cache_hit(hashes, bound, content_of, offloaded)
+                for m in caching
+            }
             new_bound = min((len(h) for h in hits.values()), default=0)
             if new_bound == bound:
                 return tuple(hits.get(id(m), [])[:bound] for m in self.managers), bound

@@ -58,13 +58,15 @@ class ResidencyStats:
 
 @dataclass
 class PrefixCacheStats:
-    """Prefix-cache lookups: tokens asked for and tokens found, over requests."""
+    """Prefix-cache lookups: tokens asked for and tokens found, over requests (`hits`
+    includes the blocks brought back from the KV offload tiers, `onboarded_blocks`)."""
 
     requests: int = 0
     queries: int = 0
     hits: int = 0
     evictions: int = 0
     collisions: int = 0
+    onboarded_blocks: int = 0
     residency: ResidencyStats = field(default_factory=ResidencyStats)
 
     @property
@@ -87,3 +89,4 @@ class KVCacheMetrics:
     collisions: int
     mean_residency_s: float
     max_residency_s: float
+    onboarded_blocks: int = 0

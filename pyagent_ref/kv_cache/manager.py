@@ -8,6 +8,11 @@ Per step, for each request the scheduler wants to run:
     manager.free(request)                                           # finished or preempted
 The manager never changes `request.num_computed_tokens`: the scheduler does, after a
 successful allocation, by the `num_computed` it used.
+
+With KV offload (`enable_offload`), a cached block the pool evicts is stored in the
+offload tiers, and `get_computed_blocks` counts blocks the tiers hold as cached: it
+brings them back into the device prefix cache (a fresh block each, its KV copied in)
+before returning the hit, so the rest of the flow is unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .block import KVCacheBlock
 from .block_pool import BlockPool
 from .coordinator import KVCacheCoordinator
 from .events import KVCacheEvent, KVCacheMetrics
+from .offload import BlockOffloader, OffloadedBlock
 from .protocol import KVRequest
 from .request_hashing import RequestBlockHasher
 from .specs import KVCacheConfig
@@ -76,20 +82,40 @@ class KVCacheManager:
         only = self.coordinator.managers
         simple = len(only) == 1 and only[0].caches_prefix and not only[0].skips_blocks
         self._single = only[0] if simple else None
+        self.offloader: BlockOffloader | None = None
+
+    def enable_offload(self, offloader: BlockOffloader) -> None:
+        """From now on, store evicted cached blocks in `offloader`'s tiers and count the
+        blocks they hold as prefix-cache hits.
+
+        Raises:
+            ValueError: prefix caching is disabled (offload is keyed by block content).
+        """
+        if not self.enable_caching:
+            raise ValueError("KV offload needs prefix caching: enable_caching must be True")
+        self.offloader = offloader
+        self.pool.on_evict = offloader.store
 
     @property
     def usage(self) -> float:
         return self.pool.usage
 
-    def max_tokens_per_request(self) -> int:
-        """The most tokens one request can hold in an otherwise empty cache (the null
-        block is never handed out)."""
+    def max_tokens_per_request(
+        self, max_step_tokens: int | None = None, limit: int | None = None
+    ) -> int:
+        """The most tokens, up to `limit`, one request can reach in an otherwise empty
+        cache (the null block is never handed out), growing by steps of at most
+        `max_step_tokens` tokens (None: in one step). The step matters to window-like
+        groups, which hold only the blocks of their window and of the step's tokens.
+        `limit` defaults to the tokens of every usable block, which bounds full attention.
+        """
         usable = self.pool.num_blocks - 1
+        managers = self.coordinator.managers
         return (
             bisect.bisect_right(
-                range(usable * self.block_size + 1),
+                range((usable * self.block_size if limit is None else limit) + 1),
                 usable,
-                key=lambda n: self.coordinator.blocks_needed("", n, 0, None),
+                key=lambda n: sum(m.max_blocks_held(n, max_step_tokens or n) for m in managers),
             )
             - 1
         )
@@ -107,14 +133,47 @@ class KVCacheManager:
         self.hasher.update(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
         content_of = partial(self.hasher.content, request)
+        hashes = request.block_hashes
+        offloaded = self.offloader.lookup if self.offloader else None
         hit, num_blocks = self.coordinator.find_longest_cache_hit(
-            request.block_hashes, max_blocks, content_of
+            hashes, max_blocks, content_of, offloaded
         )
+        if any(isinstance(b, OffloadedBlock) for blocks in hit for b in blocks):
+            self._onboard(hit, hashes, content_of)
+            hit, num_blocks = self.coordinator.find_longest_cache_hit(
+                hashes, max_blocks, content_of
+            )
         stats = self.pool.stats
         stats.requests += 1
         stats.queries += request.num_tokens
         stats.hits += num_blocks * self.block_size
         return KVCacheBlocks(hit), num_blocks * self.block_size
+
+    def _onboard(self, hit, hashes, content_of) -> None:
+        """Bring the offloaded blocks of a candidate hit back into the device prefix
+        cache: a new block each, its KV loaded, cached under its hash, then freed like
+        any cached block. The hit's device blocks are held meanwhile, so the evictions
+        this causes cannot take them. A group stops at its first block that cannot come
+        back (no free block, or a lost copy); the caller looks the hit up again."""
+        assert self.offloader is not None
+        pool = self.pool
+        held = [b for blocks in hit for b in blocks if isinstance(b, KVCacheBlock)]
+        pool.touch(held)
+        for group_id, blocks in enumerate(hit):
+            for i, offloaded in enumerate(blocks):
+                if not isinstance(offloaded, OffloadedBlock):
+                    continue
+                if not pool.num_free_blocks:
+                    break
+                block = pool.get_new_blocks(1)[0]
+                held.append(block)
+                if not self.offloader.load(offloaded, group_id, block.block_id):
+                    break
+                pool.cache_full_blocks(
+                    [block], [hashes[i]], [content_of(i)], self.block_size, group_id
+                )
+                pool.stats.onboarded_blocks += 1
+        pool.free_blocks(reversed(held))
 
     def allocate_slots(
         self,
@@ -189,7 +248,13 @@ class KVCacheManager:
         return self.get_blocks(request).get_block_ids()
 
     def reset_prefix_cache(self) -> bool:
-        return self.pool.reset_prefix_cache()
+        """Forget every cached block, offloaded ones too; only possible when no block is
+        in use. Returns whether it happened."""
+        if not self.pool.reset_prefix_cache():
+            return False
+        if self.offloader is not None:
+            self.offloader.tiers.clear()
+        return True
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.pool.take_events()
@@ -208,4 +273,5 @@ class KVCacheManager:
             collisions=s.collisions,
             mean_residency_s=s.residency.mean,
             max_residency_s=s.residency.max,
+            onboarded_blocks=s.onboarded_blocks,
         )

@@ -1,16 +1,22 @@
 """KV offload: keep evicted KV blocks in slower tiers (CPU memory, then local disk).
 
-Blocks are addressed by their prefix-cache hash, so a block offloaded by one request is
-found by any later request with the same prefix. Transfers are two-phase, as they are
-asynchronous on a GPU: `prepare_store` reserves room and says what to copy,
-`complete_store` publishes the copies; `prepare_load` pins what will be read so it
-cannot be evicted mid-copy, `complete_load` unpins. Until `complete_store`, an entry is
-invisible to `lookup`.
+Blocks are addressed by keys derived from their prefix-cache identity
+(`BlockOffloader.key`), so a block offloaded by one request is found by any later
+request with the same prefix. Transfers are two-phase, as they are asynchronous on a
+GPU: `prepare_store` reserves room and says what to copy, `complete_store` publishes
+the copies; `prepare_load` pins what will be read so it cannot be evicted mid-copy,
+`complete_load` unpins. Until `complete_store`, an entry is invisible to `lookup`.
 
 Tiers are ordered fastest first. When a tier is full its policy (LRU or ARC) picks a
 victim; the victim moves down to the next tier, or is dropped from the last one. Disk
 files are written atomically (temporary file, then rename) and carry a checksum; a
 missing, truncated or corrupted file is a miss, never wrong KV.
+
+`BlockOffloader` connects the tiers to an engine's device KV cache, synchronously (the
+engine's scheduler and model runner share one thread): a cached block the pool evicts is
+stored at once, and a prefix lookup brings offloaded blocks back at once
+(`KVCacheManager.enable_offload`). It needs neither the pins nor the two phases, which
+exist for copies that run while the scheduler goes on.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from .block import BlockContent, KVCacheBlock
 from .events import BlockRemoved, BlockStored, KVCacheEvent
 from .eviction import KeyList, make_policy
 
@@ -231,11 +238,40 @@ class OffloadManager:
             dst.copy_(src, non_blocking=dst.device.type != "cpu")
             self.hits += 1
             return True
-        self.misses += 1
-        state.ready.discard(key)
-        state.tier.delete(key)
-        self._events.append(BlockRemoved((key,), state.tier.medium))
+        self._lost(state, key)
         return False
+
+    def read(self, key: bytes) -> Any | None:
+        """The stored copy of `key` from the fastest tier holding it, for a caller that
+        uses it before anything else runs (nothing is pinned); None if it is not stored,
+        or its copy is gone or corrupted (the entry is dropped)."""
+        level = self._holder(key)
+        if level is None:
+            return None
+        state = self._tiers[level]
+        data = state.tier.get(key)
+        if data is None:
+            self._lost(state, key)
+            return None
+        self.hits += 1
+        if not state.pins.get(key):  # a reused entry now, and the most recent one
+            state.policy.take(key)
+            state.policy.push(key, key, True)
+        return data
+
+    def clear(self) -> None:
+        """Drop every stored block (say, the model's weights changed).
+
+        Raises:
+            RuntimeError: a transfer is in flight (pinned or reserved blocks).
+        """
+        if any(state.pins or state.pending for state in self._tiers):
+            raise RuntimeError("cannot clear offload tiers while transfers are in flight")
+        for state in self._tiers:
+            while len(state.policy):
+                key = state.policy.pop()
+                state.ready.discard(key)
+                self._drop(state, key)
 
     def complete_load(self, plan: LoadPlan) -> None:
         """Unpin the plan's blocks; they become evictable again (as reused entries)."""
@@ -275,3 +311,80 @@ class OffloadManager:
     def _drop(self, state: _TierState, key: bytes) -> None:
         state.tier.delete(key)
         self._events.append(BlockRemoved((key,), state.tier.medium))
+
+    def _lost(self, state: _TierState, key: bytes) -> None:
+        """A published entry whose copy turned out gone or corrupted: a miss, dropped."""
+        self.misses += 1
+        state.ready.discard(key)
+        if not state.pins.get(key):
+            state.policy.take(key)
+        self._drop(state, key)
+
+
+class BlockIO(Protocol):
+    """The device KV of one block id in every layer of a KV cache group (the model
+    runner provides it)."""
+
+    def read_block(self, group_id: int, block_id: int) -> Any:
+        """A copy of the block's KV, as one tensor."""
+        ...
+
+    def write_block(self, group_id: int, block_id: int, data: Any) -> None:
+        """Overwrite the block's KV with `data`, a tensor as `read_block` returns."""
+        ...
+
+
+@dataclass(frozen=True)
+class OffloadedBlock:
+    """A block of a prefix hit that the offload tiers hold (under `key`), not the device."""
+
+    key: bytes
+
+
+class BlockOffloader:
+    """Moves prefix-cache blocks between a device KV cache and the offload tiers.
+
+    A block is stored under a key digesting `namespace` (what makes two engines' KV
+    interchangeable: the model and the KV layout), its group id and its content (parent
+    hash, tokens, extra keys — what the device cache verifies on a hit), so a hit here is
+    as safe as a verified device hit, and a disk directory shared by engines of
+    different layouts never mixes them.
+
+    Args:
+        tiers: the offload tiers.
+        blocks: the device KV (`BlockIO`).
+        namespace: the model and KV layout, e.g. the model name, dtype and group specs.
+    """
+
+    def __init__(self, tiers: OffloadManager, blocks: BlockIO, namespace: str) -> None:
+        self.tiers = tiers
+        self.blocks = blocks
+        self.namespace = namespace
+
+    def key(self, group_id: int, content: BlockContent) -> bytes:
+        parts = (self.namespace, group_id, content.parent_hash, content.token_ids)
+        return hashlib.sha256(repr((*parts, content.extra_keys)).encode()).digest()
+
+    def lookup(self, group_id: int, content: BlockContent) -> OffloadedBlock | None:
+        """The offloaded copy of a block of `group_id` with this content, if stored."""
+        key = self.key(group_id, content)
+        return OffloadedBlock(key) if self.tiers.lookup([key]) else None
+
+    def store(self, block: KVCacheBlock) -> None:
+        """Copy a cached block's KV into the tiers (nothing if they hold it already)."""
+        assert block.content is not None
+        plan = self.tiers.prepare_store([self.key(block.group_id, block.content)])
+        if plan is None:
+            return  # every entry of the first tier is pinned: this block is not kept
+        for key in plan.to_store:
+            self.tiers.store(key, self.blocks.read_block(block.group_id, block.block_id))
+        self.tiers.complete_store(plan.to_store)
+
+    def load(self, offloaded: OffloadedBlock, group_id: int, block_id: int) -> bool:
+        """Copy an offloaded block's KV into device block `block_id` of `group_id`;
+        False if its stored copy is gone or corrupted (nothing is written)."""
+        data = self.tiers.read(offloaded.key)
+        if data is None:
+            return False
+        self.blocks.write_block(group_id, block_id, data)
+        return True

@@ -6,11 +6,16 @@ and answers the two questions that differ between attention types:
     this group everything it needs to continue from there;
   - `remove_skipped_blocks`: which blocks a request will never read again (they go
     back to the pool and the null block takes their place in the block table).
+
+A lookup may fall back to the KV offload tiers (`offloaded`): a block missing from the
+device cache but held there stands in the hit as the `OffloadedBlock` it returns, for
+the manager to bring back (`KVCacheManager.get_computed_blocks`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .block import BlockContent, KVCacheBlock
 from .block_pool import BlockPool
@@ -22,6 +27,8 @@ from .specs import (
 )
 
 ContentOf = Callable[[int], BlockContent]
+# (group id, block content) -> an OffloadedBlock the offload tiers hold, or None
+OffloadLookup = Callable[[int, BlockContent], Any]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -44,17 +51,31 @@ class SingleTypeManager:
         self.num_cached: dict[str, int] = {}  # full blocks of the request already cached
 
     def cached_block(
-        self, hashes: Sequence[bytes], content_of: ContentOf, i: int
+        self,
+        hashes: Sequence[bytes],
+        content_of: ContentOf,
+        i: int,
+        offloaded: OffloadLookup | None = None,
     ) -> KVCacheBlock | None:
-        return self.pool.get_cached_block(hashes[i], content_of(i), self.group_id)
+        """The device block caching block i of the request, else what `offloaded`
+        finds for it in the offload tiers, else None."""
+        content = content_of(i)
+        block = self.pool.get_cached_block(hashes[i], content, self.group_id)
+        if block is None and offloaded is not None:
+            return offloaded(self.group_id, content)
+        return block
 
     def find_longest_cache_hit(
-        self, hashes: Sequence[bytes], max_blocks: int, content_of: ContentOf
+        self,
+        hashes: Sequence[bytes],
+        max_blocks: int,
+        content_of: ContentOf,
+        offloaded: OffloadLookup | None = None,
     ) -> list[KVCacheBlock]:
         """Blocks of the longest valid hit of at most `max_blocks` blocks."""
         hit: list[KVCacheBlock] = []
         for i in range(min(max_blocks, len(hashes))):
-            block = self.cached_block(hashes, content_of, i)
+            block = self.cached_block(hashes, content_of, i, offloaded)
             if block is None:
                 break
             hit.append(block)
@@ -63,6 +84,11 @@ class SingleTypeManager:
     def tokens_to_hold(self, num_tokens: int, num_encoder_tokens: int) -> int:
         """How many tokens of KV the group keeps for a sequence of `num_tokens` tokens."""
         return num_tokens
+
+    def max_blocks_held(self, num_tokens: int, step_tokens: int) -> int:
+        """The most blocks a request (no encoder) holds at once while it grows to
+        `num_tokens` tokens by steps of at most `step_tokens` tokens."""
+        return cdiv(self.tokens_to_hold(num_tokens, 0), self.block_size)
 
     def blocks_needed(self, request_id: str, num_tokens: int) -> int:
         """New blocks to hold `num_tokens` tokens, given the blocks the request has."""
@@ -128,7 +154,11 @@ class SlidingWindowManager(SingleTypeManager):
     spec: SlidingWindowSpec
 
     def find_longest_cache_hit(
-        self, hashes: Sequence[bytes], max_blocks: int, content_of: ContentOf
+        self,
+        hashes: Sequence[bytes],
+        max_blocks: int,
+        content_of: ContentOf,
+        offloaded: OffloadLookup | None = None,
     ) -> list[KVCacheBlock]:
         """A hit of n blocks needs only blocks inside the window of token n * B; earlier
         ones are null. Scans from the longest candidate down to find such a run."""
@@ -139,7 +169,7 @@ class SlidingWindowManager(SingleTypeManager):
             return hit
         run = 0
         for i in range(max_blocks - 1, -1, -1):
-            block = self.cached_block(hashes, content_of, i)
+            block = self.cached_block(hashes, content_of, i, offloaded)
             if block is None:
                 run = 0
                 continue
@@ -148,6 +178,16 @@ class SlidingWindowManager(SingleTypeManager):
             if run >= needed:
                 return hit[: i + run]
         return hit[:run]  # a run reaching block 0 is valid however short
+
+    def max_blocks_held(self, num_tokens: int, step_tokens: int) -> int:
+        """Before a step from c computed tokens, the blocks before token c - window + 1
+        are freed: the rest span window - 1 + step tokens, over one block more when
+        they do not start at a block boundary."""
+        window = self.spec.sliding_window
+        return min(
+            super().max_blocks_held(num_tokens, step_tokens),
+            cdiv(window - 1 + step_tokens, self.block_size) + 1,
+        )
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         first_needed_token = max(0, num_computed_tokens - self.spec.sliding_window + 1)
@@ -162,14 +202,18 @@ class ChunkedLocalManager(SingleTypeManager):
     spec: ChunkedLocalAttentionSpec
 
     def find_longest_cache_hit(
-        self, hashes: Sequence[bytes], max_blocks: int, content_of: ContentOf
+        self,
+        hashes: Sequence[bytes],
+        max_blocks: int,
+        content_of: ContentOf,
+        offloaded: OffloadLookup | None = None,
     ) -> list[KVCacheBlock]:
         """A hit of n blocks needs the blocks of the chunk that token n * B falls in,
         from the chunk's start up to block n - 1; earlier chunks are null."""
         per_chunk = self.spec.attention_chunk_size // self.block_size
         for n in range(min(max_blocks, len(hashes)), 0, -1):
             start = (n // per_chunk) * per_chunk
-            run = [self.cached_block(hashes, content_of, i) for i in range(start, n)]
+            run = [self.cached_block(hashes, content_of, i, offloaded) for i in range(start, n)]
             if all(b is not None for b in run):
                 return [self.pool.null_block] * start + run  # type: ignore[list-item]
         return []

@@ -98,7 +98,15 @@ class KVCacheGroup:
 @dataclass(frozen=True)
 class KVCacheConfig:
     """How the KV memory is split: `num_blocks` blocks (block 0 is the null block),
-    and the groups that take their blocks from them."""
+    and the groups that take their blocks from them.
+
+    The memory layout the groups share: layer i of every group uses KV tensor i, of
+    `num_blocks` blocks. A block id belongs to one group at a time, so two groups never
+    write the same block of a shared tensor, and a block costs `bytes_per_block`: the
+    largest page times the largest group's layer count. A hybrid model cut into groups
+    of equal size (say 16 full + 16 sliding-window layers) thus pays for 16 layers per
+    block, not 32.
+    """
 
     num_blocks: int
     groups: tuple[KVCacheGroup, ...]
@@ -114,9 +122,39 @@ class KVCacheConfig:
     def block_size(self) -> int:
         return self.groups[0].spec.block_size
 
+    @property
+    def num_kv_tensors(self) -> int:
+        """KV tensors (per K and V) the groups share: the largest group's layer count."""
+        return max(max(1, len(g.layer_names)) for g in self.groups)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Memory of one block id across the shared KV tensors."""
+        return self.num_kv_tensors * max(g.spec.page_size_bytes for g in self.groups)
+
     @classmethod
     def from_memory(cls, memory_bytes: int, groups: tuple[KVCacheGroup, ...]) -> KVCacheConfig:
-        """As many blocks as fit in `memory_bytes`, counting every layer of every group
-        (a block id indexes the same slot in each layer's KV tensor)."""
-        per_block = sum(g.spec.page_size_bytes * max(1, len(g.layer_names)) for g in groups)
-        return cls(num_blocks=memory_bytes // per_block, groups=groups)
+        """As many blocks as fit in `memory_bytes` (see `bytes_per_block`)."""
+        return cls(num_blocks=memory_bytes // cls(1, groups).bytes_per_block, groups=groups)
+
+
+def group_layers(layer_specs: dict[str, FullAttentionSpec]) -> tuple[KVCacheGroup, ...]:
+    """Cut a model's layers (name -> spec, in layer order) into KV cache groups.
+
+    Layers of one spec form groups of equal size, that size being the layer count of the
+    rarest spec, so that the groups share KV tensors with little waste (see
+    `KVCacheConfig`): 16 full + 16 sliding layers give 2 groups of 16; 4 full + 20
+    sliding give 1 + 5 groups of 4. The last group of a spec may be smaller. Groups come
+    in the order their spec first appears.
+    """
+    by_spec: dict[FullAttentionSpec, list[str]] = {}
+    for name, spec in layer_specs.items():
+        by_spec.setdefault(spec, []).append(name)
+    if not by_spec:
+        raise ValueError("layer_specs must name at least one layer, got none")
+    size = min(len(names) for names in by_spec.values())
+    return tuple(
+        KVCacheGroup(spec, tuple(names[i : i + size]))
+        for spec, names in by_spec.items()
+        for i in range(0, len(names), size)
+    )

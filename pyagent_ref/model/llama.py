@@ -6,8 +6,10 @@ window layers (Mistral), RoPE scaling (Llama 3.1 and others), tied embeddings.
 
 A forward pass takes the flattened batch of a step — token ids and positions of every
 scheduled token of every request, prefill chunks and decodes mixed — and the
-`AttentionMetadata` that says where each request's KV lives. Every layer writes its new
-K/V into its paged cache (`ops.attention.reshape_and_cache`) and attends over it
+`AttentionMetadata` that says where each request's KV lives: one for every layer, or
+one per layer when the layers belong to different KV cache groups (a hybrid model's
+full-attention and sliding-window layers hold different blocks). Every layer writes its
+new K/V into its paged cache (`ops.attention.reshape_and_cache`) and attends over it
 (`ops.attention.paged_attention`). Parameters are fused as inference engines keep them:
 q/k/v in one `qkv_proj`, gate/up in one `gate_up_proj` (`loader` fills them from HF's
 separate tensors).
@@ -15,6 +17,7 @@ separate tensors).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,13 +190,16 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | Sequence[AttentionMetadata],
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
-        """Final hidden states, shape (num_tokens, hidden), for the flattened batch."""
+        """Final hidden states, shape (num_tokens, hidden), for the flattened batch.
+        `meta` serves every layer, or is a sequence of one per layer; kv_caches holds
+        each layer's (key_cache, value_cache)."""
+        metas = [meta] * len(self.layers) if isinstance(meta, AttentionMetadata) else meta
         hidden, residual = self.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, meta, kv_cache, self.rotary)
+        for layer, layer_meta, kv_cache in zip(self.layers, metas, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, layer_meta, kv_cache, self.rotary)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

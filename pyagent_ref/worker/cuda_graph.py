@@ -14,9 +14,10 @@ memory, so:
   sequence allowed) and a batch replays the narrowest graph that holds its longest
   sequence: short sequences do not pay for max_model_len;
 - its inputs live in static device buffers that every step overwrites in place
-  (`CudaGraphRunner`): input ids, positions, slot mapping, block table and sequence
-  lengths. A padding row has slot -1 (its KV is not written) and sequence length 0
-  (it attends to nothing), so it cannot disturb the real requests;
+  (`CudaGraphRunner`): input ids, positions, a slot mapping and a block table per KV
+  cache group, and sequence lengths. A padding row has slot -1 (its KV is not
+  written) and sequence length 0 (it attends to nothing), so it cannot disturb the
+  real requests;
 - everything it runs must be free of host synchronisation: the model attends with
   `ops.attention.paged_decode_attention`, whose shapes depend only on the buffers'.
 
@@ -104,7 +105,7 @@ class CudaGraphDispatcher:
         return BatchDescriptor(size, True, width)
 
 
-Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, list], torch.Tensor]
+Forward = Callable[[torch.Tensor, torch.Tensor, list[AttentionMetadata], list], torch.Tensor]
 
 
 class CudaGraphRunner:
@@ -116,6 +117,7 @@ class CudaGraphRunner:
         dispatcher: what to record (its capture sizes and block-table widths).
         device: where the buffers live.
         record: record graphs (CUDA only); False runs the same padded forward unrecorded.
+        group_of_layer: the KV cache group of each layer (None: every layer in group 0).
     Raises:
         ValueError: record=True on a non-CUDA device.
     """
@@ -127,6 +129,7 @@ class CudaGraphRunner:
         dispatcher: CudaGraphDispatcher,
         device: torch.device,
         record: bool,
+        group_of_layer: Sequence[int] | None = None,
     ) -> None:
         if record and device.type != "cuda":
             raise ValueError(f"recording CUDA graphs needs a CUDA device, got device {device}")
@@ -134,27 +137,33 @@ class CudaGraphRunner:
         self.kv_caches = kv_caches
         self.dispatcher = dispatcher
         self.record = record
+        self.group_of_layer = list(group_of_layer or [0] * len(kv_caches))
+        groups = max(self.group_of_layer, default=0) + 1
         n, width = dispatcher.capture_sizes[-1], dispatcher.widths[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
-        self.block_table = torch.zeros(n, width, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((groups, n), -1, dtype=torch.int64, device=device)
+        self.block_table = torch.zeros(groups, n, width, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int64, device=device)
         self.graphs: dict[BatchDescriptor, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _forward(self, d: BatchDescriptor) -> torch.Tensor:
         """The forward pass over the first d.num_tokens rows of the static buffers,
-        attending through the first d.num_blocks columns of the block table."""
+        attending through the first d.num_blocks columns of each group's block table."""
         size = d.num_tokens
-        meta = AttentionMetadata(
-            slot_mapping=self.slot_mapping[:size],
-            block_table=self.block_table[:size, : d.num_blocks],
-            query_start_loc=self.query_start_loc[: size + 1],
-            seq_lens=self.seq_lens[:size],
-            decode_only=True,
-        )
-        return self.forward(self.input_ids[:size], self.positions[:size], meta, self.kv_caches)
+        metas = [
+            AttentionMetadata(
+                slot_mapping=slots[:size],
+                block_table=table[:size, : d.num_blocks],
+                query_start_loc=self.query_start_loc[: size + 1],
+                seq_lens=self.seq_lens[:size],
+                decode_only=True,
+            )
+            for slots, table in zip(self.slot_mapping, self.block_table, strict=True)
+        ]
+        per_layer = [metas[g] for g in self.group_of_layer]
+        return self.forward(self.input_ids[:size], self.positions[:size], per_layer, self.kv_caches)
 
     def capture(self) -> None:
         """Record one graph per descriptor, largest first, sharing one memory pool.
@@ -189,10 +198,12 @@ class CudaGraphRunner:
         """Hidden states of the n = len(input_ids) real tokens of a uniform decode batch,
         computed by the graph of `descriptor` (from the dispatcher): its num_tokens is
         >= n (rows n.. are padding) and its num_blocks >= block_table's columns.
+        slot_mapping (num_groups, n) and block_table (num_groups, n, width) hold each
+        KV cache group's slots and table.
 
         The result is a view of the graph's output buffer: valid until the next run.
         """
-        n, size, width = len(input_ids), descriptor.num_tokens, block_table.shape[1]
+        n, size, width = len(input_ids), descriptor.num_tokens, block_table.shape[-1]
         recorded = (
             descriptor.uniform_decode
             and size in self.dispatcher.capture_sizes
@@ -206,14 +217,14 @@ class CudaGraphRunner:
         for buf, host in (
             (self.input_ids, input_ids),
             (self.positions, positions),
-            (self.slot_mapping, slot_mapping),
             (self.seq_lens, seq_lens),
         ):
             buf[:n].copy_(torch.as_tensor(host), non_blocking=True)
-        self.block_table[:n, :width].copy_(torch.as_tensor(block_table), non_blocking=True)
+        self.slot_mapping[:, :n].copy_(torch.as_tensor(slot_mapping), non_blocking=True)
+        self.block_table[:, :n, :width].copy_(torch.as_tensor(block_table), non_blocking=True)
         self.input_ids[n:size] = 0
         self.positions[n:size] = 0
-        self.slot_mapping[n:size] = -1
+        self.slot_mapping[:, n:size] = -1
         self.seq_lens[n:size] = 0
         if not self.record:
             return self._forward(descriptor)[:n]

@@ -1,10 +1,15 @@
 """The runner's persistent view of its requests, and the flattened batch built from it.
 
 `InputBatch` keeps, per request the runner holds, its tokens, its computed-token count
-and its block ids, in preallocated numpy buffers (one row per request, reused as
-requests come and go). `prepare` turns a `SchedulerOutput` into the arrays a forward
-pass reads: input ids, positions, slot mapping, block table, query_start_loc, seq_lens
-and the logits indices — written into the same buffers every step, never reallocated.
+and its block ids (one list per KV cache group), in preallocated numpy buffers (one row
+per request, reused as requests come and go). `prepare` turns a `SchedulerOutput` into
+the arrays a forward pass reads: input ids, positions, one block table per group,
+query_start_loc, seq_lens and the logits indices — written into the same buffers every
+step, never reallocated.
+
+A sliding-window group's table keeps the ids of blocks that left the window (the KV
+cache manager has put the null block in their place and may have handed them out
+again): attention masks those positions, so their contents never count.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ class CachedState:
     data: NewRequestData
     token_ids: list[int]
     num_computed_tokens: int
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group
     num_prompt_tokens: int
 
 
@@ -37,7 +42,7 @@ class PreparedBatch:
     positions: np.ndarray
     query_start_loc: np.ndarray
     seq_lens: np.ndarray
-    block_table: np.ndarray
+    block_tables: np.ndarray  # (num_groups, num_reqs, max_blocks)
     logits_indices: np.ndarray
     samples: list[bool]  # request i samples a token this step (its known tokens are done)
     num_tokens: int
@@ -45,7 +50,12 @@ class PreparedBatch:
 
 class InputBatch:
     def __init__(
-        self, max_num_reqs: int, max_model_len: int, max_num_tokens: int, block_size: int
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_num_tokens: int,
+        block_size: int,
+        num_groups: int = 1,
     ) -> None:
         self.block_size = block_size
         self.max_blocks = -(-max_model_len // block_size)
@@ -54,7 +64,7 @@ class InputBatch:
         self.positions = np.zeros(max_num_tokens, dtype=np.int64)
         self.query_start_loc = np.zeros(max_num_reqs + 1, dtype=np.int64)
         self.seq_lens = np.zeros(max_num_reqs, dtype=np.int64)
-        self.block_table = np.zeros((max_num_reqs, self.max_blocks), dtype=np.int64)
+        self.block_tables = np.zeros((num_groups, max_num_reqs, self.max_blocks), dtype=np.int64)
 
     def forget(self, req_ids) -> None:
         """Drop requests whatever state they are in (after a failed step)."""
@@ -71,13 +81,14 @@ class InputBatch:
                 data,
                 tokens,
                 data.num_computed_tokens,
-                list(data.block_ids[0]),
+                [list(ids) for ids in data.block_ids],
                 len(data.prompt_token_ids),
             )
         for cached in sched.cached_requests:
             state = self.states[cached.req_id]
             if cached.new_block_ids:
-                state.block_ids.extend(cached.new_block_ids[0])
+                for ids, new in zip(state.block_ids, cached.new_block_ids, strict=True):
+                    ids.extend(new)
             state.num_computed_tokens = cached.num_computed_tokens
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
@@ -93,8 +104,8 @@ class InputBatch:
             offset += n
             self.query_start_loc[i + 1] = offset
             self.seq_lens[i] = start + n
-            blocks = state.block_ids
-            self.block_table[i, : len(blocks)] = blocks
+            for table, blocks in zip(self.block_tables, state.block_ids, strict=True):
+                table[i, : len(blocks)] = blocks
             samples.append(start + n >= len(state.token_ids))
         num_reqs = len(req_ids)
         return PreparedBatch(
@@ -103,7 +114,7 @@ class InputBatch:
             positions=self.positions[:offset],
             query_start_loc=self.query_start_loc[: num_reqs + 1],
             seq_lens=self.seq_lens[:num_reqs],
-            block_table=self.block_table[:num_reqs],
+            block_tables=self.block_tables[:, :num_reqs],
             logits_indices=self.query_start_loc[1 : num_reqs + 1] - 1,
             samples=samples,
             num_tokens=offset,

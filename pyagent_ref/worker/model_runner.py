@@ -5,6 +5,11 @@ pass over the paged KV cache, compute logits only at each request's last schedul
 token, and sample a token for every request whose known tokens are now all computed
 (a prefill chunk that stops short samples nothing).
 
+Layers in different KV cache groups (a hybrid model's full-attention and
+sliding-window layers) hold different blocks: each group has its own block table and
+slot mapping, and each layer reads its group's. Layer i of every group shares the i-th
+KV tensor (`KVCacheConfig`): a block id belongs to one group at a time.
+
 A batch of decodes only (one token per request) takes the static-shape attention path
 (`AttentionMetadata.decode_only`); on CUDA such batches replay recorded CUDA graphs
 (`cuda_graph`). `compile` wraps the forward in torch.compile; a decode step compiles
@@ -14,10 +19,13 @@ requests on the host.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
 
+import numpy as np
 import torch
 
+from ..kv_cache import KVCacheGroup
 from ..model.llama import AttentionMetadata
 from ..sample.sampler import Sampler, SamplingRow
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
@@ -51,8 +59,12 @@ class ModelRunner:
             max_num_reqs are capped to it).
         compile: False, True (torch.compile with its default backend, inductor) or the
             name of a torch.compile backend ("aot_eager", "cudagraphs", ...).
+        kv_groups: the KV cache groups, in the KV cache config's order; a group's
+            layer_names are decoder layer paths "layers.<i>". None: one group of every
+            layer.
     Raises:
-        ValueError: an unknown graph_mode or compile backend.
+        ValueError: an unknown graph_mode or compile backend; kv_groups that name an
+            unknown layer or do not hold every layer exactly once.
     """
 
     def __init__(
@@ -67,6 +79,7 @@ class ModelRunner:
         graph_mode: str = "auto",
         capture_sizes=DEFAULT_CAPTURE_SIZES,
         compile: bool | str = False,
+        kv_groups: Sequence[KVCacheGroup] | None = None,
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
@@ -79,7 +92,14 @@ class ModelRunner:
         self.model = model
         self.device = next(model.parameters()).device
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.batch = InputBatch(max_num_reqs, max_model_len, max_num_tokens, block_size)
+        self.layer_groups = _layer_groups(kv_groups, len(model.layers))
+        self.group_of_layer = [0] * len(model.layers)
+        for g, layers in enumerate(self.layer_groups):
+            for layer in layers:
+                self.group_of_layer[layer] = g
+        self.batch = InputBatch(
+            max_num_reqs, max_model_len, max_num_tokens, block_size, len(self.layer_groups)
+        )
         self.ops = ops
         self.sampler = Sampler(ops)
         self.forward = model.forward
@@ -100,20 +120,30 @@ class ModelRunner:
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
-        """Allocate zeroed KV cache tensors (one pair per layer) and, when graphs are on,
-        capture them: a graph is tied to the addresses of the tensors it was recorded on."""
+        """Allocate zeroed KV cache tensors — one pair per layer of the largest group,
+        layer i of every group sharing pair i — and, when graphs are on, capture them:
+        a graph is tied to the addresses of the tensors it was recorded on."""
         shape = self.model.kv_cache_shape(self.num_blocks, self.block_size)
         dtype = next(self.model.parameters()).dtype
-        self.kv_caches = [
+        shared = [
             (
                 torch.zeros(shape, dtype=dtype, device=self.device),
                 torch.zeros(shape, dtype=dtype, device=self.device),
             )
-            for _ in range(len(self.model.layers))
+            for _ in range(max(len(layers) for layers in self.layer_groups))
         ]
+        self.kv_caches = [shared[0]] * len(self.model.layers)
+        for layers in self.layer_groups:
+            for i, layer in enumerate(layers):
+                self.kv_caches[layer] = shared[i]
         if self.dispatcher.enabled:
             self.graphs = CudaGraphRunner(
-                self.forward, self.kv_caches, self.dispatcher, self.device, self.record_graphs
+                self.forward,
+                self.kv_caches,
+                self.dispatcher,
+                self.device,
+                self.record_graphs,
+                self.group_of_layer,
             )
             with torch.inference_mode():
                 self.graphs.capture()
@@ -122,6 +152,25 @@ class ModelRunner:
         """Drop the KV cache tensors and the graphs recorded on them (engine sleep)."""
         self.kv_caches, self.graphs = [], None
 
+    def read_block(self, group_id: int, block_id: int) -> torch.Tensor:
+        """A copy of block `block_id`'s KV in every layer of group `group_id`: shape
+        (layers, 2, block_size, kv_heads, head_dim), K then V (for the KV offload)."""
+        return torch.stack(
+            [
+                torch.stack(
+                    (self.kv_caches[layer][0][block_id], self.kv_caches[layer][1][block_id])
+                )
+                for layer in self.layer_groups[group_id]
+            ]
+        )
+
+    def write_block(self, group_id: int, block_id: int, data: torch.Tensor) -> None:
+        """Overwrite block `block_id` of group `group_id` with `data`, as `read_block`
+        returns it (for the KV offload)."""
+        for layer, kv in zip(self.layer_groups[group_id], data, strict=True):
+            self.kv_caches[layer][0][block_id].copy_(kv[0])
+            self.kv_caches[layer][1][block_id].copy_(kv[1])
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self.batch.update_states(sched)
@@ -129,35 +178,41 @@ class ModelRunner:
             return ModelRunnerOutput({})
         prep = self.batch.prepare(sched)
         num_reqs = len(prep.req_ids)
-        # addresses are computed on the host arrays by the chosen ops
-        slots = self.ops.block_table.compute_slot_mapping(
-            prep.block_table, prep.query_start_loc, prep.positions, self.block_size
+        # addresses are computed on the host arrays by the chosen ops, per KV cache group
+        slots = np.stack(
+            [
+                self.ops.block_table.compute_slot_mapping(
+                    table, prep.query_start_loc, prep.positions, self.block_size
+                )
+                for table in prep.block_tables
+            ]
         )
         # the block-table columns the longest sequence uses (all attention reads)
         width = -(-int(prep.seq_lens.max()) // self.block_size)
+        tables = prep.block_tables[:, :, :width]
         graph = self.dispatcher.dispatch(prep.num_tokens, num_reqs, width)
         if graph is not None:
             hidden = self.graphs.run(
-                graph,
-                prep.input_ids,
-                prep.positions,
-                slots,
-                prep.block_table[:, :width],
-                prep.seq_lens,
+                graph, prep.input_ids, prep.positions, slots, tables, prep.seq_lens
             )
         else:
             dev = self.device
-            meta = AttentionMetadata(
-                slot_mapping=torch.as_tensor(slots).to(dev),
-                block_table=torch.from_numpy(prep.block_table[:, :width]).to(dev),
-                query_start_loc=torch.from_numpy(prep.query_start_loc).to(dev),
-                seq_lens=torch.from_numpy(prep.seq_lens).to(dev),
-                decode_only=prep.num_tokens == num_reqs,
-            )
+            query_start_loc = torch.from_numpy(prep.query_start_loc).to(dev)
+            seq_lens = torch.from_numpy(prep.seq_lens).to(dev)
+            metas = [
+                AttentionMetadata(
+                    slot_mapping=torch.from_numpy(group_slots).to(dev),
+                    block_table=torch.from_numpy(table).to(dev),
+                    query_start_loc=query_start_loc,
+                    seq_lens=seq_lens,
+                    decode_only=prep.num_tokens == num_reqs,
+                )
+                for group_slots, table in zip(slots, tables, strict=True)
+            ]
             hidden = self.forward(
                 torch.from_numpy(prep.input_ids).to(dev),
                 torch.from_numpy(prep.positions).to(dev),
-                meta,
+                [metas[g] for g in self.group_of_layer],
                 self.kv_caches,
             )
         rows = [i for i, s in enumerate(prep.samples) if s]
@@ -191,6 +246,28 @@ class ModelRunner:
                 except Exception as exc:
                     results.append((row, None, None, f"sampling failed: {_describe(exc)}"))
             return results
+
+
+def _layer_groups(kv_groups: Sequence[KVCacheGroup] | None, num_layers: int) -> list[list[int]]:
+    """The layer indices of each KV cache group (see `ModelRunner`'s kv_groups)."""
+    if kv_groups is None:
+        return [list(range(num_layers))]
+    index = {f"layers.{i}": i for i in range(num_layers)}
+    groups = []
+    for group in kv_groups:
+        unknown = [name for name in group.layer_names if name not in index]
+        if unknown:
+            raise ValueError(
+                f"kv_groups name layers the model lacks: {unknown} (it has layers.0 .. "
+                f"layers.{num_layers - 1})"
+            )
+        groups.append([index[name] for name in group.layer_names])
+    held = sorted(layer for layers in groups for layer in layers)
+    if held != list(range(num_layers)):
+        raise ValueError(
+            f"kv_groups must hold each of the {num_layers} layers exactly once, got {held}"
+        )
+    return groups
 
 
 def _describe(exc: BaseException) -> str:

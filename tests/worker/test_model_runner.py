@@ -63,7 +63,7 @@ def test_input_batch_flattens_prefill_and_decode():
     prep = batch.prepare(step2)
     assert prep.input_ids.tolist() == [14, 15, 42]
     assert prep.positions.tolist() == [4, 5, 3]
-    assert prep.block_table[1, :2].tolist() == [2, 6]
+    assert prep.block_tables[0, 1, :2].tolist() == [2, 6]
     np.testing.assert_array_equal(prep.samples, [True, True])
 
 
