@@ -13,12 +13,12 @@
 //! views, never copied); arithmetic is int64 and wraps like numpy's.
 
 use numpy::ndarray::{ArrayView1, ArrayView2};
-use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
-use crate::py_util::detached;
+use crate::py_util::{detached, readonly};
 
 /// The slot of padding tokens (the cache write skips it).
 pub const PAD_SLOT_ID: i64 = -1;
@@ -181,8 +181,7 @@ fn first_negative(n: usize, position: impl Fn(usize) -> i64) -> Result<(), Fail>
 // ---------------------------------------------------------------------------------
 // Python bindings. The wrappers in `python/pyagent_accel/ops/block_table.py` have
 // checked the array types, dtypes and dimensions (and block_size's type and sign), so
-// the bindings only pick the dtype, by type checks: trying one extraction after the
-// other would build an exception for each miss, which costs more than a decode batch.
+// the bindings only pick the dtype, by type checks (see `py_util::readonly`).
 
 enum Int1<'py> {
     I64(PyReadonlyArray1<'py, i64>),
@@ -200,27 +199,23 @@ fn not_int(name: &str, ndim: usize) -> PyErr {
     ))
 }
 
-fn borrowed(name: &str) -> PyErr {
-    PyValueError::new_err(format!("{name} is being written to elsewhere"))
-}
-
 /// A 1-D int32/int64 array, picked by a type check (no exception for the other dtype).
 fn int1<'py>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<Int1<'py>> {
     if let Ok(a) = x.cast::<PyArray1<i64>>() {
-        return a.try_readonly().map(Int1::I64).map_err(|_| borrowed(name));
+        return readonly(a, name).map(Int1::I64);
     }
     if let Ok(a) = x.cast::<PyArray1<i32>>() {
-        return a.try_readonly().map(Int1::I32).map_err(|_| borrowed(name));
+        return readonly(a, name).map(Int1::I32);
     }
     Err(not_int(name, 1))
 }
 
 fn int2<'py>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<Int2<'py>> {
     if let Ok(a) = x.cast::<PyArray2<i64>>() {
-        return a.try_readonly().map(Int2::I64).map_err(|_| borrowed(name));
+        return readonly(a, name).map(Int2::I64);
     }
     if let Ok(a) = x.cast::<PyArray2<i32>>() {
-        return a.try_readonly().map(Int2::I32).map_err(|_| borrowed(name));
+        return readonly(a, name).map(Int2::I32);
     }
     Err(not_int(name, 2))
 }

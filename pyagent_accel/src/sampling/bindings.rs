@@ -20,7 +20,7 @@ use super::kernels::{
 use super::row_scan::{first_error, row_status, RowStatus};
 use crate::float::Float;
 use crate::philox;
-use crate::py_util::{detached, row_param, slice, value_error};
+use crate::py_util::{detached, readonly, row_param, slice, value_error};
 
 // ---------------------------------------------------------------------------------
 // Errors and array access
@@ -198,18 +198,21 @@ where
 }
 
 /// logits as f32 or f64, dispatched to the generic implementation.
-#[derive(FromPyObject)]
 enum Logits<'py> {
     F32(PyReadonlyArray2<'py, f32>),
     F64(PyReadonlyArray2<'py, f64>),
 }
 
 fn extract_logits<'py>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<Logits<'py>> {
-    x.extract::<Logits<'py>>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "{name} must be a float32 or float64 numpy array of shape (batch, vocab)"
-        ))
-    })
+    if let Ok(array) = x.cast::<PyArray2<f32>>() {
+        return readonly(array, name).map(Logits::F32);
+    }
+    if let Ok(array) = x.cast::<PyArray2<f64>>() {
+        return readonly(array, name).map(Logits::F64);
+    }
+    Err(PyTypeError::new_err(format!(
+        "{name} must be a float32 or float64 numpy array of shape (batch, vocab)"
+    )))
 }
 
 /// Evaluate `$body` with `$array` the logits array and `$T` its element type.
@@ -304,27 +307,30 @@ fn first_bad(values: &Bound<'_, PyAny>, check: Check, bound: i64) -> PyResult<i6
             .position(|&v| rejects(v))
             .map_or(-1, |i| i as i64)
     }
-    match check.rejects() {
+    let expected = match check.rejects() {
         Rejects::Float(rejects) => {
-            if let Ok(a) = values.extract::<PyReadonlyArray1<'_, f64>>() {
-                return Ok(position(slice(&a, "values")?, rejects));
+            if let Ok(array) = values.cast::<PyArray1<f64>>() {
+                let array = readonly(array, "values")?;
+                return Ok(position(slice(&array, "values")?, rejects));
             }
-            if let Ok(a) = values.extract::<PyReadonlyArray1<'_, f32>>() {
-                return Ok(position(slice(&a, "values")?, |v: f32| rejects(v as f64)));
+            if let Ok(array) = values.cast::<PyArray1<f32>>() {
+                let array = readonly(array, "values")?;
+                return Ok(position(slice(&array, "values")?, |v: f32| {
+                    rejects(v as f64)
+                }));
             }
+            "float32 or float64"
         }
         Rejects::Int(rejects) => {
-            if let Ok(a) = values.extract::<PyReadonlyArray1<'_, i64>>() {
-                return Ok(position(slice(&a, "values")?, |v| rejects(v, bound)));
+            if let Ok(array) = values.cast::<PyArray1<i64>>() {
+                let array = readonly(array, "values")?;
+                return Ok(position(slice(&array, "values")?, |v| rejects(v, bound)));
             }
+            "int64"
         }
-    }
+    };
     Err(PyTypeError::new_err(format!(
-        "values must be a 1-D {} array for {check:?}",
-        match check.rejects() {
-            Rejects::Float(_) => "float32 or float64",
-            Rejects::Int(_) => "int64",
-        }
+        "values must be a 1-D {expected} array for {check:?}"
     )))
 }
 
