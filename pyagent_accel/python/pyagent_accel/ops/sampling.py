@@ -67,8 +67,9 @@ def _op(native: Any, *steps: _c.Step, main: _c.Main = _c.LOGITS) -> Any:
     return _c.op(__name__, native, *steps, main=main)
 
 
-# One op per statement: the native function, then what the reference does with the
-# arguments after the logits, in its order (conversions, then value checks).
+# One op per statement: its native function (whose signature is the op's), then what
+# the reference does with the arguments after the first, in the reference's order
+# (conversions, value checks). The first argument is the logits unless `main` says.
 
 apply_temperature = _op(
     _native.apply_temperature,
