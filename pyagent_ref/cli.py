@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -38,6 +39,16 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
     )
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, got {text!r}")
+    return value
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the model's execution (see `EngineConfig`)."""
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
@@ -53,6 +64,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BACKEND",
         help="torch.compile the forward (default backend inductor)",
     )
+    parser.add_argument(
+        "--kv-offload",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="keep KV blocks evicted from the prefix cache in host memory (and on disk), "
+        'e.g. \'{"cpu_blocks": 4096, "disk_dir": "/tmp/kv", "disk_blocks": 65536}\'',
+    )
+    parser.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="give sliding-window layers full-attention KV (every block kept)",
+    )
 
 
 def _engine_args(args: argparse.Namespace) -> dict:
@@ -61,6 +85,8 @@ def _engine_args(args: argparse.Namespace) -> dict:
         "dtype": args.dtype,
         "enforce_eager": args.enforce_eager,
         "compile": args.compile,
+        "kv_offload": args.kv_offload,
+        "disable_hybrid_kv_cache_manager": args.disable_hybrid_kv_cache_manager,
     }
 
 

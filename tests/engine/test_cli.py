@@ -62,3 +62,19 @@ def test_demo_reports_the_engine_step_totals(capsys):
         # 4 requests of at most 4 tokens: the prefill draws each one's first token
         assert 0 < int(decode) <= 12 and int(prefill) > 0 and 1 <= int(running) <= 4
         assert int(num_steps) >= 2
+
+
+def test_kv_offload_option_reaches_the_engine_and_bad_ones_exit_2(capsys):
+    args = ["generate", "import os\n", "--max-tokens", "6", "--ops", "ref"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main([*args, "--kv-offload", '{"cpu_blocks": 32}']) == 0
+    assert capsys.readouterr().out == plain
+    for bad, message in [
+        ('{"cpu_blocks": 0}', "pyagent: error: kv_offload.cpu_blocks must be >= 1, got 0"),
+        ("cpu:32", "argument --kv-offload: not JSON"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            main([*args, "--kv-offload", bad])
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
