@@ -153,23 +153,18 @@ class ModelRunner:
         self.kv_caches, self.graphs = [], None
 
     def read_block(self, group_id: int, block_id: int) -> torch.Tensor:
-        """A copy of block `block_id`'s KV in every layer of group `group_id`: shape
-        (layers, 2, block_size, kv_heads, head_dim), K then V (for the KV offload)."""
-        return torch.stack(
-            [
-                torch.stack(
-                    (self.kv_caches[layer][0][block_id], self.kv_caches[layer][1][block_id])
-                )
-                for layer in self.layer_groups[group_id]
-            ]
-        )
+        """A host copy of block `block_id`'s KV in every layer of group `group_id`:
+        shape (layers, 2, block_size, kv_heads, head_dim), K then V (for the KV
+        offload; on the host, so the copy is complete when this returns)."""
+        layers = [self.kv_caches[layer] for layer in self.layer_groups[group_id]]
+        return torch.stack([torch.stack((k[block_id], v[block_id])) for k, v in layers]).cpu()
 
     def write_block(self, group_id: int, block_id: int, data: torch.Tensor) -> None:
         """Overwrite block `block_id` of group `group_id` with `data`, as `read_block`
         returns it (for the KV offload)."""
-        for layer, kv in zip(self.layer_groups[group_id], data, strict=True):
-            self.kv_caches[layer][0][block_id].copy_(kv[0])
-            self.kv_caches[layer][1][block_id].copy_(kv[1])
+        for layer, (key, value) in zip(self.layer_groups[group_id], data, strict=True):
+            self.kv_caches[layer][0][block_id].copy_(key)
+            self.kv_caches[layer][1][block_id].copy_(value)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
