@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
+import typing
 
+from .engine.core import EngineConfig
 from .engine.llm import LLM
 from .sample.params import SamplingParams
 
@@ -49,44 +52,60 @@ def _json_object(text: str) -> dict:
     return value
 
 
+# EngineConfig fields that are not engine flags: the model and the ops have their own
+# flags in each command (`demo --ops` takes a list).
+_NOT_ENGINE_FLAGS = ("model", "ops")
+
+
+def _engine_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(EngineConfig) if f.name not in _NOT_ENGINE_FLAGS]
+
+
+def _field_help() -> dict[str, str]:
+    """{field: its entry in EngineConfig's docstring} (`name: text`, continued on the
+    more indented lines below)."""
+    docs: dict[str, str] = {}
+    name = None
+    for line in (EngineConfig.__doc__ or "").splitlines():
+        head, sep, text = line.strip().partition(": ")
+        if sep and line.startswith("    ") and not line.startswith("     ") and head.isidentifier():
+            name, docs[head] = head, text
+        elif name and line.strip():
+            docs[name] += " " + line.strip()
+        else:
+            name = None
+    return docs
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of the model's execution (see `EngineConfig`)."""
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument(
-        "--enforce-eager", action="store_true", help="never replay CUDA graphs of decode steps"
-    )
-    parser.add_argument(
-        "--compile",
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="BACKEND",
-        help="torch.compile the forward (default backend inductor)",
-    )
-    parser.add_argument(
-        "--kv-offload",
-        type=_json_object,
-        default=None,
-        metavar="JSON",
-        help="keep KV blocks evicted from the prefix cache in host memory (and on disk), "
-        'e.g. \'{"cpu_blocks": 4096, "disk_dir": "/tmp/kv", "disk_blocks": 65536}\'',
-    )
-    parser.add_argument(
-        "--disable-hybrid-kv-cache-manager",
-        action="store_true",
-        help="give sliding-window layers full-attention KV (every block kept)",
-    )
+    """One flag per `EngineConfig` field (`max_num_seqs` is --max-num-seqs): the type, the
+    default and the help come from EngineConfig, which also checks the values."""
+    group = parser.add_argument_group("engine options (EngineConfig)")
+    docs, hints = _field_help(), typing.get_type_hints(EngineConfig)
+    for field in _engine_fields():
+        kind, flag = hints[field.name], "--" + field.name.replace("_", "-")
+        default = field.default_factory() if callable(field.default_factory) else field.default
+        options: dict = {"default": None, "help": f"{docs[field.name]} (default: {default})"}
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif kind == bool | str:  # compile: bare flag for True, or a backend name
+            options.update(nargs="?", const=True, metavar="BACKEND")
+        elif kind == tuple[int, ...]:
+            options.update(nargs="+", type=int)
+        elif int in typing.get_args(kind) or kind is int:
+            options["type"] = int
+        elif dict in typing.get_args(kind):
+            options.update(type=_json_object, metavar="JSON")
+        group.add_argument(flag, **options)
 
 
 def _engine_args(args: argparse.Namespace) -> dict:
+    """The engine flags the user gave, as EngineConfig keyword arguments."""
+    given = {f.name: getattr(args, f.name) for f in _engine_fields()}
     return {
-        "device": args.device,
-        "dtype": args.dtype,
-        "enforce_eager": args.enforce_eager,
-        "compile": args.compile,
-        "kv_offload": args.kv_offload,
-        "disable_hybrid_kv_cache_manager": args.disable_hybrid_kv_cache_manager,
+        name: tuple(value) if isinstance(value, list) else value
+        for name, value in given.items()
+        if value is not None
     }
 
 
@@ -124,7 +143,7 @@ def run_demo(
     engine_args: dict | None = None,
 ) -> dict:
     """Serve `num_requests` concurrent requests sharing a prefix; return the figures."""
-    llm = LLM(model, ops=ops, max_num_seqs=num_requests, **(engine_args or {}))
+    llm = LLM(model, ops=ops, **{"max_num_seqs": num_requests, **(engine_args or {})})
     llm.generate("import os\n", SamplingParams(max_tokens=2))  # warm-up, not timed
     llm.core.kv.reset_prefix_cache()
     before = llm.core.kv.metrics()

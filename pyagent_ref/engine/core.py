@@ -36,6 +36,7 @@ from ..kv_cache import (
     SlidingWindowSpec,
     group_layers,
 )
+from ..kv_cache.eviction import EVICTION_POLICIES
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..ops import load as load_ops
@@ -46,10 +47,11 @@ from ..sched.outputs import (
     ModelRunnerOutput,
     SchedulerOutput,
 )
+from ..sched.policy import POLICIES
 from ..sched.request import Request, RequestStatus
 from ..sched.scheduler import Scheduler, SchedulerConfig
 from ..worker.cuda_graph import DEFAULT_CAPTURE_SIZES
-from ..worker.model_runner import ModelRunner
+from ..worker.model_runner import GRAPH_MODES, ModelRunner
 from .admission import Limits, check_request
 
 logger = logging.getLogger(__name__)
@@ -105,24 +107,39 @@ class KVOffloadConfig:
         tiers = [CPUTier(self.cpu_blocks)]
         if self.disk_dir is not None:
             tiers.append(DiskTier(self.disk_dir, self.disk_blocks))
-        return OffloadManager(tiers)
+        return OffloadManager(tiers, enable_events=False)
 
 
 @dataclass
 class EngineConfig:
     """Everything that sizes and shapes an engine (vLLM's engine arguments, abridged).
 
+    Each field below is also a `pyagent` command-line flag (`max_num_seqs` is
+    --max-num-seqs), whose help is the field's entry here.
+
+    model: HF model directory; None is the embedded default model.
+    dtype: the weights' and activations' dtype.
+    device: the torch device the model runs on.
+    block_size: tokens per KV cache block.
     num_kv_blocks: KV cache blocks (block 0 is the null block); None sizes the cache
         from kv_cache_memory_bytes.
+    kv_cache_memory_bytes: the KV cache's memory when num_kv_blocks is None.
+    max_num_seqs: the most requests running in one step.
+    max_num_batched_tokens: the most tokens (prefill and decode) in one step.
     max_model_len: prompt + output tokens of one request; None takes the model's
         context, lowered (with a logged warning) to what the KV cache holds for one
         request and, without chunked prefill, to max_num_batched_tokens. A value set
         here that exceeds either is a ValueError instead.
-    max_logprobs: the most log-probabilities a request may ask for per token.
+    enable_chunked_prefill: split long prompts across steps to fit the token budget.
+    enable_prefix_caching: reuse the KV blocks of prompts' shared prefixes.
+    eviction: which cached block to evict first: "lru" or "arc".
+    policy: the order the waiting requests are admitted in (see `sched.policy`).
     ops: "ref", "accel" or "auto": the ops namespace for sampling and hashing.
-    graph_mode: "auto", "eager" or "static" (see `ModelRunner`); enforce_eager=True
-        means "eager". cudagraph_capture_sizes: the decode batch sizes graphs serve.
+    enforce_eager: never replay CUDA graphs (graph_mode "eager").
+    graph_mode: "auto", "eager" or "static" (see `ModelRunner`).
+    cudagraph_capture_sizes: the decode batch sizes CUDA graphs are captured for.
     compile: torch.compile the forward: True (inductor) or a backend name.
+    max_logprobs: the most log-probabilities a request may ask for per token.
     kv_offload: None, or where blocks evicted from the prefix cache go to be found
         again (`KVOffloadConfig`, or a dict of its fields); needs prefix caching.
     disable_hybrid_kv_cache_manager: give sliding-window layers full-attention KV (every
@@ -188,8 +205,16 @@ _CONFIG_RULES = {
     "max_model_len": (_OPTIONAL_INT, lambda v: v is None or v >= 2, "None or an int >= 2"),
     "enable_chunked_prefill": (bool, _ANY, "a bool"),
     "enable_prefix_caching": (bool, _ANY, "a bool"),
+    "eviction": (str, lambda v: v in EVICTION_POLICIES, f"one of {EVICTION_POLICIES}"),
+    "policy": (str, lambda v: v in POLICIES, f"one of {tuple(POLICIES)}"),
     "ops": (str, lambda v: v in ("ref", "accel", "auto"), "'ref', 'accel' or 'auto'"),
     "enforce_eager": (bool, _ANY, "a bool"),
+    "graph_mode": (str, lambda v: v in GRAPH_MODES, f"one of {GRAPH_MODES}"),
+    "cudagraph_capture_sizes": (
+        (tuple, list),
+        lambda v: all(type(n) is int and n >= 1 for n in v),
+        "a tuple of ints >= 1",
+    ),
     "compile": ((bool, str), _ANY, "a bool or a torch.compile backend name"),
     "max_logprobs": (int, lambda v: v >= 0, "an int >= 0"),
     "kv_offload": (

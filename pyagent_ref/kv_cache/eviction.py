@@ -156,10 +156,13 @@ class ARCPolicy(Generic[T]):
         return False
 
 
+EVICTION_POLICIES = ("lru", "arc")
+
+
 def make_policy(name: str, capacity: int, make_list: Callable[[], Any], key_of: Callable) -> Any:
-    """An eviction policy by name: "lru" or "arc"."""
+    """An eviction policy by name, one of EVICTION_POLICIES."""
     if name == "lru":
         return LRUPolicy(make_list)
     if name == "arc":
         return ARCPolicy(capacity, make_list, key_of)
-    raise ValueError(f"eviction policy must be 'lru' or 'arc', got {name!r}")
+    raise ValueError(f"eviction policy must be one of {EVICTION_POLICIES}, got {name!r}")

@@ -78,3 +78,32 @@ def test_kv_offload_option_reaches_the_engine_and_bad_ones_exit_2(capsys):
             main([*args, "--kv-offload", bad])
         assert exc.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_every_engine_option_is_a_flag_documented_by_engine_config(capsys):
+    from dataclasses import fields
+
+    from pyagent_ref.cli import _field_help
+    from pyagent_ref.engine.core import EngineConfig
+
+    docs = _field_help()
+    assert {f.name for f in fields(EngineConfig)} <= set(docs), "undocumented EngineConfig field"
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    help_text = capsys.readouterr().out
+    for f in fields(EngineConfig):
+        if f.name not in ("model", "ops"):
+            assert "--" + f.name.replace("_", "-") in help_text
+
+
+def test_engine_flags_are_checked_by_engine_config(capsys):
+    args = ["generate", "def ", "--max-tokens", "3", "--ops", "ref"]
+    assert main([*args, "--max-num-seqs", "2", "--no-enable-prefix-caching"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--max-num-seqs", "0"])
+    assert exc.value.code == 2
+    assert "pyagent: error: max_num_seqs must be an int >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--eviction", "mru"])
+    assert "eviction must be one of ('lru', 'arc'), got 'mru'" in capsys.readouterr().err
