@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 
 from .block import KVCacheBlock
 from .block_pool import BlockPool
-from .coordinator import KVCacheCoordinator
+from .coordinator import GroupBlocks, KVCacheCoordinator
 from .events import KVCacheEvent, KVCacheMetrics
 from .offload import BlockOffloader, OffloadedBlock
 from .protocol import KVRequest
 from .request_hashing import RequestBlockHasher
+from .single_type import ContentOf
 from .specs import KVCacheConfig
 
 
@@ -149,7 +151,7 @@ class KVCacheManager:
         stats.hits += num_blocks * self.block_size
         return KVCacheBlocks(hit), num_blocks * self.block_size
 
-    def _onboard(self, hit, hashes, content_of) -> None:
+    def _onboard(self, hit: GroupBlocks, hashes: Sequence[bytes], content_of: ContentOf) -> None:
         """Bring the offloaded blocks of a candidate hit back into the device prefix
         cache: a new block each, its KV loaded, cached under its hash, then freed like
         any cached block. The hit's device blocks are held meanwhile, so the evictions

@@ -149,16 +149,20 @@ class OffloadManager:
     Args:
         tiers: fastest first, e.g. [CPUTier(1024), DiskTier(path, 65536)].
         policy: "lru" or "arc", one instance per tier.
+        enable_events: record `KVCacheEvent`s for `take_events` (an engine that never
+            drains them turns this off).
     """
 
-    def __init__(self, tiers: Sequence[Any], policy: str = "lru") -> None:
+    def __init__(
+        self, tiers: Sequence[Any], policy: str = "lru", enable_events: bool = True
+    ) -> None:
         if not tiers:
             raise ValueError("tiers must not be empty")
         self._tiers = [
             _TierState(t, make_policy(policy, t.capacity_blocks, KeyList, lambda k: k))
             for t in tiers
         ]
-        self._events: list[KVCacheEvent] = []
+        self._events: list[KVCacheEvent] | None = [] if enable_events else None
         self.hits = 0
         self.misses = 0
 
@@ -211,7 +215,7 @@ class OffloadManager:
             else:
                 top.tier.delete(key)
         if published:
-            self._events.append(BlockStored(tuple(published), None, (), 0, top.tier.medium))
+            self._record(BlockStored(tuple(published), None, (), 0, top.tier.medium))
 
     def prepare_load(self, hashes: Sequence[bytes]) -> LoadPlan:
         """Pin the leading stored hashes for reading (stops at the first one missing)."""
@@ -284,8 +288,15 @@ class OffloadManager:
                     state.policy.push(key, key, True)
 
     def take_events(self) -> list[KVCacheEvent]:
+        """The events recorded since the last call (empty if events are disabled)."""
+        if self._events is None:
+            return []
         events, self._events = self._events, []
         return events
+
+    def _record(self, event: KVCacheEvent) -> None:
+        if self._events is not None:
+            self._events.append(event)
 
     def _evict_one(self, level: int) -> bytes:
         """Evict tier `level`'s victim, moving it down to the next tier if there is one
@@ -305,12 +316,12 @@ class OffloadManager:
                 below.tier.write(key, data)
                 below.ready.add(key)
                 below.policy.push(key, key, below.policy.readmit(key))
-                self._events.append(BlockStored((key,), None, (), 0, below.tier.medium))
+                self._record(BlockStored((key,), None, (), 0, below.tier.medium))
         return key
 
     def _drop(self, state: _TierState, key: bytes) -> None:
         state.tier.delete(key)
-        self._events.append(BlockRemoved((key,), state.tier.medium))
+        self._record(BlockRemoved((key,), state.tier.medium))
 
     def _lost(self, state: _TierState, key: bytes) -> None:
         """A published entry whose copy turned out gone or corrupted: a miss, dropped."""
@@ -362,8 +373,8 @@ class BlockOffloader:
         self.namespace = namespace
 
     def key(self, group_id: int, content: BlockContent) -> bytes:
-        parts = (self.namespace, group_id, content.parent_hash, content.token_ids)
-        return hashlib.sha256(repr((*parts, content.extra_keys)).encode()).digest()
+        """SHA-256 of the namespace, the group id and the content, all by repr."""
+        return hashlib.sha256(repr((self.namespace, group_id, content)).encode()).digest()
 
     def lookup(self, group_id: int, content: BlockContent) -> OffloadedBlock | None:
         """The offloaded copy of a block of `group_id` with this content, if stored."""

@@ -197,14 +197,16 @@ SLIDING, FULL = "sliding_attention", "full_attention"
     num_blocks=st.integers(13, 40),
     budget=st.integers(4, 16),
     caching=st.booleans(),
+    graph_mode=st.sampled_from(["eager", "static"]),
 )
 def test_hybrid_groups_draw_the_tokens_of_full_attention_kv(
-    layer_types, workload, shared, num_blocks, budget, caching
+    layer_types, workload, shared, num_blocks, budget, caching, graph_mode
 ):
-    """Chunked prefill, preemption (small caches), prefix hits: giving sliding layers
-    their own KV cache groups changes no token (the all-full-attention KV is the
-    engine's layout before groups followed layer_types). Both engines get the memory
-    of `num_blocks` full-attention blocks."""
+    """Chunked prefill, preemption (small caches), prefix hits, padded decode batches
+    on the CUDA-graph buffers ("static"): giving sliding layers their own KV cache
+    groups changes no token (the all-full-attention KV, run eagerly, is the engine's
+    layout before groups followed layer_types). Both engines get the memory of
+    `num_blocks` full-attention blocks."""
     model = tiny_model(num_hidden_layers=4, sliding_window=WINDOW, layer_types=layer_types)
     block_bytes = 4 * 2 * 4 * 2 * 8 * 4  # 4 layers, K and V, 4 tokens, 2 heads of 8, fp32
     outputs = []
@@ -216,6 +218,7 @@ def test_hybrid_groups_draw_the_tokens_of_full_attention_kv(
             max_num_batched_tokens=budget,
             enable_prefix_caching=caching,
             disable_hybrid_kv_cache_manager=full_kv,
+            graph_mode="eager" if full_kv else graph_mode,
         )
         requests = [greedy(i, shared + p, n) for i, (p, n) in enumerate(workload)]
         outputs.append(run(core, requests))

@@ -135,3 +135,33 @@ def test_capacities_are_validated(tmp_path):
         CPUTier(0)
     with pytest.raises(ValueError, match="tiers"):
         OffloadManager([])
+
+
+def test_read_returns_the_stored_copy_and_drops_a_corrupted_one(tmp_path):
+    m = OffloadManager([CPUTier(1), DiskTier(tmp_path, 4)])
+    store(m, 1, 2)  # 1 on disk, 2 in memory
+    assert float(m.read(key(2))[0, 0, 0]) == 2.0 and float(m.read(key(1))[0, 0, 0]) == 1.0
+    assert m.read(key(7)) is None and m.misses == 0  # never stored: not a lost copy
+    path = tmp_path / f"{key(1).hex()}.safetensors"
+    path.write_bytes(path.read_bytes()[:-8])  # truncated
+    assert m.read(key(1)) is None and m.misses == 1
+    assert m.lookup([key(1)]) == 0
+    store(m, 3, 4)  # the dropped entry's room is usable again
+
+
+def test_clear_drops_everything_but_not_mid_transfer(manager):
+    store(manager, 1, 2, 3)
+    plan = manager.prepare_load([key(3)])
+    with pytest.raises(RuntimeError, match="in flight"):
+        manager.clear()
+    manager.complete_load(plan)
+    manager.clear()
+    assert manager.lookup([key(1)]) == manager.lookup([key(2)]) == manager.lookup([key(3)]) == 0
+    store(manager, 4, 5, 6, 7, 8)  # every tier has its full room again
+    assert manager.lookup([key(i) for i in range(4, 9)]) == 5
+
+
+def test_events_can_be_turned_off():
+    m = OffloadManager([CPUTier(1)], enable_events=False)
+    store(m, 1, 2)
+    assert m.take_events() == []
