@@ -31,6 +31,7 @@ delta settles it.
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,7 +122,8 @@ def check_tools(tools: Any) -> dict[str, dict[str, Any]]:
             raise ValueError(
                 f"tools[{i}]['function']['name'] must be a non-empty str, got {name!r}"
             )
-        parameters = function.get("parameters") or {}
+        parameters = function.get("parameters")
+        parameters = {} if parameters is None else parameters
         if not isinstance(parameters, Mapping):
             raise TypeError(
                 f"tools[{i}]['function']['parameters'] must be a dict, got {parameters!r}"
@@ -246,9 +248,14 @@ class ToolParser:
             else:
                 last_was_text = False
         content = []
+        silent = (
+            re.compile("|".join(map(re.escape, self.silent_markers)))
+            if self.silent_markers
+            else None
+        )
         for i, piece in enumerate(texts):
-            for marker in self.silent_markers:
-                piece = piece.replace(marker, "")
+            if silent is not None:  # one pass: a removal must not make a new marker
+                piece = silent.sub("", piece)
             blank = piece.strip() == ""
             if blank and (has_calls or (not final and i == len(texts) - 1)):
                 continue

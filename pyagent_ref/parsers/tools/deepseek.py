@@ -92,8 +92,8 @@ class DeepSeekV31ToolParser(DeepSeekV3ToolParser):
             if "\n" in body[i:]:
                 raise Malformed("a newline in the function name")
             return None, None
-        if not body[i:sep].strip():
-            raise Malformed("an empty function name")
+        if not body[i:sep].strip() or "\n" in body[i:sep]:
+            raise Malformed("an empty function name, or a newline in it")
         return body[i:sep].strip(), sep + len(SEP)
 
     def before_arguments(self, body: str, j: int) -> int | None:
