@@ -50,6 +50,7 @@ from ..sched.outputs import (
 from ..sched.policy import POLICIES
 from ..sched.request import Request, RequestStatus
 from ..sched.scheduler import Scheduler, SchedulerConfig
+from ..tokenize.loader import TOKENIZER_BACKENDS
 from ..worker.cuda_graph import DEFAULT_CAPTURE_SIZES
 from ..worker.model_runner import GRAPH_MODES, ModelRunner
 from .admission import Limits, check_request
@@ -140,6 +141,8 @@ class EngineConfig:
     cudagraph_capture_sizes: the decode batch sizes CUDA graphs are captured for.
     compile: torch.compile the forward: True (inductor) or a backend name.
     max_logprobs: the most log-probabilities a request may ask for per token.
+    tokenizer_backend: "library" (HF tokenizers / tiktoken), "pyagent" (our byte-level
+        BPE, `tokenize.bpe`) or "auto" (ours where it supports the vocabulary).
     kv_offload: None, or where blocks evicted from the prefix cache go to be found
         again (`KVOffloadConfig`, or a dict of its fields); needs prefix caching.
     disable_hybrid_kv_cache_manager: give sliding-window layers full-attention KV (every
@@ -165,6 +168,7 @@ class EngineConfig:
     cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
     compile: bool | str = False
     max_logprobs: int = 20
+    tokenizer_backend: str = "library"
     kv_offload: KVOffloadConfig | dict | None = None
     disable_hybrid_kv_cache_manager: bool = False
 
@@ -217,6 +221,7 @@ _CONFIG_RULES = {
     ),
     "compile": ((bool, str), _ANY, "a bool or a torch.compile backend name"),
     "max_logprobs": (int, lambda v: v >= 0, "an int >= 0"),
+    "tokenizer_backend": (str, lambda v: v in TOKENIZER_BACKENDS, f"one of {TOKENIZER_BACKENDS}"),
     "kv_offload": (
         (KVOffloadConfig, dict, type(None)),
         _ANY,

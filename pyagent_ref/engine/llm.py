@@ -66,7 +66,7 @@ class _Frontend:
         self.config = config or EngineConfig()
         model_dir = Path(self.config.model or default_model_path())
         self.core = core or EngineCore.from_config(self.config)
-        self.tokenizer = tokenizer or load_tokenizer(model_dir)
+        self.tokenizer = tokenizer or load_tokenizer(model_dir, self.config.tokenizer_backend)
         self.processor = OutputProcessor(self.tokenizer)
         self._extra_eos = self._generation_eos_ids(model_dir)
         self._ids = itertools.count()

@@ -136,3 +136,20 @@ def test_logprobs_keep_the_sampled_token_and_its_rank(llm):
         assert best.rank == 1 and entry[token].logprob <= best.logprob
         ranks.append(entry[token].rank)
     assert any(rank > 1 for rank in ranks)  # sampling at T=1 drew a token that is not the best
+
+
+def test_our_bpe_tokenizer_gives_the_engine_the_same_text(tiny_llm_dir):
+    from pyagent_ref.tokenize.bpe import BPETokenizer
+
+    prompts = ["def main():\n", "héllo wörld 🙂 <s> x"]
+    params = SamplingParams(temperature=0, max_tokens=12)
+    runs = {}
+    for backend in ("library", "pyagent"):
+        llm = LLM(str(tiny_llm_dir[1]), ops="ref", tokenizer_backend=backend)
+        runs[backend] = [
+            (o.prompt_token_ids, o.outputs[0].text) for o in llm.generate(prompts, params)
+        ]
+    assert isinstance(llm.tokenizer, BPETokenizer)
+    assert runs["pyagent"] == runs["library"]
+    with pytest.raises(ValueError, match="tokenizer_backend must be one of"):
+        LLM(str(tiny_llm_dir[1]), tokenizer_backend="sentencepiece")
