@@ -111,7 +111,7 @@ def value_end(text: str, i: int) -> int | None:
             return None
     try:
         json.loads(text[i:end])
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep for json
         raise Malformed(f"invalid JSON value at {i}: {text[i:end][:40]!r}") from None
     return end
 
@@ -187,7 +187,7 @@ def json_call(
             if isinstance(value, str):
                 try:
                     parsed = json.loads(value)
-                except ValueError:
+                except (ValueError, RecursionError):
                     parsed = None
                 if not isinstance(parsed, dict):
                     raise Malformed("string arguments that are not a JSON object")

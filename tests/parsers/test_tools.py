@@ -235,3 +235,54 @@ def test_fuzz_mutated_fixtures(name, data):
         text += data.draw(st.sampled_from(fixtures)).text
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=20))
     check_tool_stream(get_tool_parser(name), text, split(text, cuts), False, **fx.kwargs)
+
+
+DEEP = "[" * 3000 + "]" * 3000
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_PARSERS))
+def test_deeply_nested_arguments_never_raise(name):
+    """Nesting deeper than `json` and `ast` recurse is content, not a RecursionError."""
+    for fx in [f for f in TOOL_FIXTURES if f.parser == name and f.calls]:
+        text = fx.text.replace('"Paris"', DEEP).replace("'x'", DEEP)
+        check_tool_stream(get_tool_parser(name), text, split(text, [len(text) // 2]), False)
+
+
+def test_command_line_options():
+    import argparse
+
+    from pyagent_ref.parsers import add_parser_arguments
+
+    cli = argparse.ArgumentParser()
+    add_parser_arguments(cli)
+    args = cli.parse_args(["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"])
+    assert (args.tool_call_parser, args.reasoning_parser) == ("hermes", "qwen3")
+    for name in ("auto", "openai", "qwen3_coder"):
+        assert cli.parse_args(["--tool-call-parser", name]).tool_call_parser == name
+    assert cli.parse_args([]).tool_call_parser is None
+
+
+@pytest.mark.parametrize(
+    ("template", "name"),
+    [
+        ("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}{{ '\\n</tool_call>' }}", "hermes"),
+        ("<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>", "qwen3_xml"),
+        ("{{ '[TOOL_CALLS]' + name + '[ARGS]' + args }}", "mistral"),
+        (
+            "'<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + name + '\\n```json\\n'",
+            "deepseek_v3",
+        ),
+        ("'<｜tool▁call▁begin｜>' + name + '<｜tool▁sep｜>' + arguments", "deepseek_v31"),
+        ("{{ '<|tool_call|>' + tool_calls | tojson }}", "granite"),
+        ("<|action_start|><|plugin|>\n{{ call }}<|action_end|>", "internlm2"),
+        ("<|start|>assistant<|channel|>commentary to=functions.{{ name }}", "gpt_oss"),
+        ("{{- '<|python_start|>' }}[{{ name }}(...)]", "pythonic"),
+        ("[func_name1(params_name1=params_value1, params_name2=params_value2...)]", "pythonic"),
+        ("{{- '<|python_tag|>' + tool_call.name + '.call(' }}", "llama3_json"),
+        ("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}", None),
+    ],
+)
+def test_detect_tool_parser(template, name):
+    from pyagent_ref.parsers.tools import detect_tool_parser
+
+    assert detect_tool_parser(template) == name

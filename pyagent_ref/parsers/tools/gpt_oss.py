@@ -26,7 +26,7 @@ from .base import Parsed, PartialCall, ToolParser
 def _is_object(body: str) -> bool:
     try:
         return isinstance(json.loads(body), dict)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 
