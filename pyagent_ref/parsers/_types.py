@@ -88,7 +88,7 @@ class DeltaToolCall:
     """One call's part of a streamed delta.
 
     ``id`` and ``name`` are set in the call's first delta only; ``arguments`` is the next
-    fragment of the arguments (None or "" when there is none yet).
+    fragment of the arguments ("" in a first delta that has none yet, as OpenAI sends it).
     """
 
     index: int

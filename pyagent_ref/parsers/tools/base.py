@@ -305,7 +305,7 @@ class ToolParser:
             if sent is None:
                 sent = self._sent[call.key] = _Sent(len(self._sent), call.name, "")
                 new_id = call.id or self.new_id()
-                out.tool_calls.append(DeltaToolCall(sent.index, new_id, call.name))
+                out.tool_calls.append(DeltaToolCall(sent.index, new_id, call.name, ""))
             if sent.name != call.name or not call.arguments.startswith(sent.arguments):
                 continue  # cannot happen for a monotone parse; never take anything back
             fragment = call.arguments[len(sent.arguments) :]
