@@ -90,18 +90,62 @@ def normalize_chat_templates(value: str | Mapping[str, str] | None) -> dict[str,
 
 
 class TokenizerBase(ABC):
-    """Chat-template plumbing shared by the backends.
+    """What the backends share: named special ids, argument checks, chat templates.
 
     A subclass sets ``chat_templates`` (name -> source), ``special_tokens_map`` (named
-    special token -> its text) and implements ``encode``.
+    special token -> its text) and ``_special_ids``, and implements ``vocab_size``,
+    ``_named_id`` and ``encode``.
     """
 
     chat_templates: dict[str, str]
     special_tokens_map: dict[str, str]
+    _special_ids: frozenset[int]
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Ids are in [0, vocab_size) (see `Tokenizer.vocab_size`)."""
+
+    @abstractmethod
+    def _named_id(self, name: str) -> int | None:
+        """The id of the special token ``special_tokens_map[name]``, or None."""
 
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (see `Tokenizer.encode`)."""
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._named_id("bos_token")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._named_id("eos_token")
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._named_id("pad_token")
+
+    @property
+    def all_special_ids(self) -> frozenset[int]:
+        return self._special_ids
+
+    @staticmethod
+    def _check_tokens(tokens: Sequence[str]) -> list[str]:
+        """``tokens`` as a list, after checking it is a sequence of str (not one str)."""
+        if isinstance(tokens, str):
+            raise TypeError("tokens must be a list of token strings, got a str")
+        tokens = list(tokens)
+        for i, token in enumerate(tokens):
+            if not isinstance(token, str):
+                raise TypeError(f"tokens[{i}] must be a str, got {token!r}")
+        return tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(vocab_size={self.vocab_size}, "
+            f"special_tokens={self.special_tokens_map}, templates={sorted(self.chat_templates)})"
+        )
 
     def apply_chat_template(
         self,

@@ -795,22 +795,6 @@ class BPETokenizer(TokenizerBase):
         text = self.special_tokens_map.get(name)
         return None if text is None else self._enc.added_tokens[text].id
 
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._named_id("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._named_id("eos_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._named_id("pad_token")
-
-    @property
-    def all_special_ids(self) -> frozenset[int]:
-        return self._special_ids
-
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._enc.encode(text, allowed_special="all", add_special_tokens=add_special_tokens)
 
@@ -831,21 +815,11 @@ class BPETokenizer(TokenizerBase):
         return out
 
     def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
-        if isinstance(tokens, str):
-            raise TypeError("tokens must be a list of token strings, got a str")
         chunks = []
-        for i, token in enumerate(tokens):
-            if not isinstance(token, str):
-                raise TypeError(f"tokens[{i}] must be a str, got {token!r}")
+        for token in self._check_tokens(tokens):
             added = self._added_by_text.get(token)
             chunks.append(byte_level_decoding(token) if added is None else added.decoded_bytes)
         return b"".join(chunks).decode("utf-8", errors="replace")
-
-    def __repr__(self) -> str:
-        return (
-            f"BPETokenizer(vocab_size={self.vocab_size}, special_tokens="
-            f"{self.special_tokens_map}, templates={sorted(self.chat_templates)})"
-        )
 
 
 def _token_text(value: Any) -> str | None:

@@ -270,25 +270,9 @@ class HFTokenizer(TokenizerBase):
         """Whether ``encode(text, add_special_tokens=True)`` ends with EOS."""
         return self._adds_eos
 
-    def _token_id(self, name: str) -> int | None:
+    def _named_id(self, name: str) -> int | None:
         token = self.special_tokens_map.get(name)
         return None if token is None else self._tk.token_to_id(token)
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._token_id("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._token_id("eos_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._token_id("pad_token")
-
-    @property
-    def all_special_ids(self) -> frozenset[int]:
-        return self._special_ids
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         check_text(text)
@@ -310,18 +294,7 @@ class HFTokenizer(TokenizerBase):
         return out
 
     def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
-        if isinstance(tokens, str):
-            raise TypeError("tokens must be a list of token strings, got a str")
-        tokens = list(tokens)
-        for i, token in enumerate(tokens):
-            if not isinstance(token, str):
-                raise TypeError(f"tokens[{i}] must be a str, got {token!r}")
+        tokens = self._check_tokens(tokens)
         decoder = self._tk.decoder
         # Without a decoder the `tokenizers` library joins tokens with spaces; so do we.
         return " ".join(tokens) if decoder is None else decoder.decode(tokens)
-
-    def __repr__(self) -> str:
-        return (
-            f"HFTokenizer(vocab_size={self._vocab_size}, "
-            f"special_tokens={self.special_tokens_map}, templates={sorted(self.chat_templates)})"
-        )

@@ -293,21 +293,8 @@ class TiktokenTokenizer(TokenizerBase):
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._named_ids.get("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._named_ids.get("eos_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._named_ids.get("pad_token")
-
-    @property
-    def all_special_ids(self) -> frozenset[int]:
-        return self._special_ids
+    def _named_id(self, name: str) -> int | None:
+        return self._named_ids.get(name)
 
     @property
     def add_bos_token(self) -> bool:
@@ -350,12 +337,8 @@ class TiktokenTokenizer(TokenizerBase):
         return [token.decode("latin-1") for token in self._token_bytes(ids)]
 
     def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
-        if isinstance(tokens, str):
-            raise TypeError("tokens must be a list of token strings, got a str")
         chunks = []
-        for i, token in enumerate(tokens):
-            if not isinstance(token, str):
-                raise TypeError(f"tokens[{i}] must be a str, got {token!r}")
+        for i, token in enumerate(self._check_tokens(tokens)):
             try:
                 chunks.append(token.encode("latin-1"))
             except UnicodeEncodeError as exc:
@@ -366,7 +349,4 @@ class TiktokenTokenizer(TokenizerBase):
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
-        return (
-            f"TiktokenTokenizer({self._enc.name!r}, vocab_size={self._vocab_size}, "
-            f"special_tokens={self.special_tokens_map}, templates={sorted(self.chat_templates)})"
-        )
+        return f"{super().__repr__()[:-1]}, encoding={self._enc.name!r})"
