@@ -102,7 +102,10 @@ def demo(session: nox.Session) -> None:
 # Where the lint session looks for dead and duplicated code.
 PYTHON_SOURCES = ("pyagent_ref", "conformance", f"{ACCEL}/python", "benchmarks", "tools")
 # Decorators that register a function (so vulture must not call it unused).
-REGISTERING_DECORATORS = "@mutant,@*.prop,@pytest.fixture,@*.setter,@property,@st.composite"
+REGISTERING_DECORATORS = ",".join(
+    ("@mutant", "@*.prop", "@pytest.fixture", "@*.setter", "@property", "@st.composite")
+    + ("@rule", "@invariant", "@precondition", "@initialize")  # hypothesis state machines
+)
 
 
 @nox.session

@@ -82,11 +82,6 @@ class CrossAttentionSpec(FullAttentionSpec):
     per request and never shared through the prefix cache."""
 
 
-KVCacheSpec = (
-    FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec | MLASpec | CrossAttentionSpec
-)
-
-
 @dataclass(frozen=True)
 class KVCacheGroup:
     """Layers that share a spec, and so share block tables."""

@@ -43,6 +43,8 @@ from .. import _native
 from . import _common as _c
 from ._common import F64, I64, LOGITS_DTYPE, SEEDS, Bias, Check, Count, Rows, TokenIds, Values
 
+# The reference's names, in its order (tests/test_stubs.py checks they stay equal).
+# pylint: disable=duplicate-code
 __all__ = [
     "apply_temperature",
     "apply_top_k",
@@ -55,6 +57,7 @@ __all__ = [
     "philox_uniform",
     "sample",
 ]
+# pylint: enable=duplicate-code
 
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85  # key schedule (Weyl) increments
