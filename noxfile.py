@@ -111,8 +111,9 @@ REGISTERING_DECORATORS = ",".join(
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff on the Python; dead code (vulture) and duplicated code (pylint's duplicate-code
-    checker); cargo fmt and clippy on the Rust."""
-    session.install("ruff", "vulture", "pylint")
+    checker); the accelerator's stubs against its runtime and the reference; cargo fmt and
+    clippy on the Rust."""
+    session.install("ruff", "vulture", "pylint", "pytest", "-e", ".", f"./{ACCEL}")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run(
@@ -137,6 +138,7 @@ def lint(session: nox.Session) -> None:
         "--ignore-patterns=.*\\.pyi$",  # stubs repeat signatures by design
         *PYTHON_SOURCES,
     )
+    session.run("pytest", "-q", f"{ACCEL}/tests/test_stubs.py")
     session.run("cargo", "fmt", "--manifest-path", CARGO_MANIFEST, "--check", external=True)
     session.run(
         "cargo",
