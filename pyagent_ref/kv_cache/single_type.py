@@ -181,13 +181,10 @@ class SlidingWindowManager(SingleTypeManager):
 
     def max_blocks_held(self, num_tokens: int, step_tokens: int) -> int:
         """Before a step from c computed tokens, the blocks before token c - window + 1
-        are freed: the rest span window - 1 + step tokens, over one block more when
-        they do not start at a block boundary."""
-        window = self.spec.sliding_window
-        return min(
-            super().max_blocks_held(num_tokens, step_tokens),
-            cdiv(window - 1 + step_tokens, self.block_size) + 1,
-        )
+        are freed: the rest hold window - 1 + step tokens, starting anywhere in their
+        first block."""
+        span = self.spec.sliding_window - 1 + step_tokens + self.block_size - 1
+        return min(super().max_blocks_held(num_tokens, step_tokens), cdiv(span, self.block_size))
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         first_needed_token = max(0, num_computed_tokens - self.spec.sliding_window + 1)

@@ -93,10 +93,11 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.num_blocks, self.block_size = num_blocks, block_size
         self.layer_groups = _layer_groups(kv_groups, len(model.layers))
-        self.group_of_layer = [0] * len(model.layers)
+        # per layer: its KV cache group, and its place in the group (the KV tensor it uses)
+        self.group_of_layer, self.tensor_of_layer = [0] * len(model.layers), [0] * len(model.layers)
         for g, layers in enumerate(self.layer_groups):
-            for layer in layers:
-                self.group_of_layer[layer] = g
+            for i, layer in enumerate(layers):
+                self.group_of_layer[layer], self.tensor_of_layer[layer] = g, i
         self.batch = InputBatch(
             max_num_reqs, max_model_len, max_num_tokens, block_size, len(self.layer_groups)
         )
@@ -132,10 +133,7 @@ class ModelRunner:
             )
             for _ in range(max(len(layers) for layers in self.layer_groups))
         ]
-        self.kv_caches = [shared[0]] * len(self.model.layers)
-        for layers in self.layer_groups:
-            for i, layer in enumerate(layers):
-                self.kv_caches[layer] = shared[i]
+        self.kv_caches = [shared[i] for i in self.tensor_of_layer]
         if self.dispatcher.enabled:
             self.graphs = CudaGraphRunner(
                 self.forward,

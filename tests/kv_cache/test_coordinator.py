@@ -139,3 +139,19 @@ def test_from_memory_counts_every_layer():
     group = KVCacheGroup(FullAttentionSpec(16, 8, 128, 2), layer_names=("l0", "l1"))
     cfg = KVCacheConfig.from_memory(2**30, (group,))
     assert cfg.num_blocks == 2**30 // (2 * 2 * 16 * 8 * 128 * 2)
+
+
+def test_max_tokens_per_request_counts_only_the_window_of_sliding_groups():
+    """Window 6, blocks of 4: a step of 4 new tokens after c computed ones needs
+    tokens c - 5 .. c + 3, at most 3 blocks; a step of 8, at most 4."""
+    sw = SlidingWindowSpec(BLOCK, 1, 8, sliding_window=6)
+    kv = KVCacheManager(config(4, sw), ops=pyagent_ref.ops)  # 3 usable blocks
+    assert kv.max_tokens_per_request() == 12  # in one step: every block at once
+    assert kv.max_tokens_per_request(4, limit=1000) == 1000
+    assert kv.max_tokens_per_request(8, limit=1000) == 12
+    a = Request("a", list(range(400)))
+    while a.num_computed_tokens < a.num_tokens:  # 4 tokens a step: never short of blocks
+        assert kv.allocate_slots(a, 4) is not None
+        a.num_computed_tokens += 4
+    hybrid = KVCacheManager(config(12, FullAttentionSpec(BLOCK, 1, 8), sw), ops=pyagent_ref.ops)
+    assert hybrid.max_tokens_per_request(4, limit=1000) == (11 - 3) * BLOCK
