@@ -98,6 +98,223 @@ def _hf(op: str, prop: str, *reasons: str) -> Divergence:
     return Divergence(HF, f"sampling.{op}", prop, "; ".join(reasons))
 
 
+VLLM = "conformance.adapters.vllm"
+
+# Why vLLM differs (vllm/sampling_params.py, vllm/v1/sample/, vllm/v1/core/kv_cache_utils.py).
+_V_TEMPERATURE = (
+    "SamplingParams accepts temperatures in [0, 2] only (VLLMValidationError above 2) and raises a "
+    "temperature in (0, 0.01) to 0.01, so most drawn temperatures never reach the division"
+)
+_V_TEMPERATURE_FLOAT32 = (
+    "InputBatch stores the temperature in float32: float64 logits are divided by the rounded value"
+)
+_V_K_NEGATIVE = (
+    "SamplingParams rejects top_k < -1 (VLLMValidationError): only 0 and -1 disable top-k, where "
+    "the specification disables the filter for every k <= 0"
+)
+_V_P_TIES = (
+    "apply_top_k_top_p sorts ascending and masks the positions whose cumulative softmax is <= 1 - p"
+    " (keeping the last): the cut is a position, so tokens tied at the boundary are split, even "
+    "tokens tied for the max"
+)
+_V_P_FLOAT32 = (
+    "InputBatch stores p in float32 and the softmax and cumsum run in the logits' dtype: float32 "
+    "rounding (~1e-7) decides tokens outside the 1e-9 band"
+)
+_V_MIN_P_FLOAT32 = (
+    "MinPLogitsProcessor keeps min_p in a float32 tensor and compares probs < min_p * max(probs) "
+    "with softmax in the logits' dtype: float32 rounding (~1e-7) decides tokens outside the 1e-9 "
+    "band of the float64 rule"
+)
+_V_PENALTIES_FLOAT32 = (
+    "InputBatch stores the three penalties in float32 and the repetition penalty multiplies by 1 / "
+    "r: on float64 logits the result is off by the float32 rounding of r, f and q (~1e-8)"
+)
+_V_BIAS_FLOAT32 = (
+    "LogitBiasLogitsProcessor keeps the biases in a float32 tensor: a float64 bias is rounded to "
+    "float32 before it is added"
+)
+_V_BIAS_DICT = (
+    "a request's logit_bias is a dict {token: bias} (OpenAI's JSON object), so a token cannot be "
+    "listed twice; the adapter's dict keeps the last bias, not the sum"
+)
+_V_LOGPROBS_FLOAT32 = (
+    "Sampler.compute_logprobs is log_softmax(dtype=float32): float64 logits give float32 logprobs"
+)
+_V_TOPK_TIES = (
+    "gather_logprobs takes torch.topk, which orders tied logprobs arbitrarily (not by lower id)"
+)
+_V_RANK_TIES = (
+    "the rank is batched_count_greater_than(logprobs, sampled), which counts logprobs >= the "
+    "sampled one: tied tokens share the worst rank (2 for two tokens tied for the max), not the "
+    "best"
+)
+_V_INT32_IDS = "gather_logprobs returns the token ids as int32 ('to reduce the tensor size')"
+_V_NO_VALIDATION = (
+    "vLLM validates a request's parameters (SamplingParams raises VLLMValidationError, which is not"
+    " a ValueError) and nothing in its sampling functions: integer logits are processed or fail "
+    "inside torch (RuntimeError), NaN and +inf logits pass through"
+)
+_V_CBOR2 = (
+    "vLLM serializes with cbor2.dumps(canonical=True), which encodes bools, floats, None, dicts and"
+    " integers beyond 64 bits (as bignum tags) where the specification's encoding raises"
+)
+_V_ROOT = (
+    "NONE_HASH is hash_fn('vllm-none-hash'), the CBOR of another label than the specification's "
+    "'pyagent.prefix-cache.v1', and for xxhash_cbor a random per-process seed unless PYTHONHASHSEED"
+    " is set"
+)
+_V_NULL_KEYS = (
+    "vLLM hashes (parent, tokens, extra_keys) with extra_keys None when a block has none: CBOR null"
+    " (0xf6) where the specification encodes an empty array (0x80); blocks with keys hash alike"
+)
+_V_HASH_NO_VALIDATION = (
+    "hash_block_tokens validates nothing: a str parent or one of any length (an empty one means "
+    "NONE_HASH), negative or float tokens and unknown key tags are all hashed"
+)
+_V_NO_BLOCK_KEYS = (
+    "vLLM derives a block's extra keys from the request (LoRA, multimodal features, cache salt) and"
+    " takes no per-block list: the adapter raises NotImplementedError for one"
+)
+_V_CACHE_CONFIG = (
+    "CacheConfig (pydantic) coerces block_size 4.0 and True to int instead of raising TypeError; "
+    "hash_block_tokens accepts any token"
+)
+
+# Stop strings and the detokenizer are not ops: tests/conformance/test_vllm_adapter.py compares
+# pyagent_ref.tokenize with vLLM's check_stop_strings and IncrementalDetokenizer differentially,
+# and every difference it finds must be one of these.
+_V_STOP_TIES = (
+    "check_stop_strings picks the stop string that ends first and breaks ties by stop-list order: "
+    "for stop ['b', 'ab'] and text 'ab' vLLM stops at 'b' (output 'a'), the specification at the "
+    "longest, 'ab', which starts first (output '')"
+)
+_V_STOP_HOLD_BACK = (
+    "vLLM holds back max(len(s) for s in stop) - 1 characters of streamed text whatever they are; "
+    "the specification holds back only a suffix that may still start a stop string (same final "
+    "text)"
+)
+_V_DETOK_INCOMPLETE_END = (
+    "tokenizers' DecodeStream never emits the bytes of an incomplete character, so an output ending"
+    " inside one loses them; the specification's finish() returns them as U+FFFD, as a full decode"
+)
+_V_DETOK_PROMPT_SPLIT = (
+    "DecodeStream is primed with the whole prompt: a character split between prompt and output is "
+    "emitted whole in the output (or the prompt's bytes as U+FFFD); the specification drops a "
+    "context ending inside a character and decodes the output alone"
+)
+_V_DETOK_SPACES = (
+    "the fast detokenizer ignores spaces_between_special_tokens=True (kept special tokens are "
+    "joined to their neighbours without a space), as pyagent_ref.tokenize's docstring notes"
+)
+
+
+def _v(op: str, prop: str, *reasons: str) -> Divergence:
+    return Divergence(VLLM, op, prop, "; ".join(reasons))
+
+
+_VLLM_DIVERGENCES = (
+    *(
+        _v("sampling.apply_temperature", prop, _V_TEMPERATURE)
+        for prop in (
+            "divides_by_temperature",
+            "zero_temperature_rows_unchanged",
+            "preserves_token_order",
+            "does_not_modify_inputs",
+            "returns_array_like_input",
+            "accepts_strided_input",
+        )
+    ),
+    _v("sampling.apply_temperature", "matches_reference", _V_TEMPERATURE, _V_TEMPERATURE_FLOAT32),
+    _v("sampling.apply_temperature", "rejects_invalid_input", _V_NO_VALIDATION),
+    _v("sampling.apply_top_k", "disabled_when_k_out_of_range", _V_K_NEGATIVE),
+    _v("sampling.apply_top_k", "matches_reference", _V_K_NEGATIVE),
+    _v("sampling.apply_top_k", "rejects_invalid_input", _V_NO_VALIDATION),
+    _v("sampling.apply_top_p", "keeps_most_likely_token", _V_P_TIES),
+    _v("sampling.apply_top_p", "keeps_tied_tokens_together", _V_P_TIES),
+    _v("sampling.apply_top_p", "follows_cumulative_mass_rule", _V_P_TIES, _V_P_FLOAT32),
+    _v("sampling.apply_top_p", "decides_near_p_in_float64", _V_P_FLOAT32),
+    _v("sampling.apply_top_p", "kept_mass_reaches_p", _V_P_FLOAT32),
+    _v("sampling.apply_top_p", "kept_set_is_minimal", _V_P_FLOAT32),
+    _v("sampling.apply_top_p", "matches_reference", _V_P_TIES, _V_P_FLOAT32),
+    _v("sampling.apply_top_p", "rejects_invalid_input", _V_NO_VALIDATION),
+    _v("sampling.apply_min_p", "decides_near_threshold_in_float64", _V_MIN_P_FLOAT32),
+    _v("sampling.apply_min_p", "masks_exactly_below_threshold", _V_MIN_P_FLOAT32),
+    _v("sampling.apply_min_p", "matches_reference", _V_MIN_P_FLOAT32),
+    _v("sampling.apply_min_p", "rejects_invalid_input", _V_NO_VALIDATION),
+    *(
+        _v("sampling.apply_penalties", prop, _V_PENALTIES_FLOAT32)
+        for prop in (
+            "repetition_penalty_formula",
+            "frequency_and_presence_formula",
+            "penalties_are_applied_in_order",
+            "matches_reference",
+        )
+    ),
+    _v("sampling.apply_penalties", "rejects_invalid_input", _V_NO_VALIDATION),
+    _v("sampling.apply_logit_bias", "adds_bias_in_float64", _V_BIAS_FLOAT32),
+    _v("sampling.apply_logit_bias", "duplicate_ids_add_up", _V_BIAS_DICT),
+    _v("sampling.apply_logit_bias", "matches_reference", _V_BIAS_FLOAT32, _V_BIAS_DICT),
+    _v("sampling.apply_logit_bias", "rejects_invalid_input", _V_NO_VALIDATION),
+    *(
+        _v("sampling.log_softmax", prop, _V_LOGPROBS_FLOAT32)
+        for prop in (
+            "rows_logsumexp_to_zero",
+            "matches_log_of_softmax",
+            "matches_reference",
+            "returns_array_like_input",
+        )
+    ),
+    _v("sampling.log_softmax", "rejects_invalid_input", _V_NO_VALIDATION),
+    _v("sampling.topk_logprobs", "top_entries_in_order", _V_TOPK_TIES),
+    _v("sampling.topk_logprobs", "sampled_logprob_and_rank", _V_RANK_TIES),
+    _v("sampling.topk_logprobs", "returns_documented_types", _V_INT32_IDS),
+    _v("sampling.topk_logprobs", "matches_reference", _V_TOPK_TIES, _V_RANK_TIES, _V_INT32_IDS),
+    _v("sampling.topk_logprobs", "rejects_invalid_input", _V_NO_VALIDATION),
+    _v("hashing.cbor_encode", "rejects_invalid_input", _V_CBOR2),
+    *(
+        _v("hashing.root_hash", prop, _V_ROOT)
+        for prop in (
+            "root_hash_is_hash_of_cbor_label",
+            "root_hash_golden_values",
+            "root_hash_defaults_to_sha256",
+        )
+    ),
+    _v("hashing.hash_block", "is_hash_of_cbor_triple", _V_NULL_KEYS),
+    _v("hashing.hash_block", "hash_block_golden_vectors", _V_NULL_KEYS),
+    _v("hashing.hash_block", "hash_block_matches_reference", _V_NULL_KEYS),
+    _v("hashing.hash_block", "rejects_invalid_input", _V_HASH_NO_VALIDATION),
+    *(
+        _v("hashing.hash_blocks", prop, _V_NO_BLOCK_KEYS)
+        for prop in (
+            "folds_hash_block",
+            "one_hash_per_full_block",
+            "prefixes_hash_alike",
+            "none_parent_is_root_hash",
+            "change_affects_its_block_and_later_ones",
+            "array_tokens_chain_like_lists",
+        )
+    ),
+    _v("hashing.hash_blocks", "matches_independent_chain", _V_NULL_KEYS, _V_NO_BLOCK_KEYS),
+    _v("hashing.hash_blocks", "hash_blocks_golden_chain", _V_ROOT, _V_NULL_KEYS),
+    _v("hashing.hash_blocks", "hash_blocks_matches_reference", _V_NULL_KEYS, _V_NO_BLOCK_KEYS),
+    _v("hashing.hash_blocks", "rejects_invalid_input", _V_CACHE_CONFIG, _V_HASH_NO_VALIDATION),
+    _v("tokenize.find_stop", "ties_at_the_same_end_go_to_the_longest", _V_STOP_TIES),
+    _v("tokenize.StopChecker", "holds_back_only_a_possible_stop_start", _V_STOP_HOLD_BACK),
+    _v(
+        "tokenize.IncrementalDetokenizer",
+        "finish_returns_an_incomplete_character",
+        _V_DETOK_INCOMPLETE_END,
+    ),
+    _v(
+        "tokenize.IncrementalDetokenizer",
+        "drops_a_context_ending_inside_a_character",
+        _V_DETOK_PROMPT_SPLIT,
+    ),
+    _v("tokenize.IncrementalDetokenizer", "spaces_between_special_tokens", _V_DETOK_SPACES),
+)
+
+
 DIVERGENCES: tuple[Divergence, ...] = (
     _hf("apply_temperature", "zero_temperature_rows_unchanged", _HF_T0),
     _hf("apply_temperature", "matches_reference", _HF_T0),
@@ -168,6 +385,7 @@ DIVERGENCES: tuple[Divergence, ...] = (
         Divergence(ACCEL, f"sampling.{op}", "accepts_strided_input", _ACCEL_STRIDES)
         for op in _ACCEL_STRIDED_OPS
     ),
+    *_VLLM_DIVERGENCES,
 )
 
 

@@ -1,0 +1,50 @@
+"""The vLLM entries of the divergence registry name real things (no vLLM needed).
+
+Each names a property the suite runs on an op the vLLM adapter provides, or, for
+`tokenize.*` (stop strings and the detokenizer, which are not ops), a public name of
+`pyagent_ref.tokenize` and a difference that tests/conformance/test_vllm_adapter.py can
+report. A typo or a renamed property would otherwise leave an entry that never matches.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyagent_ref.tokenize
+from conformance import core, divergences
+from conformance.adapters import vllm as adapter
+
+VLLM = divergences.VLLM
+DIFFERENTIAL_TESTS = Path(__file__).with_name("test_vllm_adapter.py")
+
+
+def test_vllm_divergences_name_properties_the_suite_runs():
+    properties = {(p.qualified_op, p.name) for p in core.iter_properties()}
+    entries = [d for d in divergences.for_implementation(VLLM) if not d.op.startswith("tokenize.")]
+    assert entries
+    for d in entries:
+        assert (d.op, d.property) in properties, f"no property {d.op}.{d.property}"
+        module, op = d.op.split(".")
+        missing = adapter.CONFORMANCE_MISSING
+        assert f"{module}.{op}" not in missing and f"{module}.*" not in missing, d.op
+
+
+def test_vllm_tokenize_divergences_are_reported_by_the_differential_tests():
+    reported = set(
+        re.findall(r'registered\(\s*"([\w.]+)",\s*"(\w+)"', DIFFERENTIAL_TESTS.read_text())
+    )
+    entries = [d for d in divergences.for_implementation(VLLM) if d.op.startswith("tokenize.")]
+    assert entries
+    for d in entries:
+        assert hasattr(pyagent_ref.tokenize, d.op.removeprefix("tokenize.")), d.op
+        assert (d.op, d.property) in reported, f"{d.op}.{d.property} is never reported"
+    assert reported <= {(d.op, d.property) for d in entries}, (
+        "a reported divergence is unregistered"
+    )
+
+
+def test_vllm_divergences_are_unique_and_explained():
+    keys = [(d.op, d.property) for d in divergences.for_implementation(VLLM)]
+    assert len(keys) == len(set(keys))
+    assert all(len(d.reason) > 40 for d in divergences.for_implementation(VLLM))
