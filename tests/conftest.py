@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import pyagent_ref.ops
+from tests.tiny import TINY_LLAMA
 
 IMPLS = ("ref", "accel")
 LIBS = ("numpy", "torch")
@@ -64,13 +65,7 @@ def tiny_hf(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
+        **TINY_LLAMA,
         eos_token_id=None,
         bos_token_id=None,
         pad_token_id=None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.tiny import TINY_LLAMA
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -24,13 +26,7 @@ def tiny_llm_dir(tmp_path_factory):
     )
     torch.manual_seed(1)
     config = transformers.LlamaConfig(
-        vocab_size=tk.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
+        **(TINY_LLAMA | {"vocab_size": tk.get_vocab_size()}),
         eos_token_id=tk.token_to_id("</s>"),
         bos_token_id=None,
         pad_token_id=None,

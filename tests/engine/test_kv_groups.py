@@ -23,6 +23,7 @@ from pyagent_ref.ops import load as load_ops  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 from pyagent_ref.sched import Request  # noqa: E402
 from pyagent_ref.worker.model_runner import ModelRunner  # noqa: E402
+from tests.tiny import TINY_LLAMA  # noqa: E402
 from tests.worker.helpers import tiny_model  # noqa: E402
 
 WINDOW = 5
@@ -32,16 +33,8 @@ PROMPTS = [
     [5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 14, 19, 23, 57, 8, 40, 90],
     [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48],
 ]
-COMMON = dict(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    sliding_window=WINDOW,
-)
+COMMON = TINY_LLAMA | {"num_hidden_layers": 4, "max_position_embeddings": 128}
+COMMON["sliding_window"] = WINDOW
 MODELS = {
     # every layer slides (Mistral)
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {}),

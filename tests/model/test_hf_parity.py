@@ -14,19 +14,12 @@ transformers = pytest.importorskip("transformers")
 
 from pyagent_ref.model import AttentionMetadata, load_model  # noqa: E402
 from pyagent_ref.ops import block_table as bt  # noqa: E402
+from tests.tiny import TINY_LLAMA  # noqa: E402
 
 BLOCK = 4
 TOL = dict(rtol=1e-4, atol=1e-4)
 
-COMMON = dict(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
+COMMON = TINY_LLAMA | {"max_position_embeddings": 128}
 FAMILIES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     "llama3-rope": (

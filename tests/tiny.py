@@ -1,0 +1,15 @@
+"""The shape of the tiny random models the tests build (HF config keyword arguments).
+
+Small enough for CI on two cores, big enough to have GQA (4 query heads over 2 KV heads)
+and more than one layer.
+"""
+
+TINY_LLAMA = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
