@@ -1,4 +1,4 @@
-"""The `pyagent` command: `pyagent generate "prompt"` and `pyagent demo`."""
+"""The `pyagent` command: `pyagent generate "prompt"`, `pyagent demo` and `pyagent serve`."""
 
 from __future__ import annotations
 
@@ -213,6 +213,51 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import ServerConfig, ServingEngine, serve
+
+    config = ServerConfig(
+        served_model_name=args.served_model_name or args.model or "pyagent-default",
+        api_key=args.api_key,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        max_queue=args.max_queue,
+    )
+    engine = ServingEngine(args.model, ops=args.ops, **_engine_args(args))
+    serve(engine, config, args.host, args.port, args.log_level, args.shutdown_timeout)
+    return 0
+
+
+def _add_serve_parser(sub) -> None:
+    from .parsers import add_parser_arguments
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
+    serve.add_argument("--model", default=None, help="HF model directory (default: embedded)")
+    serve.add_argument("--ops", default="auto", choices=["ref", "accel", "auto"])
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model's name in the API (default: --model)"
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="completions that may wait beyond --max-num-seqs; more is a 429 (default: no limit)",
+    )
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to let requests in flight finish on SIGINT/SIGTERM",
+    )
+    add_parser_arguments(serve)
+    add_engine_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyagent", description="pyagent inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -242,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--ops", dest="ops_list", nargs="+", default=["ref", "accel"])
     add_engine_arguments(demo)
     demo.set_defaults(func=cmd_demo)
+    _add_serve_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,129 @@
+"""The FastAPI application: routes, the API key check, and the engine's lifetime.
+
+    GET  /health  /version  /metrics  /v1/models
+    POST /v1/completions  /v1/chat/completions  /tokenize  /detokenize
+
+Every route but /health, /version and /metrics needs ``Authorization: Bearer KEY`` when
+the server has an API key. Shutting down (uvicorn's SIGINT / SIGTERM) drains: uvicorn
+stops accepting connections and waits for the open ones, then the engine is shut down
+with drain=True, so every request in flight finishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from .. import __version__
+from .chat import create_chat_completion
+from .completions import create_completion
+from .engine import ServingEngine
+from .errors import APIError, install_error_handlers
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from .state import ServerConfig, ServerState
+
+_OPEN_PATHS = {"/health", "/version", "/metrics"}
+
+
+def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> FastAPI:
+    """A server over ``engine`` (which it shuts down, draining, when it stops)."""
+    state = ServerState(engine, config or ServerConfig())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await engine.shutdown(drain=True)
+
+    app = FastAPI(title="pyagent", version=__version__, lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        key = state.config.api_key
+        if key is not None and request.url.path not in _OPEN_PATHS:
+            sent = request.headers.get("authorization", "")
+            if not secrets.compare_digest(sent.encode(), f"Bearer {key}".encode()):
+                what = "no API key was sent" if not sent else "the API key is not valid"
+                return APIError(
+                    401, f"{what}: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+                ).response()
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", response_model_exclude_none=True)
+    async def models() -> ModelList:
+        card = ModelCard(
+            id=state.config.served_model_name,
+            root=str(engine.config.model or "pyagent-default"),
+            max_model_len=engine.core.max_model_len,
+        )
+        return ModelList(data=[card])
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest, request: Request):
+        return _dumped(await create_completion(req, state, request))
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        return _dumped(await create_chat_completion(req, state, request))
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
+        state.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "send exactly one of prompt and messages", "prompt")
+        try:
+            if req.prompt is not None:
+                ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            else:
+                ids = state.tokenizer.apply_chat_template(
+                    req.messages,
+                    add_generation_prompt=req.add_generation_prompt,
+                    tokenize=True,
+                    **(req.chat_template_kwargs or {}),
+                )
+        except (ValueError, TypeError) as exc:
+            param = "prompt" if req.prompt is not None else "messages"
+            raise APIError(400, str(exc), param) from None
+        return TokenizeResponse(count=len(ids), max_model_len=engine.core.max_model_len, tokens=ids)
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> DetokenizeResponse:
+        state.check_model(req.model)
+        try:
+            return DetokenizeResponse(prompt=state.tokenizer.decode(req.tokens))
+        except (ValueError, TypeError) as exc:
+            raise APIError(400, str(exc), "tokens") from None
+
+    return app
+
+
+def _dumped(result):
+    """Pydantic responses as JSON without their None fields; streams as they are."""
+    if isinstance(result, Response):
+        return result
+    return Response(result.model_dump_json(exclude_none=True), media_type="application/json")

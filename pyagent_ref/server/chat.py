@@ -1,0 +1,361 @@
+"""POST /v1/chat/completions: messages rendered by the chat template, the model's text
+turned into an assistant message by the reasoning and tool-call parsers.
+
+The parsers run per completion (`ChatParsing`): the reasoning parser reads the model's
+text, the tool parser reads the reasoning parser's content (docs/parsers.md). Streaming
+sends each parser delta as it comes, in OpenAI's chunk shape: a call's id, type and name
+once, then fragments of its arguments. When a parser is active the text is decoded with
+special tokens kept (their markers may be special tokens), unless the request sets
+``skip_special_tokens`` itself.
+
+Not implemented yet: structured output. ``response_format`` json_object / json_schema and
+``tool_choice`` required / named need it (the model must be constrained to emit valid
+JSON or a call), so they are a 400 that says so.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import jinja2
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..engine.outputs import Logprob, RequestOutput
+from ..parsers import DeltaMessage, ReasoningParser, ToolParser
+from .engine import merge, open_streams
+from .errors import APIError, bad_request
+from .protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    FunctionCall,
+    NamedToolChoice,
+    TokenLogprob,
+    ToolCallOut,
+    TopLogprob,
+    Usage,
+)
+from .sampling import CHAT_FIELDS, chat_params
+from .state import ServerState
+from .streaming import DONE, collect, sse, sse_error, until_disconnected
+
+# --- the model's text -> an assistant message -------------------------------------------
+
+
+class ChatParsing:
+    """One completion's text through the reasoning parser, then the tool parser.
+
+    Either may be None. ``parallel_tool_calls=False`` keeps the first call only.
+    `extract` reads a whole text; `stream` and `finish` read it delta by delta.
+    """
+
+    def __init__(
+        self,
+        reasoning: ReasoningParser | None,
+        tools: ToolParser | None,
+        parallel_tool_calls: bool = True,
+    ) -> None:
+        self.reasoning, self.tools = reasoning, tools
+        self.parallel_tool_calls = parallel_tool_calls
+        self.tools_called = False
+
+    def extract(self, text: str) -> ChatMessage:
+        reasoning, content = None, text
+        if self.reasoning is not None:
+            split = self.reasoning.extract(text)
+            reasoning, content = split.reasoning, split.content
+        calls = []
+        if self.tools is not None and content is not None:
+            found = self.tools.extract(content)
+            content, calls = found.content, found.tool_calls
+        if not self.parallel_tool_calls:
+            calls = calls[:1]
+        self.tools_called = bool(calls)
+        return ChatMessage(
+            role="assistant",
+            content=content,
+            reasoning_content=reasoning,
+            reasoning=reasoning,
+            tool_calls=[
+                ToolCallOut(
+                    id=c.id,
+                    type="function",
+                    function=FunctionCall(name=c.name, arguments=c.arguments),
+                )
+                for c in calls
+            ]
+            or None,
+        )
+
+    def stream(self, text: str) -> list[ChatMessage]:
+        """The chunks' deltas for the next piece of the model's text."""
+        return self._deltas(text, final=False)
+
+    def finish(self) -> list[ChatMessage]:
+        """The text is complete: what the parsers held back."""
+        return self._deltas("", final=True)
+
+    def _deltas(self, text: str, final: bool) -> list[ChatMessage]:
+        if self.reasoning is None:
+            split = [DeltaMessage(content=text)] if text else []
+        else:
+            delta = self.reasoning.finish() if final else self.reasoning.stream(text)
+            split = [delta] if delta else []
+        if self.tools is None:
+            return [self._message(d) for d in split]
+        out = []
+        for d in split:
+            if d.reasoning_content:
+                out.append(DeltaMessage(reasoning_content=d.reasoning_content))
+            if d.content:
+                out.append(self.tools.stream(d.content))
+        if final:
+            out.append(self.tools.finish())
+        return [self._message(d) for d in out if d]
+
+    def _message(self, delta: DeltaMessage) -> ChatMessage:
+        calls = [c for c in delta.tool_calls if self.parallel_tool_calls or c.index == 0]
+        self.tools_called |= bool(calls)
+        return ChatMessage(
+            content=delta.content or None,
+            reasoning_content=delta.reasoning_content or None,
+            reasoning=delta.reasoning_content or None,
+            tool_calls=[ToolCallOut(**c.to_openai()) for c in calls] or None,
+        )
+
+
+def chat_logprobs(positions: list[dict[int, Logprob]], top: int) -> ChatLogprobs:
+    """The chat API's log-probabilities: each sampled token, and the ``top`` most likely
+    tokens at its position (by rank)."""
+
+    def entry(lp: Logprob) -> dict:
+        return {
+            "token": lp.decoded_token,
+            "logprob": lp.logprob,
+            "bytes": list(lp.decoded_token.encode()),
+        }
+
+    content = []
+    for position in positions:
+        sampled = next(iter(position.values()))
+        best = sorted(position.values(), key=lambda lp: lp.rank)[:top]
+        content.append(
+            TokenLogprob(**entry(sampled), top_logprobs=[TopLogprob(**entry(lp)) for lp in best])
+        )
+    return ChatLogprobs(content=content)
+
+
+def _finish_reason(reason: str | None, parsing: ChatParsing) -> str | None:
+    return "tool_calls" if reason == "stop" and parsing.tools_called else reason
+
+
+# --- the request -> a prompt and parsers ----------------------------------------------------
+
+
+def _check_unsupported(req: ChatCompletionRequest) -> str:
+    """400 for what needs structured output; returns the effective tool_choice."""
+    if req.response_format is not None and req.response_format.type != "text":
+        raise APIError(
+            400,
+            f"response_format {req.response_format.type!r} needs structured output, which "
+            "this server does not have yet; use 'text'",
+            "response_format",
+        )
+    choice = req.tool_choice or ("auto" if req.tools else "none")
+    if choice == "required" or isinstance(choice, NamedToolChoice):
+        shown = choice if isinstance(choice, str) else choice.model_dump()
+        raise APIError(
+            400,
+            f"tool_choice {shown!r} needs structured output to force a call, which this "
+            "server does not have yet; use 'auto' or 'none'",
+            "tool_choice",
+        )
+    return choice
+
+
+def _text_messages(messages: list[dict]) -> list[dict]:
+    """Messages whose content is a list of text parts get the parts joined by newlines;
+    other parts (images, audio) are a 400."""
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not (
+                    isinstance(part, dict)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    raise APIError(
+                        400,
+                        f"messages[{i}].content[{j}]: only text parts are supported, got {part!r}",
+                        f"messages.{i}.content.{j}",
+                    )
+                texts.append(part["text"])
+            message = {**message, "content": "\n".join(texts)}
+        out.append(message)
+    return out
+
+
+def _render(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    try:
+        return state.tokenizer.apply_chat_template(
+            _text_messages(req.messages),
+            tools=tools,
+            add_generation_prompt=req.add_generation_prompt,
+            tokenize=True,
+            **(req.chat_template_kwargs or {}),
+        )
+    except (ValueError, TypeError, jinja2.TemplateError) as exc:
+        raise APIError(
+            400, f"messages could not be rendered by the chat template: {exc}", "messages"
+        ) from None
+
+
+def _parsing_factory(state: ServerState, req: ChatCompletionRequest, tool_choice: str):
+    """A function making one `ChatParsing` per completion, and whether a parser runs."""
+    tools_cls = None
+    if req.tools and tool_choice == "auto":
+        if state.tool_parser is None:
+            raise APIError(
+                400,
+                "tool_choice 'auto' needs the server started with --tool-call-parser NAME",
+                "tool_choice",
+            )
+        tools_cls = state.tool_parser
+    reasoning_cls = state.reasoning_parser
+    tool_dicts = [t.model_dump(exclude_none=True) for t in req.tools or ()]
+
+    def make() -> ChatParsing:
+        try:
+            reasoning = reasoning_cls(req.chat_template_kwargs) if reasoning_cls else None
+        except (TypeError, ValueError) as exc:
+            raise APIError(400, str(exc), "chat_template_kwargs") from None
+        try:
+            tools = tools_cls(tool_dicts) if tools_cls else None
+        except (TypeError, ValueError) as exc:
+            raise APIError(400, str(exc), "tools") from None
+        return ChatParsing(reasoning, tools, req.parallel_tool_calls)
+
+    return make, tools_cls is not None or reasoning_cls is not None
+
+
+# --- the endpoint ---------------------------------------------------------------------------
+
+
+async def create_chat_completion(
+    req: ChatCompletionRequest, state: ServerState, request: Request
+) -> ChatCompletionResponse | StreamingResponse:
+    state.check_model(req.model)
+    state.check_serving()
+    tool_choice = _check_unsupported(req)
+    make_parsing, parsing_active = _parsing_factory(state, req, tool_choice)
+    parsings = [make_parsing() for _ in range(max(req.n, 1))]
+    params = chat_params(req, skip_special_tokens=not parsing_active)
+    prompt = _render(state, req)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    try:
+        streams = await until_disconnected(
+            request,
+            open_streams(state.engine, [prompt], params, rid, state.seats, state.metrics.observe),
+        )
+    except (ValueError, TypeError) as exc:
+        raise bad_request(exc, CHAT_FIELDS) from None
+    model = state.config.served_model_name
+    top = req.top_logprobs or 0
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        events = _stream(rid, model, streams[0], parsings, req.logprobs, top, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
+    choices, prompt_tokens = await until_disconnected(request, collect(streams, req.n))
+    out = []
+    for index, c in choices.items():
+        parsing = parsings[index]
+        message = parsing.extract(c.text)
+        out.append(
+            ChatChoice(
+                index=index,
+                message=message,
+                logprobs=chat_logprobs(c.logprobs, top) if req.logprobs else None,
+                finish_reason=_finish_reason(c.finish_reason, parsing),
+                stop_reason=c.stop_reason,
+            )
+        )
+    generated = sum(len(c.token_ids) for c in choices.values())
+    usage = Usage(
+        prompt_tokens=prompt_tokens[0],
+        completion_tokens=generated,
+        total_tokens=prompt_tokens[0] + generated,
+    )
+    return ChatCompletionResponse(id=rid, model=model, choices=out, usage=usage)
+
+
+async def _stream(
+    rid: str,
+    model: str,
+    stream: AsyncIterator[RequestOutput],
+    parsings: list[ChatParsing],
+    logprobs: bool,
+    top: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The chunks: a role chunk per choice, parser deltas as the text comes, the finish
+    reason, the usage (if asked) and ``[DONE]``."""
+    created = int(time.time())
+    chunk: Callable[..., str] = lambda **choice: sse(  # noqa: E731
+        ChatCompletionChunk(
+            id=rid, created=created, model=model, choices=[ChatChunkChoice(**choice)]
+        )
+    )
+    for index in range(len(parsings)):
+        yield chunk(index=index, delta=ChatMessage(role="assistant", content=""))
+    prompt_tokens, generated, ended = 0, 0, set()
+    async for _, out in merge([stream]):
+        prompt_tokens = len(out.prompt_token_ids)
+        for comp in out.outputs:
+            index, parsing = comp.index, parsings[comp.index]
+            if index in ended:
+                continue
+            generated += len(comp.token_ids)
+            if comp.finish_reason == "error":
+                ended.add(index)
+                yield sse_error(f"the request failed in the engine: {comp.error}")
+                continue
+            deltas = parsing.stream(comp.text) if comp.text else []
+            if logprobs and comp.logprobs:
+                lps = chat_logprobs(comp.logprobs, top)
+                yield chunk(
+                    index=index, delta=deltas.pop(0) if deltas else ChatMessage(), logprobs=lps
+                )
+            for delta in deltas:
+                yield chunk(index=index, delta=delta)
+            if comp.finish_reason is not None:
+                ended.add(index)
+                for delta in parsing.finish():
+                    yield chunk(index=index, delta=delta)
+                reason = _finish_reason(comp.finish_reason, parsing)
+                yield chunk(
+                    index=index,
+                    delta=ChatMessage(),
+                    finish_reason=reason,
+                    stop_reason=comp.stop_reason,
+                )
+    if include_usage:
+        usage = Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=generated,
+            total_tokens=prompt_tokens + generated,
+        )
+        yield sse(
+            ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage)
+        )
+    yield DONE

@@ -1,0 +1,143 @@
+"""POST /v1/completions: text (or token ids) in, text out; one choice per prompt and n."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..engine.outputs import Logprob, RequestOutput
+from .engine import merge, open_streams
+from .errors import APIError, bad_request
+from .protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
+from .sampling import completion_params
+from .state import ServerState
+from .streaming import DONE, collect, sse, sse_error, until_disconnected
+
+
+def _prompts(prompt) -> list:
+    """One prompt (text, or a list of token ids) or a list of them, as a list."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    return list(prompt)
+
+
+def completion_logprobs(logprobs: list[dict[int, Logprob]], offset: int) -> CompletionLogprobs:
+    """The completions API's parallel lists: each token's text and log-probability, the
+    top tokens at its position (the sampled one included, as vLLM does), and where its
+    text starts (from the single tokens' texts, counted from ``offset``)."""
+    out = CompletionLogprobs()
+    for position in logprobs:
+        sampled = next(iter(position.values()))
+        out.tokens.append(sampled.decoded_token)
+        out.token_logprobs.append(sampled.logprob)
+        out.top_logprobs.append({lp.decoded_token: lp.logprob for lp in position.values()})
+        out.text_offset.append(offset)
+        offset += len(sampled.decoded_token)
+    return out
+
+
+async def create_completion(
+    req: CompletionRequest, state: ServerState, request: Request
+) -> CompletionResponse | StreamingResponse:
+    state.check_model(req.model)
+    state.check_serving()
+    params = completion_params(req)
+    prompts = _prompts(req.prompt)
+    if not prompts:
+        raise APIError(400, "prompt must not be empty, got []", "prompt")
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    try:
+        streams = await until_disconnected(
+            request,
+            open_streams(state.engine, prompts, params, rid, state.seats, state.metrics.observe),
+        )
+    except (ValueError, TypeError) as exc:
+        raise bad_request(exc) from None
+    model = state.config.served_model_name
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        events = _stream(req, state, rid, model, streams, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
+    choices, prompt_tokens = await until_disconnected(request, collect(streams, req.n))
+    prompt_texts = [state.tokenizer.decode(p) if not isinstance(p, str) else p for p in prompts]
+    response = []
+    for index, c in choices.items():
+        echo = prompt_texts[index // req.n] if req.echo else ""
+        logprobs = completion_logprobs(c.logprobs, len(echo)) if req.logprobs is not None else None
+        response.append(
+            CompletionChoice(
+                index=index,
+                text=echo + c.text,
+                logprobs=logprobs,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+        )
+    generated = sum(len(c.token_ids) for c in choices.values())
+    usage = Usage(
+        prompt_tokens=sum(prompt_tokens),
+        completion_tokens=generated,
+        total_tokens=sum(prompt_tokens) + generated,
+    )
+    return CompletionResponse(id=rid, model=model, choices=response, usage=usage)
+
+
+async def _stream(
+    req: CompletionRequest,
+    state: ServerState,
+    rid: str,
+    model: str,
+    streams: list[AsyncIterator[RequestOutput]],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """One event per completion per step that has new text (or its end), then the usage
+    (if asked) and ``[DONE]``."""
+    created = int(time.time())
+    prompt_tokens, generated, ended, offsets = {}, 0, set(), {}
+    async for i, out in merge(streams):
+        prompt_tokens[i] = len(out.prompt_token_ids)
+        for comp in out.outputs:
+            index = i * req.n + comp.index
+            if index in ended:
+                continue
+            if comp.finish_reason == "error":
+                yield sse_error(f"the request failed in the engine: {comp.error}")
+                ended.add(index)
+                continue
+            text = comp.text
+            if req.echo and index not in offsets:
+                text = (out.prompt or state.tokenizer.decode(out.prompt_token_ids)) + text
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = completion_logprobs(comp.logprobs or [], offsets.get(index, 0))
+            offsets[index] = offsets.get(index, 0) + len(text)
+            generated += len(comp.token_ids)
+            if comp.finish_reason is not None:
+                ended.add(index)
+            elif not text and not comp.token_ids:
+                continue
+            choice = CompletionChoice(
+                index=index,
+                text=text,
+                logprobs=logprobs,
+                finish_reason=comp.finish_reason,
+                stop_reason=comp.stop_reason,
+            )
+            yield sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice]))
+    if include_usage:
+        total = sum(prompt_tokens.values())
+        usage = Usage(
+            prompt_tokens=total, completion_tokens=generated, total_tokens=total + generated
+        )
+        yield sse(CompletionResponse(id=rid, created=created, model=model, choices=[], usage=usage))
+    yield DONE
