@@ -12,6 +12,7 @@
 use pyo3::prelude::*;
 
 pub mod block_table;
+pub mod bpe;
 pub mod float;
 pub mod hashing;
 pub mod philox;
@@ -23,6 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampling::register(m)?;
     hashing::register(m)?;
     block_table::register(m)?;
+    bpe::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())
 }

@@ -444,6 +444,32 @@ class BytePairEncoding:
             ids = [*before, *ids, *after]
         return ids
 
+    def encode_batch(
+        self,
+        texts: Iterable[str],
+        *,
+        allowed_special: SpecialSet = frozenset(),
+        disallowed_special: SpecialSet = "all",
+        add_special_tokens: bool = False,
+    ) -> list[list[int]]:
+        """`encode` of each text, in order (the error is that of the first text with one).
+
+        Raises:
+            TypeError: ``texts`` is a str or not iterable; as `encode` otherwise.
+            ValueError: as `encode`.
+        """
+        if isinstance(texts, str) or not isinstance(texts, Iterable):
+            raise TypeError(f"texts must be an iterable of str, got {type(texts).__name__}")
+        return [
+            self.encode(
+                text,
+                allowed_special=allowed_special,
+                disallowed_special=disallowed_special,
+                add_special_tokens=add_special_tokens,
+            )
+            for text in texts
+        ]
+
     def _split_and_normalize(self, text: str, allowed: AbstractSet[str]) -> list[Segment]:
         """Steps 1 and 2: added tokens matched on the raw text, normalization of the text
         between them, then the ``normalized`` added tokens, themselves normalized."""
