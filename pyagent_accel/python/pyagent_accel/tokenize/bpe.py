@@ -1,4 +1,4 @@
-"""Byte-level BPE in Rust: a drop-in `pyagent_ref.tokenize.bpe.BytePairEncoding`.
+r"""Byte-level BPE in Rust: a drop-in `pyagent_ref.tokenize.bpe.BytePairEncoding`.
 
 `BytePairEncoding` here is a subclass of the reference's: the constructors
 (`from_tokenizer_json`, `from_tiktoken`, the data directly), the validation, the
@@ -18,11 +18,13 @@ What runs where, per call of `encode`:
   specifies: an encoding with ``normal_forms`` (Qwen2) runs steps 1 and 2 in Python and
   steps 3 and 4 in Rust.
 
-Differences from the reference: a pattern that Python's ``regex`` accepts and fancy-regex
-does not (rare syntax) raises `UnsupportedTokenizerError` when the encoding is built, and
-a pattern that can match the empty string may cut pieces differently (no published
-pattern can); fancy-regex's backtracking limit, if a text ever reaches it, raises
-RuntimeError.
+Differences from the reference: the patterns run on fancy-regex, not Python's ``regex``.
+The published patterns (GPT-2, cl100k_base, Llama 3, Qwen2) mean the same in both (the
+tests check it); syntax that only Python's ``regex`` has (``\X``, ``(?r)``, ``(?V1)``)
+raises `UnsupportedTokenizerError` when the encoding is built, but syntax that both read
+differently (fuzzy matching ``{e<=1}``, ``--`` in a class) would encode differently, and
+so may a pattern that can match the empty string. fancy-regex's backtracking limit, if a
+text ever reaches it, raises RuntimeError.
 """
 
 from __future__ import annotations
