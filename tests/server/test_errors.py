@@ -1,0 +1,95 @@
+"""Bad requests get OpenAI's error shape, the right status and the field's name."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from .conftest import API_KEY, MODEL
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _error(server, path: str, body: dict, key: str | None = API_KEY) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.post(server.url + path, json=body, headers=headers, timeout=30)
+    return r.status_code, r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 0}, "n"),
+        ({"logprobs": 50}, "logprobs"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"999999": 1}}, "logit_bias"),
+        ({"stop_token_ids": [10**9]}, "stop_token_ids"),
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"suffix": "x"}, "suffix"),
+        ({"echo": True, "logprobs": 1}, "echo"),
+        ({"prompt": "x " * 3000}, "prompt"),
+        ({"prompt": [10**9]}, "prompt"),
+        ({"max_tokens": 5000}, "max_tokens"),
+        ({"frobnicate": 1}, "frobnicate"),
+    ],
+)
+def test_completion_errors_name_the_field(server, body, param):
+    status, error = _error(server, "/v1/completions", {"model": MODEL, "prompt": "x"} | body)
+    assert status == 400 and error["type"] == "invalid_request_error"
+    assert error["param"] == param, error
+    assert error["message"]
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "alien", "content": "x"}]}, "messages"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages.0.content.0",
+        ),
+        ({"chat_template_kwargs": {"thinking": "yes"}}, "chat_template_kwargs"),
+    ],
+)
+def test_chat_errors_name_the_field(server, body, param):
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    request = {"model": MODEL, "messages": MESSAGES, "tools": tools} | body
+    status, error = _error(server, "/v1/chat/completions", request)
+    assert status == 400 and error["param"] == param, error
+    assert "structured output" in error["message"] or "tool_choice" not in param
+
+
+def test_the_client_raises_the_right_exceptions(server, client):
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=5e39)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="x")
+    bad_key = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+    status, error = _error(server, "/v1/models", {}, key=None)
+    assert status in (401, 405)
+    r = httpx.get(server.url + "/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.get(server.url + "/v1/nothing-here", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.post(
+        server.url + "/v1/completions",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    # and the server still serves
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices
