@@ -1,0 +1,251 @@
+"""Drive `pyagent serve` like `vllm bench serve`, and compare with AsyncLLM directly.
+
+    python benchmarks/bench_serve.py --num-prompts 128 --max-concurrency 64
+    python benchmarks/bench_serve.py --request-rate 20 --api completions
+    python benchmarks/bench_serve.py --url http://127.0.0.1:8000 --model NAME   # a running server
+
+Requests arrive as a Poisson process at --request-rate (inf: all at once), at most
+--max-concurrency in flight, each streaming --max-tokens tokens (ignore_eos, so every
+run generates the same number). Reported: request throughput, output tokens/s, TTFT,
+TPOT (per output token after the first) and ITL (between streamed chunks), p50 / p99.
+
+Without --url the server is started here, in a subprocess on 127.0.0.1 (the load
+generator and the server do not share a GIL), and the same workload is first run on a
+`ServingEngine` (AsyncLLM) in this process, timed the same way: the ratio of the two
+throughputs is the cost of the HTTP path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+PROMPT_WORDS = "def class import return yield lambda async await with open read write".split()
+
+
+@dataclass
+class Result:
+    ttft: float
+    e2e: float
+    tokens: int
+    itl: list[float] = field(default_factory=list)
+
+
+def _prompts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(PROMPT_WORDS, k=rng.randint(8, 24))) for _ in range(n)]
+
+
+async def _arrivals(n: int, rate: float, seed: int):
+    rng = random.Random(seed + 1)
+    for i in range(n):
+        yield i
+        if rate != float("inf"):
+            await asyncio.sleep(rng.expovariate(rate))
+
+
+async def _drive(one, args) -> tuple[list[Result], float]:
+    """Run the workload through ``one(i) -> Result``; returns the results and seconds."""
+    limit = asyncio.Semaphore(args.max_concurrency)
+
+    async def bounded(i):
+        async with limit:
+            return await one(i)
+
+    start = time.perf_counter()
+    tasks = [
+        asyncio.create_task(bounded(i))
+        async for i in _arrivals(args.num_prompts, args.request_rate, args.seed)
+    ]
+    results = await asyncio.gather(*tasks)
+    return results, time.perf_counter() - start
+
+
+async def _http_one(http: httpx.AsyncClient, args, prompt: str, i: int) -> Result:
+    body = {
+        "model": args.model,
+        "max_tokens": args.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.8,
+        "seed": i,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if args.api == "chat":
+        path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
+    else:
+        path, body["prompt"] = "/v1/completions", prompt
+    start = time.perf_counter()
+    times, tokens = [], 0
+    async with http.stream("POST", args.url + path, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            for choice in event["choices"]:
+                text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                if text:
+                    times.append(time.perf_counter())
+    end = time.perf_counter()
+    return Result(
+        times[0] - start,
+        end - start,
+        tokens,
+        [b - a for a, b in zip(times, times[1:], strict=False)],
+    )
+
+
+async def run_http(args, prompts) -> tuple[list[Result], float]:
+    limits = httpx.Limits(max_connections=args.max_concurrency + 8)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        await _http_one(http, args, "warm up", 0)
+        return await _drive(lambda i: _http_one(http, args, prompts[i], i), args)
+
+
+async def run_direct(args, prompts) -> tuple[list[Result], float]:
+    """The same workload on AsyncLLM in this process (what the server runs on)."""
+    from pyagent_ref.sample.params import SamplingParams
+    from pyagent_ref.server import ServingEngine
+
+    engine = ServingEngine(**_engine_kwargs(args))
+    tokenizer = engine.tokenizer
+
+    async def one(i: int) -> Result:
+        params = SamplingParams(
+            max_tokens=args.max_tokens, ignore_eos=True, temperature=0.8, seed=i
+        )
+        if args.api == "chat":
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompts[i]}], tokenize=True
+            )
+        else:
+            prompt = prompts[i]
+        start = time.perf_counter()
+        times, tokens = [], 0
+        async for out in engine.generate(prompt, params):
+            tokens += len(out.outputs[0].token_ids)
+            if out.outputs[0].text:
+                times.append(time.perf_counter())
+        end = time.perf_counter()
+        return Result(
+            times[0] - start,
+            end - start,
+            tokens,
+            [b - a for a, b in zip(times, times[1:], strict=False)],
+        )
+
+    async for _ in engine.generate("warm up", SamplingParams(max_tokens=2)):
+        pass
+    try:
+        return await _drive(one, args)
+    finally:
+        await engine.shutdown()
+
+
+def _engine_kwargs(args) -> dict:
+    return {"max_num_seqs": args.max_num_seqs, "num_kv_blocks": args.num_kv_blocks}
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1e3 if values else float("nan")
+
+
+def report(name: str, results: list[Result], seconds: float) -> float:
+    tokens = sum(r.tokens for r in results)
+    tpot = [(r.e2e - r.ttft) / (r.tokens - 1) for r in results if r.tokens > 1]
+    itl = [g for r in results for g in r.itl]
+    ttft = [r.ttft for r in results]
+    print(
+        f"{name:<8} {len(results)} requests in {seconds:6.2f} s: "
+        f"{len(results) / seconds:6.2f} req/s, "
+        f"{tokens / seconds:8.1f} output tok/s\n"
+        f"         TTFT p50 {_pct(ttft, 0.5):7.1f} ms p99 {_pct(ttft, 0.99):7.1f} ms | "
+        f"TPOT p50 {_pct(tpot, 0.5):6.1f} ms p99 {_pct(tpot, 0.99):6.1f} ms | "
+        f"ITL p50 {_pct(itl, 0.5):6.1f} ms p99 {_pct(itl, 0.99):6.1f} ms"
+    )
+    return tokens / seconds
+
+
+def _start_server(args) -> subprocess.Popen:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args.url = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable, "-m", "pyagent_ref.cli", "serve", "--port", str(port),
+        "--served-model-name", args.model, "--log-level", "warning",
+        "--max-num-seqs", str(args.max_num_seqs), "--num-kv-blocks", str(args.num_kv_blocks),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(args.url + "/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--url", default=None, help="a running server (default: start one here)")
+    p.add_argument("--model", default="pyagent-default")
+    p.add_argument("--api", choices=["chat", "completions"], default="chat")
+    p.add_argument("--num-prompts", type=int, default=128)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--max-concurrency", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--num-kv-blocks", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-direct", action="store_true", help="skip the AsyncLLM comparison")
+    p.add_argument("--quick", action="store_true", help="a small run (8 prompts, 8 tokens)")
+    args = p.parse_args()
+    if args.quick:
+        args.num_prompts, args.max_tokens, args.max_concurrency = 8, 8, 8
+    prompts = _prompts(args.num_prompts, args.seed)
+    print(
+        f"{args.num_prompts} {args.api} requests, {args.max_tokens} tokens each, rate "
+        f"{args.request_rate}/s, concurrency {args.max_concurrency}; cpus {os.cpu_count()}, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    direct = None
+    if args.url is None and not args.no_direct:
+        direct = report("AsyncLLM", *asyncio.run(run_direct(args, prompts)))
+    proc = _start_server(args) if args.url is None else None
+    try:
+        http = report("HTTP", *asyncio.run(run_http(args, prompts)))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+    if direct:
+        print(
+            f"HTTP / AsyncLLM output throughput: {http / direct:.3f} "
+            f"({1 - http / direct:+.1%} lost)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
