@@ -419,15 +419,15 @@ class EngineCore:
             return outputs
 
     def _fail_step(self, sched: SchedulerOutput, exc: BaseException) -> None:
-        """Fail the requests of a step whose forward pass raised; the runner forgets
-        them, so that its state matches the scheduler's again."""
+        """Fail the requests of a step whose forward pass raised, taking the blocks the
+        step was to write out of the prefix cache (`Scheduler.fail_step`); the runner
+        forgets them, so that its state matches the scheduler's again."""
         logger.error("the forward pass of a step failed", exc_info=exc)
         self.runner.batch.forget(
             [*sched.num_scheduled_tokens, *sched.finished_req_ids, *sched.preempted_req_ids]
         )
-        self.scheduler.fail_requests(
-            sched.num_scheduled_tokens,
-            f"the forward pass of its step failed: {type(exc).__name__}: {exc}",
+        self.scheduler.fail_step(
+            sched, f"the forward pass of its step failed: {type(exc).__name__}: {exc}"
         )
 
     # --- lifecycle ---------------------------------------------------------------------

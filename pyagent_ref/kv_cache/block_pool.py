@@ -5,6 +5,7 @@ Life of a block:
     in use, cached --free_blocks (ref_cnt 0)--> free, cached (still hit-able)
     free, cached --touch (prefix hit)--> in use, cached
     free, cached --get_new_blocks (chosen as victim)--> hash evicted, in use
+    in use, cached --uncache (its KV never written)--> in use
 Cached content is evicted lazily: only when its block is handed out again.
 
 Which free block is handed out (the eviction order):
@@ -184,6 +185,30 @@ class BlockPool:
             tokens.extend(content.token_ids)
         if stored and self._events is not None:
             self._events.append(BlockStored(tuple(stored), parent, tuple(tokens), block_size))
+
+    def uncache(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take in-use blocks out of the prefix cache, for blocks whose KV was never
+        written (the step that was to compute it failed).
+
+        Their hashes are forgotten at once: they are never a hit again, and when freed
+        they join the blocks holding no cached content, so their eviction does not reach
+        `on_evict` (nothing is offloaded). Blocks not cached (the null block too) are
+        skipped.
+
+        Raises:
+            ValueError: a cached block is free (its content may already have been hit).
+        """
+        removed = []
+        for block in blocks:
+            if block.block_hash is None:
+                continue
+            if block.ref_cnt == 0:
+                raise ValueError(f"block {block.block_id} is free; only in-use blocks uncache")
+            del self._cached[(block.group_id, block.block_hash)]
+            removed.append(block.block_hash)
+            block.reset_hash()
+        if removed and self._events is not None:
+            self._events.append(BlockRemoved(tuple(removed)))
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached content. Only possible when no block is in use; returns

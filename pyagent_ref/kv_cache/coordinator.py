@@ -94,6 +94,10 @@ class KVCacheCoordinator:
         for manager in self.managers:
             manager.cache_blocks(request_id, num_full, hashes, content_of)
 
+    def uncache_blocks(self, request_id: str, first_block: int) -> None:
+        for manager in self.managers:
+            manager.uncache_blocks(request_id, first_block)
+
     def free(self, request_id: str) -> None:
         for manager in self.managers:
             manager.free(request_id)

@@ -5,6 +5,7 @@ Per step, for each request the scheduler wants to run:
     new = manager.allocate_slots(request, num_new_tokens,
                                  new_computed_blocks=computed)      # None: preempt someone
     ... run the model ...
+    manager.uncache_blocks(request, num_computed_before_the_step)   # the forward failed
     manager.free(request)                                           # finished or preempted
 The manager never changes `request.num_computed_tokens`: the scheduler does, after a
 successful allocation, by the `num_computed` it used.
@@ -237,6 +238,23 @@ class KVCacheManager:
                 coordinator.cache_blocks(rid, num_full, request.block_hashes, content_of)
                 self._num_cached[rid] = num_full
         return KVCacheBlocks(new) if new else self._empty
+
+    def uncache_blocks(self, request: KVRequest, from_token: int) -> None:
+        """Take out of the prefix cache, in every group, the request's blocks holding a
+        token at position `from_token` or later: the step that was to compute those
+        tokens failed, so their KV was never written (blocks enter the cache when
+        allocated, before the forward pass). They are never a hit again and never
+        offloaded; blocks before, cached by earlier steps or prefix hits, stay cached.
+
+        Call it before `free`, with the request's num_computed_tokens from before the
+        failed step, for every request of that step: a request of the same step may
+        hold, by a prefix hit, blocks another one cached, and each one takes out the
+        blocks it cached.
+        """
+        rid, first_block = request.request_id, from_token // self.block_size
+        self.coordinator.uncache_blocks(rid, first_block)
+        if self._num_cached.get(rid, 0) > first_block:
+            self._num_cached[rid] = first_block
 
     def free(self, request: KVRequest) -> None:
         """Release every block of the request (finished, aborted or preempted)."""

@@ -128,6 +128,14 @@ class SingleTypeManager:
         )
         self.num_cached[request_id] = end
 
+    def uncache_blocks(self, request_id: str, first_block: int) -> None:
+        """Take the request's blocks from `first_block` on out of the prefix cache (their
+        KV was never written); they are cached again once full of computed tokens."""
+        blocks = self.req_to_blocks.get(request_id, [])
+        self.pool.uncache(blocks[first_block:])
+        if self.num_cached.get(request_id, 0) > first_block:
+            self.num_cached[request_id] = first_block
+
     def free(self, request_id: str) -> None:
         """Release the request's blocks, last block first (so its head is evicted last)."""
         blocks = self.req_to_blocks.pop(request_id, [])

@@ -116,10 +116,17 @@ class Scheduler:
             outputs.append(_final_output(request))
         return outputs
 
-    def fail_requests(self, request_ids: Iterable[str], error: str) -> None:
-        """Finish requests with an error of their own (FINISHED_ERROR); the next
-        update_from_output reports them."""
-        self._failed += self.finish_requests(request_ids, RequestStatus.FINISHED_ERROR, error)
+    def fail_step(self, sched: SchedulerOutput, error: str) -> None:
+        """Finish the requests of a step whose forward pass failed with `error`
+        (FINISHED_ERROR); the next update_from_output reports them. The blocks cached
+        for the tokens of that step leave the prefix cache first: their KV was never
+        written (`KVCacheManager.uncache_blocks`)."""
+        for rid, num_new in sched.num_scheduled_tokens.items():
+            request = self.requests[rid]
+            self.kv.uncache_blocks(request, request.num_computed_tokens - num_new)
+        self._failed += self.finish_requests(
+            sched.num_scheduled_tokens, RequestStatus.FINISHED_ERROR, error
+        )
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0

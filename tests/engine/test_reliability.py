@@ -6,6 +6,7 @@ user hit before these guarantees existed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import random
@@ -19,8 +20,11 @@ from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pyagent_ref.engine import output_processor  # noqa: E402
+from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
 from pyagent_ref.engine.llm import LLM, AsyncLLM  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
+from pyagent_ref.sched import Request, RequestStatus  # noqa: E402
+from tests.worker.helpers import tiny_model  # noqa: E402
 
 ENGINE = dict(block_size=4, num_kv_blocks=128, max_num_batched_tokens=32, max_num_seqs=8)
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -305,6 +309,102 @@ def test_keyboard_interrupt_leaves_the_engine_usable(llm, monkeypatch, where):
         llm.generate(PROMPTS, GREEDY)
     assert_idle(llm)
     assert texts(llm.generate(PROMPTS, GREEDY)) == expected
+
+
+# --- a failed step leaves no unwritten KV in the prefix cache ----------------------------
+
+# 5 full blocks of 4 tokens and one more; FILLER alone takes every block of a 12-block cache
+FAILING_PROMPT = [(7 * i + 3) % 50 for i in range(21)]
+FILLER = [(11 * i + 5) % 50 for i in range(40)]
+HYBRID = dict(
+    num_hidden_layers=4, sliding_window=5, layer_types=("sliding_attention", "full_attention") * 2
+)
+KV_KINDS = {  # (tiny model fields, engine options)
+    "full": ({}, dict(num_kv_blocks=32)),
+    "hybrid": (HYBRID, dict(num_kv_blocks=32)),  # sliding-window and full-attention groups
+    # FILLER evicts the failed blocks: the CPU tier must get only KV that was written
+    "offload": ({}, dict(num_kv_blocks=12, kv_offload={"cpu_blocks": 64})),
+}
+REQUEST_IDS = itertools.count()
+
+
+def kv_engine(kind: str, budget: int):
+    """(EngineCore on a tiny model with blocks of 4 tokens, a function running prompts
+    to their end and returning their requests)."""
+    fields, options = KV_KINDS[kind]
+    config = EngineConfig(
+        block_size=4, max_num_batched_tokens=budget, ops="ref", graph_mode="eager", **options
+    )
+    core = EngineCore(tiny_model(**fields), config)
+    for keys, values in core.runner.kv_caches:  # memory not written yet holds anything
+        keys.normal_(std=10)
+        values.normal_(std=10)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+    def run(*prompts: list[int]) -> list[Request]:
+        requests = [
+            Request(str(next(REQUEST_IDS)), p, sampling_params=params, max_tokens=4)
+            for p in prompts
+        ]
+        for r in requests:
+            core.add_request(r)
+        while core.has_unfinished_requests():
+            core.step()
+        return requests
+
+    return core, run
+
+
+def fail_forward_call(core, monkeypatch, n: int) -> None:
+    """Make the n-th forward pass of `core` from now on raise."""
+    real, calls = core.runner.forward, []
+
+    def faulty(*args):
+        calls.append(1)
+        if len(calls) == n:
+            raise RuntimeError("injected forward fault")
+        return real(*args)
+
+    monkeypatch.setattr(core.runner, "forward", faulty)
+
+
+@pytest.mark.parametrize("kind", sorted(KV_KINDS))
+def test_a_failed_step_uncaches_the_blocks_it_did_not_write(kind, monkeypatch):
+    """Blocks enter the prefix cache when allocated, before the forward writes them: when
+    the forward fails, the blocks of that step's tokens leave the cache (never a hit,
+    never offloaded), while the blocks of earlier, successful steps stay hits."""
+    _, run_fresh = kv_engine(kind, budget=8)
+    (want,) = run_fresh(FAILING_PROMPT)
+    core, run = kv_engine(kind, budget=8)
+    fail_forward_call(core, monkeypatch, 2)  # the second prefill chunk: tokens 8 to 15
+    (failed,) = run(FAILING_PROMPT)
+    assert failed.status == RequestStatus.FINISHED_ERROR
+    if kind == "offload":
+        run(FILLER)
+    hits = core.kv.metrics().hits
+    (again,) = run(FAILING_PROMPT)
+    metrics = core.kv.metrics()
+    assert metrics.hits - hits == 8  # blocks 0 and 1, written by the first chunk
+    assert metrics.onboarded_blocks == (2 if kind == "offload" else 0)  # from the CPU tier
+    assert again.output_token_ids == want.output_token_ids
+
+
+@pytest.mark.parametrize("kind", sorted(KV_KINDS))
+def test_requests_sharing_blocks_cached_in_their_failed_step_leave_none_cached(kind, monkeypatch):
+    """The second request hits the blocks the first one cached in the same step; both
+    fail with the step, and a later request with their prompt hits nothing."""
+    _, run_fresh = kv_engine(kind, budget=32)
+    (want,) = run_fresh(FAILING_PROMPT)
+    core, run = kv_engine(kind, budget=32)
+    fail_forward_call(core, monkeypatch, 1)
+    first, second = run(FAILING_PROMPT, FAILING_PROMPT)
+    assert first.status == second.status == RequestStatus.FINISHED_ERROR
+    assert core.kv.metrics().hits == 20  # the second one hit the first one's 5 blocks
+    if kind == "offload":
+        run(FILLER)
+    (again,) = run(FAILING_PROMPT)
+    assert core.kv.metrics().hits == 20
+    assert again.output_token_ids == want.output_token_ids
 
 
 def test_abort_from_another_thread_ends_that_request_only(llm, monkeypatch):

@@ -126,6 +126,24 @@ def test_events_and_reset():
     assert fresh.reset_prefix_cache() and fresh.take_events() == [AllBlocksCleared()]
 
 
+def test_uncached_blocks_are_no_hit_and_are_freed_clean_without_on_evict():
+    pool = BlockPool(4, enable_events=True)
+    evicted = []
+    pool.on_evict = evicted.append
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(blocks, [b"x", b"y"], [content(0), content(1)], 1)
+    pool.uncache([pool.null_block, blocks[1]])
+    assert pool.get_cached_block(b"x", content(0)) is blocks[0]
+    assert pool.get_cached_block(b"y", content(1)) is None and blocks[1].block_hash is None
+    assert pool.take_events()[1:] == [BlockRemoved((b"y",))]
+    pool.free_blocks(blocks)
+    assert ids(pool.free_block_order()) == [3, 2, 1]  # block 2 is clean: handed out first
+    with pytest.raises(ValueError, match="is free"):
+        pool.uncache(blocks[:1])
+    pool.get_new_blocks(3)
+    assert evicted == blocks[:1]
+
+
 def test_caching_disabled_caches_nothing():
     pool = BlockPool(3, enable_caching=False)
     [block] = pool.get_new_blocks(1)

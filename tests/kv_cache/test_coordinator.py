@@ -15,6 +15,7 @@ from pyagent_ref.kv_cache import (
     MLASpec,
     SlidingWindowSpec,
 )
+from pyagent_ref.kv_cache.events import BlockRemoved
 from pyagent_ref.sched import Request
 
 from .helpers import BLOCK, admit, full_config
@@ -107,6 +108,31 @@ def test_chunked_local_attention_skips_earlier_chunks():
     assert kv.get_block_ids(a)[0][:4] == [0, 0, 0, 0]
     with pytest.raises(ValueError, match="multiple of block_size"):
         ChunkedLocalAttentionSpec(BLOCK, 1, 8, attention_chunk_size=6)
+
+
+def test_a_failed_step_uncaches_its_blocks_in_every_group():
+    """The blocks cached for the tokens of a failed step (8 to 15) leave the cache of
+    every group and never reach on_evict; those of the step before stay hits."""
+    specs = (
+        FullAttentionSpec(BLOCK, 1, 8),
+        SlidingWindowSpec(BLOCK, 1, 8, sliding_window=5),
+        ChunkedLocalAttentionSpec(BLOCK, 1, 8, attention_chunk_size=8),
+    )
+    kv = KVCacheManager(config(64, *specs), ops=pyagent_ref.ops, enable_events=True)
+    evicted = []
+    kv.pool.on_evict = lambda block: evicted.append(block.block_hash)
+    a = Request("a", list(range(21)))
+    for _ in range(2):  # two prefill chunks of 8 tokens
+        assert kv.allocate_slots(a, 8) is not None
+        a.num_computed_tokens += 8
+    kv.take_events()
+    kv.uncache_blocks(a, 8)
+    kv.free(a)
+    failed = tuple(a.block_hashes[2:4])
+    assert kv.take_events() == [BlockRemoved(failed)] * len(specs)
+    assert kv.get_computed_blocks(Request("b", list(range(21))))[1] == 8
+    kv.pool.get_new_blocks(kv.pool.num_free_blocks)  # evicts every cached block
+    assert evicted and not set(evicted) & set(failed)
 
 
 def test_mla_caches_like_full_attention_with_a_smaller_page():
