@@ -151,3 +151,39 @@ def lint(session: nox.Session) -> None:
         "warnings",
         external=True,
     )
+
+
+VLLM = "vllm==0.33.0"
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """vLLM in the conformance matrix (heavy, not in the default run): vLLM's wheel without
+    its CUDA dependencies, its differential tests, and the adapter's conformance report.
+
+    `nox -s vllm -- --write` writes the vLLM block of docs/conformance.md instead of printing
+    the report."""
+    install(session, "engine,tests,vllm-deps", accel=False)
+    session.install("--no-deps", VLLM)
+    env = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    session.run(
+        "pytest",
+        "tests/conformance/test_vllm_adapter.py",
+        "tests/conformance/test_vllm_divergences.py",
+        "--hypothesis-profile=ci",
+        env=env,
+    )
+    if "--write" in session.posargs:
+        session.run(
+            "python",
+            "-m",
+            "conformance.matrix",
+            "--vllm",
+            "--write",
+            "docs/conformance.md",
+            env=env,
+        )
+    else:
+        session.run(
+            "python", "-m", "conformance", "conformance.adapters.vllm", "--profile", "ci", env=env
+        )

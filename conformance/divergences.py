@@ -136,7 +136,7 @@ _V_BIAS_FLOAT32 = (
 )
 _V_BIAS_DICT = (
     "a request's logit_bias is a dict {token: bias} (OpenAI's JSON object), so a token cannot be "
-    "listed twice; the adapter's dict keeps the last bias, not the sum"
+    "listed twice: the adapter's dict keeps the last bias, not the sum"
 )
 _V_LOGPROBS_FLOAT32 = (
     "Sampler.compute_logprobs is log_softmax(dtype=float32): float64 logits give float32 logprobs"
@@ -166,7 +166,8 @@ _V_ROOT = (
 )
 _V_NULL_KEYS = (
     "vLLM hashes (parent, tokens, extra_keys) with extra_keys None when a block has none: CBOR null"
-    " (0xf6) where the specification encodes an empty array (0x80); blocks with keys hash alike"
+    " (0xf6) where the specification encodes an empty array (0x80), while blocks with keys hash "
+    "alike"
 )
 _V_HASH_NO_VALIDATION = (
     "hash_block_tokens validates nothing: a str parent or one of any length (an empty one means "
@@ -177,8 +178,8 @@ _V_NO_BLOCK_KEYS = (
     " takes no per-block list: the adapter raises NotImplementedError for one"
 )
 _V_CACHE_CONFIG = (
-    "CacheConfig (pydantic) coerces block_size 4.0 and True to int instead of raising TypeError; "
-    "hash_block_tokens accepts any token"
+    "CacheConfig (pydantic) coerces a block_size of 4.0 or True to an int instead of raising "
+    "TypeError"
 )
 
 # Stop strings and the detokenizer are not ops: tests/conformance/test_vllm_adapter.py compares
@@ -190,18 +191,19 @@ _V_STOP_TIES = (
     "longest, 'ab', which starts first (output '')"
 )
 _V_STOP_HOLD_BACK = (
-    "vLLM holds back max(len(s) for s in stop) - 1 characters of streamed text whatever they are; "
-    "the specification holds back only a suffix that may still start a stop string (same final "
-    "text)"
+    "vLLM holds back max(len(s) for s in stop) - 1 characters of streamed text whatever they are, "
+    "where the specification holds back only a suffix that may still start a stop string (same "
+    "final text)"
 )
 _V_DETOK_INCOMPLETE_END = (
     "tokenizers' DecodeStream never emits the bytes of an incomplete character, so an output ending"
-    " inside one loses them; the specification's finish() returns them as U+FFFD, as a full decode"
+    " inside one loses them, where the specification's finish() returns them as U+FFFD, as a full "
+    "decode"
 )
 _V_DETOK_PROMPT_SPLIT = (
     "DecodeStream is primed with the whole prompt: a character split between prompt and output is "
-    "emitted whole in the output (or the prompt's bytes as U+FFFD); the specification drops a "
-    "context ending inside a character and decodes the output alone"
+    "emitted whole in the output (or the prompt's bytes as U+FFFD), where the specification drops a"
+    " context ending inside a character and decodes the output alone"
 )
 _V_DETOK_SPACES = (
     "the fast detokenizer ignores spaces_between_special_tokens=True (kept special tokens are "

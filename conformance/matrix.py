@@ -2,6 +2,7 @@
 
     python -m conformance.matrix                        # print the matrix
     python -m conformance.matrix --write docs/conformance.md
+    python -m conformance.matrix --vllm --write docs/conformance.md   # needs vLLM (nox -s vllm)
 
 Columns: pyagent_ref on numpy and on torch, pyagent_accel on numpy and torch (when it
 imports), and the Hugging Face transformers adapter (when transformers imports). Each
@@ -9,6 +10,11 @@ runs the whole suite with the given profile (default ci, deterministic). `--writ
 replaces the text between the `<!-- conformance-matrix:start -->` and
 `<!-- conformance-matrix:end -->` markers of the file. The exit status is 1 if any cell
 has an unexplained failure.
+
+`--vllm` builds the vLLM adapter's columns (numpy and torch) instead, followed by its
+registered divergences grouped by reason, and writes them between the
+`conformance-matrix-vllm` markers. They have their own block because vLLM is installed only
+by the optional `nox -s vllm` session: regenerating the main matrix without it keeps them.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ STATUSES = (core.PASS, core.FAIL, core.KNOWN, core.MISSING, core.SKIP)
 
 START, END = "<!-- conformance-matrix:start -->", "<!-- conformance-matrix:end -->"
 HF = "conformance.adapters.hf_transformers"
+VLLM = "conformance.adapters.vllm"
 
 COLUMNS = (
     ("pyagent_ref", "numpy"),
@@ -38,7 +45,9 @@ COLUMNS = (
     ("pyagent_accel", "torch"),
     (HF, "torch"),
 )
-SHORT = {HF: "hf_transformers"}
+VLLM_COLUMNS = ((VLLM, "numpy"), (VLLM, "torch"))
+SHORT = {HF: "hf_transformers", VLLM: "vllm"}
+VLLM_MARKERS = ("<!-- conformance-matrix-vllm:start -->", "<!-- conformance-matrix-vllm:end -->")
 
 
 def available(target: str) -> str | None:
@@ -69,9 +78,23 @@ class Column:
         return f"{SHORT.get(self.target, self.target)} ({self.array})"
 
 
-def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tuple[str, bool]:
-    """(markdown, ok): the matrix and whether no cell has an unexplained failure."""
-    columns = [Column(t, a) for t, a in COLUMNS]
+def build(
+    profile: str = "ci",
+    echo: Callable[[str], None] | None = None,
+    columns_of: tuple[tuple[str, str], ...] = COLUMNS,
+) -> tuple[str, bool]:
+    """(markdown, ok): the matrix of `columns_of` (target, array) and whether no cell has an
+    unexplained failure."""
+    return render(run_columns(columns_of, profile, echo), profile)
+
+
+def run_columns(
+    columns_of: tuple[tuple[str, str], ...],
+    profile: str,
+    echo: Callable[[str], None] | None = None,
+) -> list[Column]:
+    """Run the suite for each (target, array) that imports."""
+    columns = [Column(t, a) for t, a in columns_of]
     for col in columns:
         col.why_not = available(col.target) or ""
         if col.why_not:
@@ -82,6 +105,11 @@ def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tup
         if echo:
             failed = sum(o.failed for o in col.report.outcomes)
             echo(f"{col.name}: {col.report.seconds:.1f}s, {failed} failed")
+    return columns
+
+
+def render(columns: list[Column], profile: str) -> tuple[str, bool]:
+    """(markdown, ok): the matrix of the columns' reports."""
     ran = [c for c in columns if c.report is not None]
     groups = {c.name: by_op(c.report) for c in ran}
     ops = list(dict.fromkeys(op for c in ran for op in groups[c.name]))
@@ -126,6 +154,39 @@ def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tup
                 f"({listed}): {message}"
             )
     return "\n".join(out), not failures
+
+
+def known_divergences(target: str, reports: list[core.Report]) -> str:
+    """Markdown list of the registered divergences of `target` that the reports observed,
+    one item per reason with the properties it explains (a registered reason that joins
+    several with "; " counts for each), then those the conformance properties cannot
+    observe (registered under names outside the ops modules, checked by the target's tests)."""
+    from . import divergences
+
+    seen: dict[str, list[str]] = {}  # reason -> ids of the properties it explains
+    for report in reports:
+        for o in report.outcomes:
+            for reason in o.note.split("; ") if o.status == core.KNOWN else ():
+                ids = seen.setdefault(reason, [])
+                ids.append(o.prop.id) if o.prop.id not in ids else None
+    out = [f"- {reason}: {', '.join(f'`{i}`' for i in ids)}." for reason, ids in seen.items()]
+    specified = set(core.all_specs())
+    for d in divergences.for_implementation(target):
+        if d.op.split(".")[0] not in specified:
+            out.append(f"- {d.reason}: `{d.op}` ({d.property.replace('_', ' ')}).")
+    return "\n".join(out)
+
+
+def build_vllm(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tuple[str, bool]:
+    """(markdown, ok): the vLLM adapter's columns and its divergences (ImportError without
+    vLLM)."""
+    why_not = available(VLLM)
+    if why_not:
+        raise ImportError(why_not)
+    columns = run_columns(VLLM_COLUMNS, profile, echo)
+    table, ok = render(columns, profile)
+    listed = known_divergences(VLLM, [c.report for c in columns if c.report is not None])
+    return f"{table}\n\nRegistered divergences, by reason:\n\n{listed}", ok
 
 
 def cell(outcomes: list[core.Outcome]) -> str:
@@ -173,10 +234,11 @@ def replace_between(text: str, markers: tuple[str, str], body: str, path: Path) 
     return f"{before}{start}\n{body}\n{end}{after}"
 
 
-def write(path: Path, table: str) -> None:
-    """Replace the matrix (and the property catalogue, if marked) in `path`."""
-    text = replace_between(path.read_text(), (START, END), table, path)
-    if CATALOGUE[0] in text:
+def write(path: Path, table: str, markers: tuple[str, str] = (START, END)) -> None:
+    """Replace the matrix between `markers` in `path` (and, for the main matrix, the property
+    catalogue, if marked)."""
+    text = replace_between(path.read_text(), markers, table, path)
+    if markers == (START, END) and CATALOGUE[0] in text:
         text = replace_between(text, CATALOGUE, catalogue(), path)
     path.write_text(text)
 
@@ -189,12 +251,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--write", type=Path, metavar="FILE", help="replace the matrix between the markers of FILE"
     )
+    ap.add_argument(
+        "--vllm",
+        action="store_true",
+        help="the vLLM adapter's columns and divergences instead (needs vLLM: nox -s vllm)",
+    )
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    table, ok = build(args.profile, echo=lambda s: print(s, file=sys.stderr))
+    echo = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    if args.vllm:
+        try:
+            table, ok = build_vllm(args.profile, echo)
+        except ImportError as exc:
+            print(f"conformance.matrix: vLLM does not import: {exc}", file=sys.stderr)
+            return 2
+    else:
+        table, ok = build(args.profile, echo)
     print(f"total {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if args.write:
-        write(args.write, table)
+        write(args.write, table, VLLM_MARKERS if args.vllm else (START, END))
     else:
         print(table)
     return 0 if ok else 1

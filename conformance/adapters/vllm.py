@@ -56,6 +56,7 @@ ops, and the `ALGORITHMS` / `DIGEST_SIZES` constants are declared in CONFORMANCE
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from types import SimpleNamespace
 from typing import Any
@@ -98,7 +99,9 @@ def _vllm() -> Any:
     """Import vLLM for its CPU platform, or raise an ImportError that says how to install it."""
     global VERSION
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # e.g. one warning per small temperature
+    log = logging.getLogger("vllm")
+    if log.level == logging.NOTSET and not log.handlers:
+        log.setLevel(logging.ERROR)  # a warning per small temperature would flood the report
     try:
         import vllm
         from vllm.v1.core import kv_cache_utils  # noqa: F401
