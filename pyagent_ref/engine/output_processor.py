@@ -27,8 +27,9 @@ class _Child:
     detokenizer: IncrementalDetokenizer
     stop: StopChecker
     completion: CompletionOutput
-    new_text: str = ""
+    new_text: str = ""  # since the last delta, like the two lists below
     new_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
 
 
 @dataclass
@@ -139,12 +140,12 @@ class OutputProcessor:
         comp.token_ids.extend(out.new_token_ids)
         child.new_ids.extend(out.new_token_ids)
         if out.logprobs is not None and comp.logprobs is not None:
-            comp.logprobs.append(
-                {
-                    token: Logprob(value, rank, self.tokenizer.decode([token]))
-                    for token, (value, rank) in out.logprobs.ranked().items()
-                }
-            )
+            position = {
+                token: Logprob(value, rank, self.tokenizer.decode([token]))
+                for token, (value, rank) in out.logprobs.ranked().items()
+            }
+            comp.logprobs.append(position)
+            child.new_logprobs.append(position)
         core_done = out.finish_reason is not None
         ids = list(out.new_token_ids)
         if out.finish_reason == "stop" and not child.params.include_stop_str_in_output:
@@ -166,6 +167,8 @@ class OutputProcessor:
         return False
 
     def _delta(self, parent: _Parent, done: bool) -> RequestOutput:
+        """What each completion gained since the last delta (text, token ids, their
+        logprobs if asked for); the last delta also carries the requests' metrics."""
         comps = []
         for c in parent.children.values():
             comps.append(
@@ -175,11 +178,15 @@ class OutputProcessor:
                     c.new_ids,
                     c.completion.finish_reason,
                     c.completion.stop_reason,
+                    logprobs=None if c.completion.logprobs is None else c.new_logprobs,
                     error=c.completion.error,
                 )
             )
-            c.new_text, c.new_ids = "", []
-        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, comps, done)
+            c.new_text, c.new_ids, c.new_logprobs = "", [], []
+        metrics = [RequestMetrics.of(c.request) for c in parent.children.values()] if done else []
+        return RequestOutput(
+            parent.request_id, parent.prompt, parent.prompt_token_ids, comps, done, metrics
+        )
 
     def _final(self, parent: _Parent) -> RequestOutput:
         children = sorted(parent.children.values(), key=lambda c: c.index)

@@ -5,10 +5,9 @@ thread (``asyncio.to_thread``), so the server's event loop parses HTTP, serializ
 writes chunks while the model computes. Between two steps the loop detokenizes the
 step's tokens and hands each stream its delta (`AsyncLLM._run`).
 
-`ServingEngine` adds three things to `AsyncLLM`:
+`ServingEngine` adds two things to `AsyncLLM` (whose deltas carry each new token's
+log-probabilities, and on the last one the `RequestMetrics`):
 
-* streamed deltas carry their log-probabilities, and a request's last delta carries its
-  `RequestMetrics` (AsyncLLM's deltas have the text and the token ids only);
 * `stream`, which aborts its request for sure when the consumer goes away: starlette
   cancels a streaming response whose client disconnected with an anyio cancel scope,
   which cancels every ``await`` again, so the abort is shielded;
@@ -51,12 +50,7 @@ class Seats:
 
 
 class ServingEngine(AsyncLLM):
-    """`AsyncLLM` with log-probabilities and metrics on its deltas (see the module doc)."""
-
-    def __init__(self, model=None, **engine_args) -> None:
-        super().__init__(model, **engine_args)
-        self._finals: dict[str, RequestOutput] = {}
-        self._logprobs_sent: dict[str, dict[int, int]] = {}
+    """`AsyncLLM` whose streams abort their request however the consumer leaves."""
 
     async def stream(
         self, prompt: Prompt, params: SamplingParams, request_id: str, seats: Seats
@@ -73,43 +67,6 @@ class ServingEngine(AsyncLLM):
             if not finished:
                 with anyio.CancelScope(shield=True):
                     await self.abort(request_id)
-
-    # --- AsyncLLM's hooks ---------------------------------------------------------------
-
-    def _process(self, outputs):
-        finished = super()._process(outputs)
-        for out in finished:  # final outputs: complete logprobs, and the metrics
-            self._finals[out.request_id] = out
-        return finished
-
-    def _deliver(self) -> None:
-        for rid, delta in self.processor.take_deltas():
-            self._add_logprobs_and_metrics(rid, delta)
-            queue = self._queues.get(rid)
-            if queue is not None:
-                queue.put_nowait(delta)
-
-    def _add_logprobs_and_metrics(self, rid: str, delta: RequestOutput) -> None:
-        """Give each completion of a delta the log-probabilities of its new tokens (taken
-        from the request's cumulative output) and the last delta the metrics."""
-        final = self._finals.pop(rid, None) if delta.finished else None
-        if final is not None:
-            full = {c.index: c for c in final.outputs}
-            delta.metrics = final.metrics
-        else:
-            parent = self.processor.requests.get(rid)
-            children = parent.children.values() if parent is not None else ()
-            full = {c.index: c.completion for c in children}
-        sent = self._logprobs_sent.setdefault(rid, {})
-        for comp in delta.outputs:
-            whole = full.get(comp.index)
-            if whole is None or whole.logprobs is None:
-                continue
-            start = sent.get(comp.index, 0)
-            comp.logprobs = whole.logprobs[start : start + len(comp.token_ids)]
-            sent[comp.index] = start + len(comp.logprobs)
-        if delta.finished:
-            del self._logprobs_sent[rid]
 
 
 async def open_streams(

@@ -153,3 +153,26 @@ def test_our_bpe_tokenizer_gives_the_engine_the_same_text(tiny_llm_dir):
     assert runs["pyagent"] == runs["library"]
     with pytest.raises(ValueError, match="tokenizer_backend must be one of"):
         LLM(str(tiny_llm_dir[1]), tokenizer_backend="sentencepiece")
+
+
+def test_streamed_deltas_carry_their_logprobs_and_the_last_one_the_metrics(tiny_llm_dir, llm):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2, n=2)
+    engine = AsyncLLM(tiny_llm_dir[1], **ENGINE)
+
+    async def collect():
+        return [delta async for delta in engine.generate(PROMPTS[0], params)]
+
+    deltas = asyncio.run(collect())
+    final = llm.generate(PROMPTS[0], params)[0]
+    for index in range(2):
+        streamed = [lp for d in deltas for c in d.outputs if c.index == index for lp in c.logprobs]
+        ids = [t for d in deltas for c in d.outputs if c.index == index for t in c.token_ids]
+        assert len(streamed) == len(ids) == 6
+        want = final.outputs[index].logprobs  # another engine: equal up to float rounding
+        assert [list(p) for p in streamed] == [list(p) for p in want]
+        for got, exp in zip(streamed, want, strict=True):
+            for token, lp in got.items():
+                assert lp.rank == exp[token].rank
+                assert lp.logprob == pytest.approx(exp[token].logprob, abs=1e-5)
+    assert all(not d.metrics for d in deltas[:-1])
+    assert [m.num_generated_tokens for m in deltas[-1].metrics] == [6, 6]
