@@ -181,6 +181,19 @@ _V_CACHE_CONFIG = (
     "CacheConfig (pydantic) coerces a block_size of 4.0 or True to an int instead of raising "
     "TypeError"
 )
+_V_RMS_FLOAT32 = (
+    "vllm.ir.ops.rms_norm and fused_add_rms_norm normalise in float32 whatever the input dtype, so "
+    "float64 input is rounded to float32 first, where the contract computes float64 input in "
+    "float64"
+)
+_V_RESIDUAL_FLOAT32 = (
+    "fused_add_rms_norm adds x + residual in float32 and returns that sum cast back to x's dtype, "
+    "so a float64 residual stream is rounded to float32 (2.8e-170 becomes 0)"
+)
+_V_LAYERS_NO_VALIDATION = (
+    "vLLM's layer code validates nothing: integer inputs run or fail inside torch "
+    "(NotImplementedError), and mis-shaped ones broadcast or fail there"
+)
 
 # Stop strings and the detokenizer are not ops: tests/conformance/test_vllm_adapter.py compares
 # pyagent_ref.tokenize with vLLM's check_stop_strings and IncrementalDetokenizer differentially,
@@ -301,6 +314,12 @@ _VLLM_DIVERGENCES = (
     _v("hashing.hash_blocks", "hash_blocks_golden_chain", _V_ROOT, _V_NULL_KEYS),
     _v("hashing.hash_blocks", "hash_blocks_matches_reference", _V_NULL_KEYS, _V_NO_BLOCK_KEYS),
     _v("hashing.hash_blocks", "rejects_invalid_input", _V_CACHE_CONFIG, _V_HASH_NO_VALIDATION),
+    _v("layers.rms_norm", "matches_the_formula", _V_RMS_FLOAT32),
+    _v("layers.rms_norm", "unit_rms_before_the_weight", _V_RMS_FLOAT32),
+    _v("layers.rms_norm", "residual_is_fused", _V_RESIDUAL_FLOAT32),
+    _v("layers.rms_norm", "matches_reference", _V_RMS_FLOAT32, _V_RESIDUAL_FLOAT32),
+    _v("layers.rms_norm", "rejects_invalid_input", _V_LAYERS_NO_VALIDATION),
+    _v("layers.silu_and_mul", "rejects_invalid_input", _V_LAYERS_NO_VALIDATION),
     _v("tokenize.find_stop", "ties_at_the_same_end_go_to_the_longest", _V_STOP_TIES),
     _v("tokenize.StopChecker", "holds_back_only_a_possible_stop_start", _V_STOP_HOLD_BACK),
     _v(

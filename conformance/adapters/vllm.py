@@ -29,7 +29,14 @@ imports vLLM) provides:
     log_softmax        Sampler.compute_logprobs
     topk_logprobs      Sampler.gather_logprobs             column 0 (the sampled token) split off
 
-`hashing` (built on first access too) provides:
+`layers` (built on first access too) provides vLLM's PyTorch-native layer code, what its
+CustomOps run where no kernel is registered:
+
+    rms_norm      vllm.ir.ops.rms_norm(x, weight, eps) (RMSNorm.forward_native); with a
+                  residual, vllm.ir.ops.fused_add_rms_norm, returning (normed, x + residual)
+    silu_and_mul  SiluAndMul.forward_native
+
+`hashing` provides:
 
     cbor_encode   cbor2.dumps(value, canonical=True), the serialization of vLLM's
                   sha256_cbor / xxhash_cbor (vLLM has no encoder of its own)
@@ -49,8 +56,8 @@ with that `prefix_caching_hash_algo`.
 The glue converts arrays to torch tensors (and numpy results back), clones the logits
 (vLLM's functions work in place on the sampler's own buffer) and turns padded id arrays
 into vLLM's conventions. It validates nothing itself: what vLLM accepts or rejects is what
-is tested. `philox_uniform`, `sample`, the `block_table`, `layers`, `rope` and `attention`
-ops, and the `ALGORITHMS` / `DIGEST_SIZES` constants are declared in CONFORMANCE_MISSING.
+is tested. `philox_uniform`, `sample`, the `block_table`, `rope` and `attention` ops, and the
+`ALGORITHMS` / `DIGEST_SIZES` constants are declared in CONFORMANCE_MISSING.
 """
 
 from __future__ import annotations
@@ -84,8 +91,10 @@ CONFORMANCE_MISSING = {
         "BlockTable (GPU only), and positions and logits indices inline in "
         "GPUModelRunner._prepare_inputs: there is no CPU function with these signatures"
     ),
-    "layers.*": "not wrapped yet (vLLM's CustomOp layers need a VllmConfig context)",
-    "rope.*": "not wrapped yet (vLLM's CustomOp layers need a VllmConfig context)",
+    "rope.*": (
+        "not wrapped yet: vLLM's RotaryEmbedding classes compute inv_freq and the cos/sin cache "
+        "in their constructor (a CustomOp that needs a VllmConfig context)"
+    ),
     "attention.*": "vLLM's attention backends are CUDA/Triton kernels (no CPU function)",
 }
 
@@ -326,6 +335,26 @@ def topk_logprobs(logprobs: Any, num: int, sampled: Any) -> Any:
     return tuple(_back(x, logprobs) for x in (values[:, 1:], ids[:, 1:], values[:, 0], ranks))
 
 
+# --- layers -----------------------------------------------------------------------------
+
+
+def rms_norm(x: Any, weight: Any, eps: float, residual: Any = None) -> Any:
+    """vllm.ir.ops.rms_norm, or fused_add_rms_norm with a residual (RMSNorm.forward_native)."""
+    from vllm import ir
+
+    if residual is None:
+        return _back(ir.ops.rms_norm(_torch(x), _torch(weight), eps, None), x)
+    out, h = ir.ops.fused_add_rms_norm(_torch(x), _torch(residual), _torch(weight), eps, None)
+    return _back(out, x), _back(h, x)
+
+
+def silu_and_mul(x: Any) -> Any:
+    """SiluAndMul.forward_native: silu(x[..., :d]) * x[..., d:]."""
+    from vllm.model_executor.layers.activation import SiluAndMul
+
+    return _back(SiluAndMul.forward_native(_torch(x)), x)
+
+
 # --- hashing ----------------------------------------------------------------------------
 
 _ROOTS: dict[str, bytes] = {}  # NONE_HASH per algorithm, computed once (as once per process)
@@ -429,6 +458,7 @@ _MODULES = {
         log_softmax=log_softmax,
         topk_logprobs=topk_logprobs,
     ),
+    "layers": lambda: SimpleNamespace(rms_norm=rms_norm, silu_and_mul=silu_and_mul),
     "hashing": lambda: SimpleNamespace(
         cbor_encode=cbor_encode,
         root_hash=root_hash,

@@ -47,4 +47,6 @@ def test_vllm_tokenize_divergences_are_reported_by_the_differential_tests():
 def test_vllm_divergences_are_unique_and_explained():
     keys = [(d.op, d.property) for d in divergences.for_implementation(VLLM)]
     assert len(keys) == len(set(keys))
-    assert all(len(d.reason) > 40 for d in divergences.for_implementation(VLLM))
+    for d in divergences.for_implementation(VLLM):
+        # "; " joins independent reasons (conformance.matrix lists each reason once)
+        assert all(len(reason) > 40 for reason in d.reason.split("; ")), d.reason
