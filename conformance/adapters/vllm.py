@@ -1,4 +1,4 @@
-"""vLLM's own sampling and prefix-cache hashing functions behind the pyagent op signatures.
+"""vLLM's own sampling, layer and prefix-cache hashing functions behind the pyagent op signatures.
 
     python -m conformance conformance.adapters.vllm
 
@@ -275,10 +275,8 @@ def apply_penalties(
         _params(repetition_penalty=a, frequency_penalty=b, presence_penalty=c)
         for a, b, c in zip(r, f, q, strict=True)
     ]
-    prompts, outputs = (
-        _rows(prompt_ids, batch, "prompt_ids"),
-        _rows(output_ids, batch, "output_ids"),
-    )
+    prompts = _rows(prompt_ids, batch, "prompt_ids")
+    outputs = _rows(output_ids, batch, "output_ids")
     if all(
         p.repetition_penalty == 1 and p.frequency_penalty == 0 and p.presence_penalty == 0
         for p in rows
