@@ -192,16 +192,6 @@ def _config(max_num_seqs: int) -> Any:
     return VllmConfig(scheduler_config=scheduler)
 
 
-class _VocabOnly:
-    """What SamplingParams._validate_logit_bias reads from a ModelConfig: the vocab size."""
-
-    def __init__(self, vocab: int):
-        self.vocab = vocab
-
-    def get_vocab_size(self) -> int:
-        return self.vocab
-
-
 # --- sampling ---------------------------------------------------------------------------
 
 
@@ -308,7 +298,8 @@ def apply_logit_bias(logits: Any, token_ids: Any, bias: Any) -> Any:
     for b in range(batch):
         pairs = zip(ids[b].tolist(), weights[b].tolist(), strict=True)
         params = _params(logit_bias={t: w for t, w in pairs if t >= 0} or None)
-        params._validate_logit_bias(_VocabOnly(vocab))  # SamplingParams.verify's vocab check
+        # SamplingParams.verify's vocabulary check, which reads only this of the ModelConfig
+        params._validate_logit_bias(SimpleNamespace(get_vocab_size=lambda: vocab))
         rows.append(params)
     processor = LogitBiasLogitsProcessor(None, torch.device("cpu"), is_pin_memory=False)
     processor.update_state(_batch_update(rows))
@@ -445,33 +436,29 @@ def hash_blocks(
     return list(request.block_hashes)
 
 
-_MODULES = {
-    "sampling": lambda: SimpleNamespace(
-        apply_temperature=apply_temperature,
-        apply_top_k=apply_top_k,
-        apply_top_p=apply_top_p,
-        apply_min_p=apply_min_p,
-        apply_penalties=apply_penalties,
-        apply_logit_bias=apply_logit_bias,
-        log_softmax=log_softmax,
-        topk_logprobs=topk_logprobs,
+# The functions of each ops module; the namespaces are built on first access.
+_OPS = {
+    "sampling": (
+        apply_temperature,
+        apply_top_k,
+        apply_top_p,
+        apply_min_p,
+        apply_penalties,
+        apply_logit_bias,
+        log_softmax,
+        topk_logprobs,
     ),
-    "layers": lambda: SimpleNamespace(rms_norm=rms_norm, silu_and_mul=silu_and_mul),
-    "hashing": lambda: SimpleNamespace(
-        cbor_encode=cbor_encode,
-        root_hash=root_hash,
-        hash_block=hash_block,
-        hash_blocks=hash_blocks,
-    ),
+    "layers": (rms_norm, silu_and_mul),
+    "hashing": (cbor_encode, root_hash, hash_block, hash_blocks),
 }
 _BUILT: dict[str, SimpleNamespace] = {}
 
 
 def __getattr__(name: str) -> Any:
-    """The op namespaces are built on first access, importing vLLM (clear ImportError)."""
-    if name in _MODULES:
-        if name not in _BUILT:
-            _vllm()
-            _BUILT[name] = _MODULES[name]()
-        return _BUILT[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """`sampling`, `layers`, `hashing`: imports vLLM on first access (clear ImportError)."""
+    if name not in _OPS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _BUILT:
+        _vllm()
+        _BUILT[name] = SimpleNamespace(**{op.__name__: op for op in _OPS[name]})
+    return _BUILT[name]

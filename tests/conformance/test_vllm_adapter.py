@@ -103,7 +103,7 @@ def test_stop_strings_match_vllm_check_stop_strings(deltas, stop, include):
     if (text, reason) != (v_text, v_reason):
         # The only difference: two stop strings end at the same place; vLLM takes the one
         # listed first, the specification the longest.
-        begin, end, longest = find_stop("".join(deltas), stop)
+        _, end, longest = find_stop("".join(deltas), stop)
         assert v_reason is not None and v_reason != longest, (text, v_text)
         assert "".join(deltas)[end - len(v_reason) : end] == v_reason
         assert stop.index(v_reason) < stop.index(longest)
