@@ -1,4 +1,5 @@
-"""Sessions: tests (the whole suite), conformance, bench, docs, demo, lint.
+"""Sessions: tests (the whole suite), conformance, bench, docs, demo, lint, and vllm
+(optional: vLLM in the conformance matrix).
 
 Every session builds what it needs from this checkout (the Rust wheel included), so a
 clean machine with Python, pip and a Rust toolchain runs any of them.
@@ -105,6 +106,7 @@ PYTHON_SOURCES = ("pyagent_ref", "conformance", f"{ACCEL}/python", "benchmarks",
 REGISTERING_DECORATORS = ",".join(
     ("@mutant", "@*.prop", "@pytest.fixture", "@*.setter", "@property", "@st.composite")
     + ("@rule", "@invariant", "@precondition", "@initialize")  # hypothesis state machines
+    + ("@app.*",)  # FastAPI routes, middleware and exception handlers
 )
 
 

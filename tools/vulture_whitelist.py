@@ -14,7 +14,6 @@ _._hypothesis_internal_add_digest  # hypothesis reads it to tell tests apart
 
 # HF transformers reads these from the objects the adapter hands it.
 _.attention_scaling
-__getattr__  # module __getattr__ of the HF adapter (PEP 562)
 
 # Public dataclass fields: users and the server's metrics read them.
 _.queued_s
@@ -30,3 +29,9 @@ _.__signature__  # inspect.signature reads it (accel wrappers carry the referenc
 _._attn_implementation  # HF transformers reads it
 _.normalizer  # HF tokenizers reads it
 pytestmark  # pytest reads it
+
+# OpenAI's request and response fields: pydantic parses and serializes them.
+_.user
+_.description
+_.owned_by
+_.should_exit  # uvicorn's server loop reads it

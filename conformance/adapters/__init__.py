@@ -7,5 +7,37 @@ absent; it may say why in `CONFORMANCE_MISSING = {"module.op" or "module.*": rea
 Run the suite on it with `python -m conformance <adapter module>`; where it knowingly
 differs from the specification, record it in `conformance.divergences`.
 
-- `hf_transformers`: Hugging Face transformers' logits processors.
+- `hf_transformers`: Hugging Face transformers' logits processors, RMS norm, SiLU and RoPE.
+- `vllm`: vLLM's sampler functions, logits processors, layers and prefix-cache hashing
+  (`nox -s vllm`).
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from .. import contract
+
+
+def lazy_namespaces(
+    module: str, functions: dict[str, Any], modules: Sequence[str], load: Callable[[], Any]
+) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` (PEP 562) for an adapter: ``<adapter>.sampling`` (for
+    each ops module in ``modules``) is a namespace of the adapter's ``functions`` (its
+    globals) named like the reference module's ops. It is built on first access after
+    ``load()`` imported the third-party library, so importing the adapter never fails and
+    a missing library is a clear ImportError when the suite asks for an op."""
+    built: dict[str, SimpleNamespace] = {}
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - the module hook's name
+        if name not in modules:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        if name not in built:
+            load()
+            ops = {op: functions[op] for op in contract.functions(name) if op in functions}
+            built[name] = SimpleNamespace(**ops)
+        return built[name]
+
+    return __getattr__

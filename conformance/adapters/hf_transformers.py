@@ -42,10 +42,11 @@ the reason).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+
+from . import lazy_namespaces
 
 CONFORMANCE_MISSING = {
     "sampling.topk_logprobs": "transformers has no op for it (generate() returns raw scores)",
@@ -326,28 +327,5 @@ def apply_rope(
     return _back(q_out, query), _back(k_out, key)
 
 
-_MODULES = {
-    "sampling": lambda: SimpleNamespace(
-        apply_temperature=apply_temperature,
-        apply_top_k=apply_top_k,
-        apply_top_p=apply_top_p,
-        apply_min_p=apply_min_p,
-        apply_penalties=apply_penalties,
-        apply_logit_bias=apply_logit_bias,
-        log_softmax=log_softmax,
-    ),
-    "layers": lambda: SimpleNamespace(rms_norm=rms_norm, silu_and_mul=silu_and_mul),
-    "rope": lambda: SimpleNamespace(rope_inv_freq=rope_inv_freq, apply_rope=apply_rope),
-}
-_BUILT: dict[str, SimpleNamespace] = {}
-
-
-def __getattr__(name: str) -> Any:
-    """The op namespaces are built on first access, importing transformers (clear
-    ImportError)."""
-    if name in _MODULES:
-        if name not in _BUILT:
-            _hf()
-            _BUILT[name] = _MODULES[name]()
-        return _BUILT[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# `hf_transformers.sampling` etc.: this module's functions named like the reference's ops.
+__getattr__ = lazy_namespaces(__name__, globals(), ("sampling", "layers", "rope"), _hf)

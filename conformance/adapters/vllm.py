@@ -70,6 +70,8 @@ from typing import Any
 
 import numpy as np
 
+from . import lazy_namespaces
+
 CONFORMANCE_MISSING = {
     "sampling.philox_uniform": (
         "vLLM draws from torch generators (the global one, or a torch.Generator per seeded "
@@ -436,29 +438,5 @@ def hash_blocks(
     return list(request.block_hashes)
 
 
-# The functions of each ops module; the namespaces are built on first access.
-_OPS = {
-    "sampling": (
-        apply_temperature,
-        apply_top_k,
-        apply_top_p,
-        apply_min_p,
-        apply_penalties,
-        apply_logit_bias,
-        log_softmax,
-        topk_logprobs,
-    ),
-    "layers": (rms_norm, silu_and_mul),
-    "hashing": (cbor_encode, root_hash, hash_block, hash_blocks),
-}
-_BUILT: dict[str, SimpleNamespace] = {}
-
-
-def __getattr__(name: str) -> Any:
-    """`sampling`, `layers`, `hashing`: imports vLLM on first access (clear ImportError)."""
-    if name not in _OPS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if name not in _BUILT:
-        _vllm()
-        _BUILT[name] = SimpleNamespace(**{op.__name__: op for op in _OPS[name]})
-    return _BUILT[name]
+# `vllm.sampling` etc.: this module's functions named like the reference's ops.
+__getattr__ = lazy_namespaces(__name__, globals(), ("sampling", "layers", "hashing"), _vllm)
