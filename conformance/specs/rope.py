@@ -160,7 +160,9 @@ def rotate_oracle(case: Case, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         * (1 + 0.1 * np.abs(angle)[:, None, :])
     )
     mag[..., ia], mag[..., ib] = pair, pair
-    return out, mag + TOL[x.dtype.name] * np.abs(out)
+    # the result is stored in x's dtype: near zero it cannot be closer than its spacing there
+    floor = np.finfo(x.dtype).smallest_subnormal
+    return out, mag + TOL[x.dtype.name] * np.abs(out) + floor
 
 
 # ============================================================================= rope_inv_freq
