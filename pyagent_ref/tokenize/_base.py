@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import operator
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from .chat import render_chat_template, select_chat_template
 from .protocol import Message
+
+T = TypeVar("T")
 
 SPECIAL_TOKEN_NAMES = (
     "bos_token",
@@ -42,6 +44,23 @@ def check_token_ids(ids: Iterable[int], vocab_size: int, name: str = "ids") -> l
                 f"{name}[{i}] = {value} is outside the vocabulary range [0, {vocab_size})"
             )
         out.append(value)
+    return out
+
+
+def tokens_of_ids(
+    ids: Iterable[int], vocab_size: int, lookup: Callable[[int], T | None]
+) -> list[T]:
+    """``lookup(id)`` for each of ``ids`` (checked by `check_token_ids`).
+
+    Raises:
+        ValueError: an id of no token (``lookup`` gave None), named with its position.
+    """
+    out = []
+    for i, token_id in enumerate(check_token_ids(ids, vocab_size)):
+        token = lookup(token_id)
+        if token is None:
+            raise ValueError(f"ids[{i}] = {token_id} is not the id of any token")
+        out.append(token)
     return out
 
 

@@ -54,6 +54,7 @@ from ._base import (
     check_text,
     check_token_ids,
     normalize_chat_templates,
+    tokens_of_ids,
 )
 from .chat import load_chat_templates
 
@@ -513,13 +514,7 @@ class BytePairEncoding:
             ValueError: an id outside ``range(vocab_size)`` or of no token (named with its
                 position).
         """
-        out = []
-        for i, token_id in enumerate(check_token_ids(ids, self.vocab_size)):
-            token = self._bytes_of_id.get(token_id)
-            if token is None:
-                raise ValueError(f"ids[{i}] = {token_id} is not the id of any token")
-            out.append(token)
-        return out
+        return tokens_of_ids(ids, self.vocab_size, self._bytes_of_id.get)
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``: their bytes joined and decoded as UTF-8, each maximal invalid
@@ -833,12 +828,7 @@ class BPETokenizer(TokenizerBase):
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-        out = []
-        for i, token_id in enumerate(check_token_ids(ids, self.vocab_size)):
-            if token_id not in self._spelling:
-                raise ValueError(f"ids[{i}] = {token_id} is not the id of any token")
-            out.append(self._spelling[token_id])
-        return out
+        return tokens_of_ids(ids, self.vocab_size, self._spelling.get)
 
     def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
         chunks = []

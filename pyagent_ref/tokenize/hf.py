@@ -43,6 +43,7 @@ from ._base import (
     check_text,
     check_token_ids,
     normalize_chat_templates,
+    tokens_of_ids,
 )
 from .chat import load_chat_templates
 
@@ -285,13 +286,7 @@ class HFTokenizer(TokenizerBase):
         return self._tk.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
-        out = []
-        for i, token_id in enumerate(check_token_ids(ids, self._vocab_size)):
-            token = self._tk.id_to_token(token_id)
-            if token is None:
-                raise ValueError(f"ids[{i}] = {token_id} is not the id of any token")
-            out.append(token)
-        return out
+        return tokens_of_ids(ids, self._vocab_size, self._tk.id_to_token)
 
     def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
         tokens = self._check_tokens(tokens)

@@ -39,6 +39,7 @@ from ._base import (
     check_text,
     check_token_ids,
     normalize_chat_templates,
+    tokens_of_ids,
 )
 from .chat import load_chat_templates
 
@@ -317,13 +318,13 @@ class TiktokenTokenizer(TokenizerBase):
         return ids
 
     def _token_bytes(self, ids: Sequence[int]) -> list[bytes]:
-        out = []
-        for i, token_id in enumerate(check_token_ids(ids, self._vocab_size)):
-            try:
-                out.append(self._enc.decode_single_token_bytes(token_id))
-            except KeyError as exc:
-                raise ValueError(f"ids[{i}] = {token_id} is not the id of any token") from exc
-        return out
+        return tokens_of_ids(ids, self._vocab_size, self._bytes_of)
+
+    def _bytes_of(self, token_id: int) -> bytes | None:
+        try:
+            return self._enc.decode_single_token_bytes(token_id)
+        except KeyError:
+            return None
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         check_flag(skip_special_tokens, "skip_special_tokens")
