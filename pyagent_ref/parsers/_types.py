@@ -17,8 +17,11 @@ once, in the first delta of a call; later deltas of the call carry only its ``in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "DeltaMessage",
@@ -132,3 +135,19 @@ class DeltaMessage:
         if self.tool_calls:
             out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
         return out
+
+
+def find_parser(kind: str, parsers: Mapping[str, T], aliases: Mapping[str, str], name: str) -> T:
+    """The parser of a registry called ``name`` or one of its ``aliases``.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: no parser has that name (the message lists the names there are).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"{kind} parser name must be a str, got {name!r}")
+    parser = parsers.get(aliases.get(name, name))
+    if parser is None:
+        known = sorted(parsers) + sorted(aliases)
+        raise ValueError(f"unknown {kind} parser {name!r}; known: {', '.join(known)}")
+    return parser

@@ -10,6 +10,7 @@ Pick one by the name the server's ``--reasoning-parser NAME`` gives:
 
 from __future__ import annotations
 
+from .._types import find_parser
 from .base import ReasoningParser
 from .gpt_oss import GptOssReasoningParser
 from .tags import (
@@ -55,11 +56,4 @@ def get_reasoning_parser(name: str) -> type[ReasoningParser]:
         TypeError: ``name`` is not a str.
         ValueError: no parser has that name (the message lists the names there are).
     """
-    if not isinstance(name, str):
-        raise TypeError(f"reasoning parser name must be a str, got {name!r}")
-    cls = REASONING_PARSERS.get("gpt_oss" if name == "openai" else name)
-    if cls is None:
-        raise ValueError(
-            f"unknown reasoning parser {name!r}; known: {', '.join(sorted(REASONING_PARSERS))}"
-        )
-    return cls
+    return find_parser("reasoning", REASONING_PARSERS, {"openai": "gpt_oss"}, name)

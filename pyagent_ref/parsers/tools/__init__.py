@@ -14,6 +14,7 @@ model's chat template:
 
 from __future__ import annotations
 
+from .._types import find_parser
 from .base import ToolParser, check_tools
 from .deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
 from .gpt_oss import GptOssToolParser
@@ -77,13 +78,7 @@ def get_tool_parser(name: str) -> type[ToolParser]:
         TypeError: ``name`` is not a str.
         ValueError: no parser has that name (the message lists the names there are).
     """
-    if not isinstance(name, str):
-        raise TypeError(f"tool parser name must be a str, got {name!r}")
-    cls = TOOL_PARSERS.get(TOOL_PARSER_ALIASES.get(name, name))
-    if cls is None:
-        known = sorted(TOOL_PARSERS) + sorted(TOOL_PARSER_ALIASES)
-        raise ValueError(f"unknown tool parser {name!r}; known: {', '.join(known)}")
-    return cls
+    return find_parser("tool", TOOL_PARSERS, TOOL_PARSER_ALIASES, name)
 
 
 # (what the template contains, the parser), most specific first.
