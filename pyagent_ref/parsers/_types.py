@@ -151,3 +151,32 @@ def find_parser(kind: str, parsers: Mapping[str, T], aliases: Mapping[str, str],
         known = sorted(parsers) + sorted(aliases)
         raise ValueError(f"unknown {kind} parser {name!r}; known: {', '.join(known)}")
     return parser
+
+
+class Reparser:
+    """Streaming by re-parsing, shared by the tool and the reasoning parsers.
+
+    Each delta re-parses all the text so far (``parse(text, final)``, which must be
+    monotone: what it returns for a prefix is a prefix of what it returns for the whole)
+    and ``_emit`` sends what is new since the last delta. A subclass sets ``self._text =
+    ""`` and defines both; the deltas then concatenate to the non-streaming result.
+    """
+
+    _text: str
+
+    def parse(self, text: str, final: bool) -> Any:
+        raise NotImplementedError
+
+    def _emit(self, parsed: Any) -> DeltaMessage | None:
+        raise NotImplementedError
+
+    def stream(self, delta: str) -> DeltaMessage | None:
+        """Feed the next piece of text; the delta to send, or None when there is nothing yet."""
+        if not isinstance(delta, str):
+            raise TypeError(f"delta must be a str, got {type(delta).__name__}")
+        self._text += delta
+        return self._emit(self.parse(self._text, final=False))
+
+    def finish(self) -> DeltaMessage | None:
+        """The text is complete: the last delta (what was held back), or None."""
+        return self._emit(self.parse(self._text, final=True))

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .._types import DeltaMessage, ExtractedReasoning
+from .._types import DeltaMessage, ExtractedReasoning, Reparser
 
 __all__ = ["ReasoningParser"]
 
 
-class ReasoningParser:
+class ReasoningParser(Reparser):
     """Splits a model's text into reasoning and content (see the module docstring).
 
     One instance serves one request (`stream` keeps the text seen so far).
@@ -61,17 +61,6 @@ class ReasoningParser:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         reasoning, content = self.parse(text, final=True)
         return ExtractedReasoning(reasoning or None, content or None)
-
-    def stream(self, delta: str) -> DeltaMessage | None:
-        """Feed the next piece of text; the delta to send, or None when there is nothing yet."""
-        if not isinstance(delta, str):
-            raise TypeError(f"delta must be a str, got {type(delta).__name__}")
-        self._text += delta
-        return self._emit(self.parse(self._text, final=False))
-
-    def finish(self) -> DeltaMessage | None:
-        """The text is complete: the last delta (what was held back), or None."""
-        return self._emit(self.parse(self._text, final=True))
 
     def _emit(self, parsed: tuple[str, str]) -> DeltaMessage | None:
         (reasoning, content), (sent_reasoning, sent_content) = parsed, self._sent

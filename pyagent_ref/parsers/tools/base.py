@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._scan import Malformed, held_back, json_call, skip_ws
-from .._types import DeltaMessage, DeltaToolCall, ExtractedToolCalls, ToolCall
+from .._types import DeltaMessage, DeltaToolCall, ExtractedToolCalls, Reparser, ToolCall
 
 __all__ = [
     "Group",
@@ -139,7 +139,7 @@ class _Sent:
     arguments: str
 
 
-class ToolParser:
+class ToolParser(Reparser):
     """Turns a model's text into content and OpenAI tool calls (see the module docstring).
 
     One instance serves one request: `stream` keeps the text seen so far. `extract` does not
@@ -281,17 +281,6 @@ class ToolParser:
             if call.name is not None
         ]
         return ExtractedToolCalls(parsed.content or None, calls)
-
-    def stream(self, delta: str) -> DeltaMessage | None:
-        """Feed the next piece of text; the delta to send, or None when there is nothing yet."""
-        if not isinstance(delta, str):
-            raise TypeError(f"delta must be a str, got {type(delta).__name__}")
-        self._text += delta
-        return self._emit(self.parse(self._text, final=False))
-
-    def finish(self) -> DeltaMessage | None:
-        """The text is complete: the last delta (what was held back), or None."""
-        return self._emit(self.parse(self._text, final=True))
 
     def _emit(self, parsed: Parsed) -> DeltaMessage | None:
         out = DeltaMessage()
