@@ -16,8 +16,15 @@ def timeit(fn: Callable[[], Any], budget: float, min_reps: int, max_reps: int) -
     fn()  # warm-up (allocator, caches, lazy init); also sizes the repeats
     first = time.perf_counter() - t0
     reps = int(min(max_reps, max(min_reps, budget / max(first, 1e-7))))
+    return median_seconds(fn, reps, warm_up=False)
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int, warm_up: bool = True) -> float:
+    """Median seconds of `repeats` calls of fn (after one untimed call if `warm_up`)."""
+    if warm_up:
+        fn()
     times = []
-    for _ in range(reps):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

@@ -23,14 +23,14 @@ measurement, not a test: it never fails on a ratio.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from the checkout
+
+from _timing import median_seconds  # noqa: E402
 
 from pyagent_ref.ops import attention  # noqa: E402
 
@@ -39,13 +39,7 @@ STATIC_BLOCKS = 4096 // BLOCK
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return median_seconds(fn, repeats) * 1e3
 
 
 def batch(n: int, max_ctx: int, gen: torch.Generator):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import time
 
 import torch
+from _timing import median_seconds
 
 from pyagent_ref.engine.llm import LLM
 from pyagent_ref.model import default_model_path
@@ -53,17 +53,6 @@ def hf_model(model_dir):
     return model
 
 
-def best_of(fn, repeats: int) -> float:
-    """Median wall time of `repeats` calls of fn, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def single_request(llm: LLM, hf, prompt_ids: list[int], new_tokens: int, repeats: int) -> dict:
     """Prefill = prompt tokens / time to the first token; decode = the other new tokens /
     the rest of the time. Median of `repeats` runs after a warm-up, greedy."""
@@ -79,8 +68,8 @@ def single_request(llm: LLM, hf, prompt_ids: list[int], new_tokens: int, repeats
 
     out = {}
     for name, run in (("ours", ours), ("hf", theirs)):
-        first = best_of(lambda run=run: run(1), repeats)
-        whole = best_of(lambda run=run: run(new_tokens), repeats)
+        first = median_seconds(lambda run=run: run(1), repeats)
+        whole = median_seconds(lambda run=run: run(new_tokens), repeats)
         out[f"{name}_prefill"] = len(prompt_ids) / first
         out[f"{name}_decode"] = (new_tokens - 1) / (whole - first)
     return out
