@@ -15,6 +15,11 @@ from types import ModuleType
 REFERENCE_OPS = "pyagent_ref.ops"
 
 
+def modules() -> tuple[str, ...]:
+    """The reference's ops modules (`pyagent_ref.ops.MODULES`), in order."""
+    return tuple(importlib.import_module(REFERENCE_OPS).MODULES)
+
+
 def reference_module(module: str) -> ModuleType:
     """`pyagent_ref.ops.<module>`."""
     return importlib.import_module(f"{REFERENCE_OPS}.{module}")

@@ -135,7 +135,10 @@ class EngineConfig:
     enable_prefix_caching: reuse the KV blocks of prompts' shared prefixes.
     eviction: which cached block to evict first: "lru" or "arc".
     policy: the order the waiting requests are admitted in (see `sched.policy`).
-    ops: "ref", "accel" or "auto": the ops namespace for sampling and hashing.
+    ops: "ref", "accel" or "auto": the ops namespace of everything the engine computes
+        (sampling, hashing, block tables and the model's layers, RoPE and attention);
+        "auto" runs each op on the accelerator for host arrays and on the reference for
+        device tensors (see `pyagent_ref.ops.load`).
     enforce_eager: never replay CUDA graphs (graph_mode "eager").
     graph_mode: "auto", "eager" or "static" (see `ModelRunner`).
     cudagraph_capture_sizes: the decode batch sizes CUDA graphs are captured for.
@@ -259,6 +262,7 @@ class EngineCore:
     def __init__(self, model: torch.nn.Module, config: EngineConfig, clock=time.monotonic) -> None:
         self.config = config
         self.ops = load_ops(config.ops)
+        model.use_ops(self.ops)  # the model's layers run on the engine's ops
         mcfg = model.config
         if config.max_model_len is not None and config.max_model_len > mcfg.max_position_embeddings:
             raise ValueError(

@@ -10,7 +10,9 @@ scheduled token of every request, prefill chunks and decodes mixed — and the
 one per layer when the layers belong to different KV cache groups (a hybrid model's
 full-attention and sliding-window layers hold different blocks). Every layer writes its
 new K/V into its paged cache (`ops.attention.reshape_and_cache`) and attends over it
-(`ops.attention.paged_attention`). Parameters are fused as inference engines keep them:
+(`ops.attention.paged_attention`). The ops come from the namespace the model is built
+with (`pyagent_ref.ops.load(...)`: reference, accelerator, or per-device "auto"); the
+model never branches on the backend. Parameters are fused as inference engines keep them:
 q/k/v in one `qkv_proj`, gate/up in one `gate_up_proj` (`loader` fills them from HF's
 separate tensors).
 """
@@ -19,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..ops import attention, layers, rope
+from .. import ops as reference_ops
 from .config import ModelConfig
 
 
@@ -48,22 +51,24 @@ class AttentionMetadata:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, ops: ModuleType) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.ops = ops
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return layers.rms_norm(x, self.weight, self.eps, residual)
+        return self.ops.layers.rms_norm(x, self.weight, self.eps, residual)
 
 
 class Rotary(nn.Module):
     """RoPE tables for the model; recomputed per step only for dynamic NTK scaling."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: ModuleType) -> None:
         super().__init__()
         self.config = config
-        inv_freq, self.scale = rope.rope_inv_freq(
+        self.ops = ops
+        inv_freq, self.scale = ops.rope.rope_inv_freq(
             config.head_dim,
             config.rope_theta,
             config.rope_scaling,
@@ -77,7 +82,7 @@ class Rotary(nn.Module):
         inv_freq, scale = self.inv_freq, self.scale
         if self.dynamic and positions.numel():
             cfg = self.config
-            inv_freq, scale = rope.rope_inv_freq(
+            inv_freq, scale = self.ops.rope.rope_inv_freq(
                 cfg.head_dim,
                 cfg.rope_theta,
                 cfg.rope_scaling,
@@ -85,12 +90,13 @@ class Rotary(nn.Module):
                 seq_len=int(positions.max()) + 1,
                 like=positions,
             )
-        return rope.apply_rope(positions, q, k, inv_freq, scale, is_neox=True)
+        return self.ops.rope.apply_rope(positions, q, k, inv_freq, scale, is_neox=True)
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> None:
         super().__init__()
+        self.ops = ops
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -100,8 +106,8 @@ class Attention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
         is_sliding = config.layer_types[layer_index] == "sliding_attention"
         self.sliding_window = config.sliding_window if is_sliding else None
         self.scale = self.head_dim**-0.5
@@ -116,6 +122,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
         key_cache, value_cache = kv_cache
+        attention = self.ops.attention
         attention.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.decode_only:
             out = attention.paged_decode_attention(
@@ -142,22 +149,23 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, ops: ModuleType) -> None:
         super().__init__()
+        self.ops = ops
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(layers.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.layers.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    def __init__(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_index)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_index, ops)
+        self.mlp = MLP(config, ops)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     def forward(self, positions, hidden, residual, meta, kv_cache, rotary):
         if residual is None:
@@ -170,17 +178,22 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder-only causal LM of the Llama family (see the module docstring)."""
+    """Decoder-only causal LM of the Llama family (see the module docstring).
 
-    def __init__(self, config: ModelConfig) -> None:
+    `ops` is the ops namespace every layer calls (default: the reference ops);
+    `use_ops` switches it after construction.
+    """
+
+    def __init__(self, config: ModelConfig, ops: ModuleType = reference_ops) -> None:
         super().__init__()
         self.config = config
+        self.ops = ops
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, ops) for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = Rotary(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.rotary = Rotary(config, ops)
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
@@ -202,6 +215,12 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(positions, hidden, residual, layer_meta, kv_cache, self.rotary)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def use_ops(self, ops: ModuleType) -> None:
+        """Make every layer call the ops of `ops` (a `pyagent_ref.ops.load` namespace)."""
+        for module in self.modules():
+            if "ops" in vars(module):
+                module.ops = ops
 
     @property
     def supports_cuda_graphs(self) -> bool:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import nn
 
+from .. import ops as reference_ops
 from .._files import read_json_object
 from .config import DTYPES, ModelConfig
 from .registry import resolve_architecture
@@ -157,7 +159,11 @@ def check_device(device: str | torch.device) -> torch.device:
 
 
 def load_model(
-    model_dir: str | Path, dtype: str | None = None, device: str = "cpu", progress: bool = True
+    model_dir: str | Path,
+    dtype: str | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+    ops: ModuleType | None = None,
 ) -> nn.Module:
     """Build the model a directory describes and load its weights.
 
@@ -165,6 +171,9 @@ def load_model(
         model_dir: an HF-layout directory with config.json and safetensors weights.
         dtype: "float32", "bfloat16" or "float16"; default: the config's dtype.
         device: where the parameters live ("cpu", "cuda", ...).
+        progress: show a progress bar while the weights load.
+        ops: the ops namespace the layers call (`pyagent_ref.ops.load(...)`); default
+            the reference ops.
     Raises:
         FileNotFoundError: no config.json or no weights.
         ValueError: an unsupported architecture or dtype, a device torch does not know or
@@ -179,10 +188,11 @@ def load_model(
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     model_cls = resolve_architecture(config.architecture)
+    ops = reference_ops if ops is None else ops
     with torch.device("meta"):
-        model = model_cls(config)
+        model = model_cls(config, ops)
     model = model.to_empty(device=device).to(TORCH_DTYPES[dtype])
     # RoPE tables are computed, not loaded: build them for real (and in float32) now
-    model.rotary = type(model.rotary)(config).to(device)
+    model.rotary = type(model.rotary)(config, ops).to(device)
     load_weights(model, safetensors_files(model_dir), TORCH_DTYPES[dtype], progress)
     return model.eval()

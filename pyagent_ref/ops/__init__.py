@@ -5,6 +5,7 @@ so the same engine runs on the reference ops or on the accelerated ones:
 
     ops = pyagent_ref.ops.load("auto")
     token = ops.sampling.sample(logits, temperature, seeds, positions)
+    hidden = ops.layers.rms_norm(hidden, weight, eps)
 """
 
 from __future__ import annotations
@@ -12,20 +13,33 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from . import block_table, hashing, sampling
+from . import attention, block_table, hashing, layers, rope, sampling
 
-MODULES = ("sampling", "hashing", "block_table")
+MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention")
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
-__all__ = ["MODULES", "IMPLEMENTATIONS", "block_table", "hashing", "load", "sampling"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "MODULES",
+    "attention",
+    "block_table",
+    "hashing",
+    "layers",
+    "load",
+    "rope",
+    "sampling",
+]
 
 
 def load(name: str = "auto") -> ModuleType:
     """The ops namespace of an implementation: "ref", "accel" or "auto".
 
     "ref" is this package; "accel" is `pyagent_accel.ops` and raises ImportError when
-    the wheel is not installed; "auto" is accel when it imports, else ref. The result
-    has one attribute per ops module (`.sampling`, `.hashing`, `.block_table`).
+    the wheel is not installed. "auto" decides per call: each function runs the
+    accelerator's twin when its array arguments live on the host (numpy arrays, CPU
+    tensors) and the reference when one is a tensor on another device (CUDA, meta),
+    which the accelerator does not take; without the wheel, "auto" is "ref". The
+    result has one attribute per ops module (`.sampling`, ..., `.attention`).
     """
     if name == "ref":
         return importlib.import_module(__name__)
@@ -33,7 +47,10 @@ def load(name: str = "auto") -> ModuleType:
         return importlib.import_module("pyagent_accel.ops")
     if name == "auto":
         try:
-            return importlib.import_module("pyagent_accel.ops")
+            accel = importlib.import_module("pyagent_accel.ops")
         except ImportError:
             return importlib.import_module(__name__)
+        from ._auto import by_device
+
+        return by_device(importlib.import_module(__name__), accel)
     raise ValueError(f"name must be one of {IMPLEMENTATIONS}, got {name!r}")
