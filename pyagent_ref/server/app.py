@@ -1,7 +1,7 @@
 """The FastAPI application: routes, the API key check, and the engine's lifetime.
 
     GET  /health  /version  /metrics  /v1/models
-    POST /v1/completions  /v1/chat/completions  /tokenize  /detokenize
+    POST /v1/completions  /v1/chat/completions  /v1/responses  /tokenize  /detokenize
 
 Every route but /health, /version and /metrics needs ``Authorization: Bearer KEY`` when
 the server has an API key. Shutting down (uvicorn's SIGINT / SIGTERM) drains: uvicorn
@@ -29,9 +29,11 @@ from .protocol import (
     DetokenizeResponse,
     ModelCard,
     ModelList,
+    ResponsesRequest,
     TokenizeRequest,
     TokenizeResponse,
 )
+from .responses import create_response
 from .state import ServerConfig, ServerState
 
 _OPEN_PATHS = {"/health", "/version", "/metrics"}
@@ -90,6 +92,10 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return _dumped(await create_chat_completion(req, state, request))
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(req: ResponsesRequest, request: Request):
+        return _dumped(await create_response(req, state, request))
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import jinja2
 from fastapi import Request
@@ -252,9 +253,19 @@ def _parsing_factory(state: ServerState, req: ChatCompletionRequest, tool_choice
 # --- the endpoint ---------------------------------------------------------------------------
 
 
-async def create_chat_completion(
-    req: ChatCompletionRequest, state: ServerState, request: Request
-) -> ChatCompletionResponse | StreamingResponse:
+@dataclass
+class ChatRun:
+    """A chat request admitted to the engine: its streams and one parsing per choice."""
+
+    req: ChatCompletionRequest
+    rid: str
+    model: str
+    streams: list[AsyncIterator[RequestOutput]]
+    parsings: list[ChatParsing]
+
+
+async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Request) -> ChatRun:
+    """Validate ``req``, render its prompt and add it to the engine (400s on the way)."""
     state.check_model(req.model)
     state.check_serving()
     tool_choice = _check_unsupported(req)
@@ -270,16 +281,25 @@ async def create_chat_completion(
         )
     except (ValueError, TypeError) as exc:
         raise bad_request(exc, CHAT_FIELDS) from None
-    model = state.config.served_model_name
-    top = req.top_logprobs or 0
+    return ChatRun(req, rid, state.config.served_model_name, streams, parsings)
+
+
+async def create_chat_completion(
+    req: ChatCompletionRequest, state: ServerState, request: Request
+) -> ChatCompletionResponse | StreamingResponse:
+    run = await start_chat(req, state, request)
     if req.stream:
-        include_usage = req.stream_options is not None and req.stream_options.include_usage
-        events = _stream(rid, model, streams[0], parsings, req.logprobs, top, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
-    choices, prompt_tokens = await until_disconnected(request, collect(streams, req.n))
+        return StreamingResponse(_sse(run), media_type="text/event-stream")
+    return await chat_response(run, request)
+
+
+async def chat_response(run: ChatRun, request: Request) -> ChatCompletionResponse:
+    """The whole answer: every choice's message, parsed."""
+    req, top = run.req, run.req.top_logprobs or 0
+    choices, prompt_tokens = await until_disconnected(request, collect(run.streams, req.n))
     out = []
     for index, c in choices.items():
-        parsing = parsings[index]
+        parsing = run.parsings[index]
         message = parsing.extract(c.text)
         out.append(
             ChatChoice(
@@ -296,30 +316,33 @@ async def create_chat_completion(
         completion_tokens=generated,
         total_tokens=prompt_tokens[0] + generated,
     )
-    return ChatCompletionResponse(id=rid, model=model, choices=out, usage=usage)
+    return ChatCompletionResponse(id=run.rid, model=run.model, choices=out, usage=usage)
 
 
-async def _stream(
-    rid: str,
-    model: str,
-    stream: AsyncIterator[RequestOutput],
-    parsings: list[ChatParsing],
-    logprobs: bool,
-    top: int,
-    include_usage: bool,
-) -> AsyncIterator[str]:
+async def _sse(run: ChatRun) -> AsyncIterator[str]:
+    """The chunks as server-sent events, then ``[DONE]``."""
+    async for chunk in chat_chunks(run):
+        yield sse_error(chunk) if isinstance(chunk, str) else sse(chunk)
+    yield DONE
+
+
+async def chat_chunks(run: ChatRun) -> AsyncIterator[ChatCompletionChunk | str]:
     """The chunks: a role chunk per choice, parser deltas as the text comes, the finish
-    reason, the usage (if asked) and ``[DONE]``."""
+    reason, and the usage (if ``stream_options`` ask for it). A choice that fails
+    in the engine yields its error message (a str) instead of its remaining chunks."""
+    req, rid, model, parsings = run.req, run.rid, run.model, run.parsings
+    top = req.top_logprobs or 0
     created = int(time.time())
-    chunk: Callable[..., str] = lambda **choice: sse(  # noqa: E731
-        ChatCompletionChunk(
+
+    def chunk(**choice) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
             id=rid, created=created, model=model, choices=[ChatChunkChoice(**choice)]
         )
-    )
+
     for index in range(len(parsings)):
         yield chunk(index=index, delta=ChatMessage(role="assistant", content=""))
     prompt_tokens, generated, ended = 0, 0, set()
-    async for _, out in merge([stream]):
+    async for _, out in merge(run.streams):
         prompt_tokens = len(out.prompt_token_ids)
         for comp in out.outputs:
             index, parsing = comp.index, parsings[comp.index]
@@ -328,10 +351,10 @@ async def _stream(
             generated += len(comp.token_ids)
             if comp.finish_reason == "error":
                 ended.add(index)
-                yield sse_error(f"the request failed in the engine: {comp.error}")
+                yield f"the request failed in the engine: {comp.error}"
                 continue
             deltas = parsing.stream(comp.text) if comp.text else []
-            if logprobs and comp.logprobs:
+            if req.logprobs and comp.logprobs:
                 lps = chat_logprobs(comp.logprobs, top)
                 yield chunk(
                     index=index, delta=deltas.pop(0) if deltas else ChatMessage(), logprobs=lps
@@ -349,13 +372,10 @@ async def _stream(
                     finish_reason=reason,
                     stop_reason=comp.stop_reason,
                 )
-    if include_usage:
+    if req.stream_options is not None and req.stream_options.include_usage:
         usage = Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=generated,
             total_tokens=prompt_tokens + generated,
         )
-        yield sse(
-            ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage)
-        )
-    yield DONE
+        yield ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage)

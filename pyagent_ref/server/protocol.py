@@ -110,6 +110,48 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
 
 
+class ResponsesTool(Request):
+    """A function tool of the Responses API: the function's fields flat, not under
+    ``function`` as in chat completions."""
+
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponsesToolChoice(Request):
+    type: Literal["function"] = "function"
+    name: str
+
+
+class ResponsesText(Request):
+    format: ResponseFormat | None = None
+
+
+class ResponsesRequest(Request):
+    """POST /v1/responses. ``input`` is a user message's text, or a list of input items:
+    messages (role user / system / developer / assistant, content text or text parts),
+    ``function_call`` items of earlier turns and their ``function_call_output``.
+    Responses are not stored (no ``previous_response_id``, ``store`` must be false)."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoice | None = None
+    parallel_tool_calls: bool = True
+    text: ResponsesText | None = None
+    stream: bool = False
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+
 class TokenizeRequest(Request):
     """POST /tokenize: ``prompt`` text, or chat ``messages`` rendered by the template."""
 
@@ -233,6 +275,76 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+
+
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class MessageItem(BaseModel):
+    """The assistant's text, an output item of a response."""
+
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class FunctionCallItem(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class ReasoningItem(BaseModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+OutputItem = MessageItem | FunctionCallItem | ReasoningItem
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class ResponseObject(BaseModel):
+    """A response of the Responses API (``object: "response"``)."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    model: str
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    output: list[OutputItem] = Field(default_factory=list)
+    usage: ResponseUsage | None = None
+    incomplete_details: dict[str, str] | None = None
+    error: dict[str, str] | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[ResponsesTool] = Field(default_factory=list)
+    tool_choice: str | ResponsesToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    metadata: dict[str, str] | None = None
+    store: bool = False
 
 
 class ModelCard(BaseModel):
