@@ -12,12 +12,12 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from . import block_table, hashing, sampling
+from . import attention, block_table, hashing, sampling
 
-MODULES = ("sampling", "hashing", "block_table")
+MODULES = ("sampling", "hashing", "block_table", "attention")
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
-__all__ = ["MODULES", "IMPLEMENTATIONS", "block_table", "hashing", "load", "sampling"]
+__all__ = ["MODULES", "IMPLEMENTATIONS", "attention", "block_table", "hashing", "load", "sampling"]
 
 
 def load(name: str = "auto") -> ModuleType:
