@@ -75,14 +75,14 @@ fn writable<'py, T: numpy::Element, D: Dimension>(
     a: &Bound<'py, PyArray<T, D>>,
     name: &str,
 ) -> PyResult<PyReadwriteArray<'py, T, D>> {
-    a.try_readwrite()
-        .map_err(|_| value_error(format!("{name} is read-only or used elsewhere in this call")))
+    a.try_readwrite().map_err(|_| {
+        value_error(format!(
+            "{name} is read-only or used elsewhere in this call"
+        ))
+    })
 }
 
-fn floats_mut<'py, D: Dimension>(
-    x: &Bound<'py, PyAny>,
-    name: &str,
-) -> PyResult<FloatsMut<'py, D>> {
+fn floats_mut<'py, D: Dimension>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<FloatsMut<'py, D>> {
     if let Ok(a) = x.cast::<PyArray<f32, D>>() {
         return writable(a, name).map(FloatsMut::F32);
     }
@@ -99,9 +99,7 @@ fn floats_mut<'py, D: Dimension>(
 }
 
 /// The value cache, which must have the key cache's element type.
-fn like_keys<'py, E: Elem>(
-    x: &Bound<'py, PyAny>,
-) -> PyResult<PyReadonlyArray<'py, E, Ix4>> {
+fn like_keys<'py, E: Elem>(x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray<'py, E, Ix4>> {
     let a = x
         .cast::<PyArray<E, Ix4>>()
         .map_err(|_| PyTypeError::new_err("value_cache must have key_cache's dtype and shape"))?;
@@ -131,7 +129,15 @@ fn reshape_and_cache(
         .map_err(|_| not_float("key_cache", 4))?;
     let num_slots = shape.iter().take(2).product::<usize>();
     write_cache(py, key, key_cache, slots, num_slots, "key", "key_cache")?;
-    write_cache(py, value, value_cache, slots, num_slots, "value", "value_cache")
+    write_cache(
+        py,
+        value,
+        value_cache,
+        slots,
+        num_slots,
+        "value",
+        "value_cache",
+    )
 }
 
 /// One of the two writes of `reshape_and_cache`, after checking the shapes and slots.
@@ -245,7 +251,10 @@ fn paged_attention<'py>(
     let (table, table_width) = table_of(&block_table, lens.len())?;
     let mut requests = Vec::with_capacity(lens.len());
     for (r, &seq_len) in lens.iter().enumerate() {
-        let (start, end) = (count(qsl[r], "query_start_loc")?, count(qsl[r + 1], "query_start_loc")?);
+        let (start, end) = (
+            count(qsl[r], "query_start_loc")?,
+            count(qsl[r + 1], "query_start_loc")?,
+        );
         if end < start {
             return Err(value_error(format!(
                 "query_start_loc must be non-decreasing, got {start} then {end}"
@@ -258,7 +267,11 @@ fn paged_attention<'py>(
         Some(masks) if masks.len() == lens.len() => masks
             .iter()
             .enumerate()
-            .map(|(r, m)| m.as_ref().map(|m| slice(m, &format!("custom_masks[{r}]"))).transpose())
+            .map(|(r, m)| {
+                m.as_ref()
+                    .map(|m| slice(m, &format!("custom_masks[{r}]")))
+                    .transpose()
+            })
             .collect::<PyResult<_>>()?,
         Some(masks) => {
             return Err(value_error(format!(
@@ -268,7 +281,10 @@ fn paged_attention<'py>(
             )))
         }
     };
-    let alibi = alibi_slopes.as_ref().map(|a| slice(a, "alibi_slopes")).transpose()?;
+    let alibi = alibi_slopes
+        .as_ref()
+        .map(|a| slice(a, "alibi_slopes"))
+        .transpose()?;
     let batch = Batch {
         table,
         table_width,
@@ -309,7 +325,10 @@ fn paged_decode_attention<'py>(
         .enumerate()
         .map(|(r, &s)| Ok((r, usize::from(s != 0), count(s, "seq_lens")?)))
         .collect::<PyResult<_>>()?;
-    let alibi = alibi_slopes.as_ref().map(|a| slice(a, "alibi_slopes")).transpose()?;
+    let alibi = alibi_slopes
+        .as_ref()
+        .map(|a| slice(a, "alibi_slopes"))
+        .transpose()?;
     let batch = Batch {
         table,
         table_width,

@@ -35,7 +35,10 @@ const LANES: usize = 16;
 /// Key positions per tile.
 const TILE: usize = 16;
 /// Query tokens per work item of a prefill chunk (items of one request run in parallel).
-const TOKENS_PER_ITEM: usize = 16;
+const TOKENS_PER_ITEM: usize = 32;
+/// Rough cost, in per-element stores, of the sum across lanes that ends a row-major dot
+/// product: key tiles are transposed when rows * this >= head_size (see `KeyTile`).
+const LANE_SUM_COST: usize = 32;
 /// The reference's floor on a softmax denominator (a row with no visible key gets 0).
 const MIN_SUM: f64 = 1e-30;
 
@@ -216,7 +219,9 @@ pub fn attention<E: Elem, C: Compute>(
         .collect();
     let results: Vec<Vec<C>> = items
         .par_iter()
-        .map(|(r, g, tokens)| attend_item(cache, queries, &requests[*r], *g, tokens.clone(), scoring))
+        .map(|(r, g, tokens)| {
+            attend_item(cache, queries, &requests[*r], *g, tokens.clone(), scoring)
+        })
         .collect();
     let mut out = vec![C::ZERO; queries.num_tokens * heads * d];
     for ((r, g, tokens), rows) in items.iter().zip(&results) {
@@ -304,7 +309,12 @@ fn attend_item_imp<E: Elem, C: Compute>(
     let first_key = scoring.first_visible(position(tokens.start));
     let last_key = position(tokens.end - 1);
 
-    let mut keys = vec![C::ZERO; TILE * dp];
+    let mut keys = KeyTile {
+        data: vec![C::ZERO; TILE * dp],
+        transposed: rows * LANE_SUM_COST >= d,
+        dp,
+        row: vec![C::ZERO; d],
+    };
     let mut values = vec![C::ZERO; TILE * dp];
     let mut max = vec![C::NEG_INF; rows];
     let mut sum = vec![C::ZERO; rows];
@@ -312,7 +322,16 @@ fn attend_item_imp<E: Elem, C: Compute>(
     let mut j0 = first_key;
     while j0 <= last_key {
         let n = (last_key - j0 + 1).min(TILE as i64) as usize;
-        load_tile(cache, req.blocks, kv_head, j0 as usize, n, dp, &mut keys, &mut values);
+        load_tile(
+            cache,
+            req.blocks,
+            kv_head,
+            j0 as usize,
+            n,
+            dp,
+            &mut keys,
+            &mut values,
+        );
         for (ti, i) in tokens.clone().enumerate() {
             let p = position(i);
             let lo = scoring.first_visible(p).max(j0);
@@ -323,15 +342,17 @@ fn attend_item_imp<E: Elem, C: Compute>(
             let mask = req.mask.map(|m| &m[i * req.seq_len..(i + 1) * req.seq_len]);
             for k in 0..group {
                 let m = ti * group + k;
-                let qm = &q[m * dp..][..dp];
+                let dots = keys.dots(
+                    &q[m * dp..][..dp],
+                    (lo - j0) as usize..(hi - j0 + 1) as usize,
+                );
                 let mut scores = [C::NEG_INF; TILE];
                 for j in lo..=hi {
                     if mask.is_some_and(|mask| !mask[j as usize]) {
                         continue;
                     }
                     let jj = (j - j0) as usize;
-                    let s = dot(qm, &keys[jj * dp..][..dp]);
-                    scores[jj] = scoring.score(s, kv_head * group + k, j - p);
+                    scores[jj] = scoring.score(dots[jj], kv_head * group + k, j - p);
                 }
                 let row = &mut acc[m * dp..][..dp];
                 accumulate(&scores, n, &values, dp, &mut max[m], &mut sum[m], row);
@@ -351,8 +372,66 @@ fn attend_item_imp<E: Elem, C: Compute>(
     out
 }
 
+/// The keys of a tile in `C`, in one of two layouts for the dot products q . k_j.
+///
+/// Row-major (TILE rows of dp): one dot product per key, ending in a sum across
+/// lanes; best when few query rows share the tile (decode). Transposed (dp rows of
+/// TILE: element c of every key side by side): the scores of all TILE keys build up
+/// in one vector, q[c] times row c, without a sum across lanes; the transposition costs
+/// a scattered write per element, repaid when many rows share the tile (prefill) or
+/// the vectors are short (head_size <= rows * LANE_SUM_COST).
+struct KeyTile<C> {
+    data: Vec<C>,
+    transposed: bool,
+    dp: usize,
+    /// One key in `C`, on its way to the transposed layout.
+    row: Vec<C>,
+}
+
+impl<C: Compute> KeyTile<C> {
+    /// Stores key `jj` of the tile (head_size values; the padding stays zero).
+    #[inline(always)]
+    fn set<E: Elem>(&mut self, jj: usize, key: &[E]) {
+        if self.transposed {
+            C::widen(key, &mut self.row);
+            for (c, &x) in self.row.iter().enumerate() {
+                self.data[c * TILE + jj] = x;
+            }
+        } else {
+            C::widen(key, &mut self.data[jj * self.dp..][..key.len()]);
+        }
+    }
+
+    /// q . k_jj for the tile's keys jj in `range` (other lanes: unspecified).
+    #[inline(always)]
+    fn dots(&self, q: &[C], range: Range<usize>) -> [C; TILE] {
+        let mut out = [C::ZERO; TILE];
+        if self.transposed {
+            // four independent sums (c mod 4), so the additions do not wait on each other
+            let mut part = [[C::ZERO; TILE]; 4];
+            for (c4, q4) in q.chunks_exact(4).enumerate() {
+                for (i, &qc) in q4.iter().enumerate() {
+                    let k: &[C; TILE] =
+                        self.data[(4 * c4 + i) * TILE..][..TILE].try_into().unwrap();
+                    for l in 0..TILE {
+                        part[i][l] = part[i][l] + qc * k[l];
+                    }
+                }
+            }
+            for l in 0..TILE {
+                out[l] = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
+            }
+        } else {
+            for jj in range {
+                out[jj] = dot(q, &self.data[jj * self.dp..][..self.dp]);
+            }
+        }
+        out
+    }
+}
+
 /// Keys and values of positions start..start + n of a request (KV head `kv_head`),
-/// converted to `C`, as rows of `dp` (the padding stays zero).
+/// converted to `C`; values as rows of `dp` (the padding stays zero).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn load_tile<E: Elem, C: Compute>(
@@ -362,14 +441,14 @@ fn load_tile<E: Elem, C: Compute>(
     start: usize,
     n: usize,
     dp: usize,
-    keys: &mut [C],
+    keys: &mut KeyTile<C>,
     values: &mut [C],
 ) {
     let (bs, d) = (cache.block_size, cache.head_size);
     let (mut block, mut row) = (start / bs, start % bs);
     for jj in 0..n {
         let at = cache.row(blocks[block] as usize, row, kv_head);
-        C::widen(&cache.keys[at..at + d], &mut keys[jj * dp..][..d]);
+        keys.set(jj, &cache.keys[at..at + d]);
         C::widen(&cache.values[at..at + d], &mut values[jj * dp..][..d]);
         row += 1;
         if row == bs {
@@ -379,24 +458,18 @@ fn load_tile<E: Elem, C: Compute>(
     }
 }
 
-/// q . k over rows padded to a multiple of LANES: LANES partial sums, then a pairwise
-/// reduction.
+/// q . k over rows padded to a multiple of LANES: LANES partial sums, then their sum.
 #[inline(always)]
 fn dot<C: Compute>(q: &[C], k: &[C]) -> C {
     let mut acc = [C::ZERO; LANES];
-    for (a, b) in q.chunks_exact(LANES).zip(k.chunks_exact(LANES)) {
+    for c in (0..q.len()).step_by(LANES) {
+        let a: &[C; LANES] = q[c..c + LANES].try_into().unwrap();
+        let b: &[C; LANES] = k[c..c + LANES].try_into().unwrap();
         for l in 0..LANES {
             acc[l] = acc[l] + a[l] * b[l];
         }
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            acc[l] = acc[l] + acc[l + width];
-        }
-    }
-    acc[0]
+    acc.iter().fold(C::ZERO, |s, &x| s + x)
 }
 
 /// Online softmax step of one row over one tile: `scores` (-inf where not visible) of

@@ -417,7 +417,9 @@ def wrap_float(out: np.ndarray, like: Any, torch_in: bool) -> Any:
     bf16 = out.dtype == np.uint16
     if torch_in:
         torch = torch_module()
-        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16) if bf16 else (
-            torch.from_numpy(out)
+        return (
+            torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+            if bf16
+            else (torch.from_numpy(out))
         )
     return out.view(like.dtype) if bf16 else out

@@ -125,14 +125,12 @@ def _index(x: Any, name: str) -> _np.ndarray:
     return _np.ascontiguousarray(x, dtype=_I64)
 
 
-def _cache(x: Any, name: str) -> _np.ndarray:
-    """A cache as a numpy view of the caller's memory; ValueError if not C-contiguous."""
+def _cache(x: Any, name: str, why: str = "to be read in place (pyagent_accel never copies it)"):
+    """A cache as a numpy view of the caller's memory; ValueError if not C-contiguous
+    (`why`: the reference's words for the write)."""
     arr, _ = _c.float_tensor(x, name)
     if not (arr.flags.c_contiguous and arr.flags.aligned):
-        raise ValueError(
-            f"{name} must be C-contiguous: pyagent_accel reads and writes the cache in "
-            "place and does not copy it"
-        )
+        raise ValueError(f"{name} must be C-contiguous {why}")
     return arr
 
 
@@ -211,15 +209,14 @@ def reshape_and_cache(
                 f"{name} must have shape ({num_tokens}, {heads}, {head_size}), got {tuple(x.shape)}"
             )
     if "int" not in _c.dtype_name(slot_mapping):
-        raise TypeError(
-            f"slot_mapping must be integers, got dtype {_c.dtype_name(slot_mapping)}"
-        )
+        raise TypeError(f"slot_mapping must be integers, got dtype {_c.dtype_name(slot_mapping)}")
     slots = _index(slot_mapping, "slot_mapping").reshape(-1)
     if slots.size and int(slots.max()) >= num_blocks * block_size:
         raise ValueError(
             f"slot_mapping holds {int(slots.max())}, past the {num_blocks * block_size} slots"
         )
-    kc, vc = _cache(key_cache, "key_cache"), _cache(value_cache, "value_cache")
+    written = "to be written in place"
+    kc, vc = _cache(key_cache, "key_cache", written), _cache(value_cache, "value_cache", written)
     _native.reshape_and_cache(_floats(key, "key"), _floats(value, "value"), kc, vc, slots)
 
 
