@@ -12,7 +12,7 @@ and results come back in the query's library without a copy. The attention kerne
 reads the cache in place, never gathering a dense copy of K/V: per (request, KV head)
 the query heads that share the KV head walk the request's blocks together, with an
 online softmax in float32 (float64 for float64 queries), requests x KV heads (x runs of
-16 query tokens of a prefill chunk) in parallel with the GIL released. Results agree
+32 query tokens of a prefill chunk) in parallel with the GIL released. Results agree
 with the reference within the specification's float tolerance (the summation order
 differs).
 
@@ -125,7 +125,9 @@ def _index(x: Any, name: str) -> _np.ndarray:
     return _np.ascontiguousarray(x, dtype=_I64)
 
 
-def _cache(x: Any, name: str, why: str = "to be read in place (pyagent_accel never copies it)"):
+def _cache(
+    x: Any, name: str, why: str = "to be read in place (pyagent_accel never copies it)"
+) -> _np.ndarray:
     """A cache as a numpy view of the caller's memory; ValueError if not C-contiguous
     (`why`: the reference's words for the write)."""
     arr, _ = _c.float_tensor(x, name)
