@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from
 
 from _timing import machine_line, timeit  # noqa: E402
 
+from pyagent_ref.ops import attention as ref_attention  # noqa: E402
 from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
 
@@ -38,6 +39,7 @@ except ImportError:  # torch is optional: the torch column is skipped
 
 try:
     import pyagent_accel._native as accel_native
+    from pyagent_accel.ops import attention as accel_attention
     from pyagent_accel.ops import hashing as accel_hashing
     from pyagent_accel.ops import sampling as accel_sampling
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -158,6 +160,137 @@ def bench_hashing(lengths: list[int], budget: float, min_reps: int) -> list[dict
     return rows
 
 
+# (label, query heads, KV heads, head_size); block size 16 throughout
+ATTENTION_MODELS = (("embedded", 8, 2, 32), ("Qwen3-0.6B", 16, 8, 128))
+BLOCK = 16
+
+
+def paged_cache(lens: list[int], kv_heads: int, head_size: int, rng: np.random.Generator):
+    """float32 (key_cache, value_cache, block_table) holding sequences of `lens` tokens in
+    shuffled blocks (block 0 spare)."""
+    used = [-(-n // BLOCK) for n in lens]
+    ids = rng.permutation(np.arange(1, sum(used) + 1))
+    table = np.zeros((len(lens), max(used)), np.int32)
+    at = 0
+    for r, u in enumerate(used):
+        table[r, :u] = ids[at : at + u]
+        at += u
+    shape = (sum(used) + 1, BLOCK, kv_heads, head_size)
+    kc = rng.standard_normal(shape, dtype=np.float32)
+    vc = rng.standard_normal(shape, dtype=np.float32)
+    return kc, vc, table
+
+
+def attention_cases(heads: int, kv_heads: int, d: int, quick: bool, rng: np.random.Generator):
+    """(row label, op name, float32 numpy args): a prefill chunk's cache write, the chunk's
+    attention after 0 and after `cached` tokens, and a decode batch."""
+    chunk, cached, n_dec, (lo, hi) = (
+        (128, 256, 8, (128, 512))
+        if quick
+        else (
+            512,
+            1024,
+            64,
+            (512, 4096),
+        )
+    )
+    kc, vc, table = paged_cache([chunk + cached], kv_heads, d, rng)
+    q = rng.standard_normal((chunk, heads, d), dtype=np.float32)
+    k = rng.standard_normal((chunk, kv_heads, d), dtype=np.float32)
+    slots = table[0, (cached + np.arange(chunk)) // BLOCK] * BLOCK + np.arange(chunk) % BLOCK
+    qsl = np.array([0, chunk], np.int32)
+    cases = [
+        (f"reshape_and_cache {chunk} tok", "reshape_and_cache", (k, k, kc, vc, slots)),
+        (
+            f"prefill {chunk} after 0",
+            "paged_attention",
+            (q, kc, vc, table, qsl, np.array([chunk], np.int32), d**-0.5),
+        ),
+        (
+            f"prefill {chunk} after {cached}",
+            "paged_attention",
+            (q, kc, vc, table, qsl, np.array([chunk + cached], np.int32), d**-0.5),
+        ),
+    ]
+    lens = rng.integers(lo, hi + 1, n_dec).tolist()
+    kc, vc, table = paged_cache(lens, kv_heads, d, rng)
+    q = rng.standard_normal((n_dec, heads, d), dtype=np.float32)
+    cases.append(
+        (
+            f"decode {n_dec} x {lo}-{hi}",
+            "paged_decode_attention",
+            (q, kc, vc, table, np.array(lens, np.int32), d**-0.5),
+        )
+    )
+    return cases
+
+
+def bench_attention_ops(quick: bool, budget: float, min_reps: int) -> list[dict]:
+    """accel vs the reference on numpy (float32) and on torch CPU, in float32 and bf16."""
+    rows = []
+    header = (
+        f"{'model':<11} {'dtype':<5} {'case':<26} {'ref_numpy ms':>13} {'ref_torch ms':>13} "
+        f"{'accel ms':>10} {'np/accel':>9} {'torch/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(2)
+    for model, heads, kv_heads, d in ATTENTION_MODELS:
+        for label, op, args in attention_cases(heads, kv_heads, d, quick, rng):
+            ref_fn, acc_fn = getattr(ref_attention, op), getattr(accel_attention, op)
+            t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 20)
+            for dtype in ("fp32", "bf16"):
+                targs = to_torch(args) if torch is not None else None
+                if dtype == "bf16":
+                    if torch is None:
+                        continue
+                    targs = tuple(
+                        a.to(torch.bfloat16)
+                        if isinstance(a, torch.Tensor) and a.is_floating_point()
+                        else a
+                        for a in targs
+                    )
+                acc_args = args if dtype == "fp32" else targs
+                if op != "reshape_and_cache":  # the same result first
+                    want = np.asarray(ref_fn(*args), np.float32)
+                    got = acc_fn(*acc_args)
+                    got = (
+                        got.float().numpy()
+                        if torch is not None and isinstance(got, torch.Tensor)
+                        else np.asarray(got)
+                    )
+                    tol = 1e-4 if dtype == "fp32" else 5e-2
+                    assert np.allclose(got, want, atol=tol, rtol=tol), (model, label, dtype)
+                t_torch = None
+                if targs is not None:
+                    t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 20)
+                t_acc = timeit(functools.partial(acc_fn, *acc_args), budget, min_reps, 200)
+                rows.append(
+                    dict(
+                        op=op,
+                        model=model,
+                        dtype=dtype,
+                        case=label,
+                        np=t_np,
+                        torch=t_torch,
+                        accel=t_acc,
+                    )
+                )
+                print(
+                    f"{model:<11} {dtype:<5} {label:<26} {fmt_ms(t_np):>13} "
+                    f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
+                    f"{fmt_ratio(t_torch, t_acc):>11}",
+                    flush=True,
+                )
+    print("\ntargets: accel >= ref torch on every row, >= 10x ref numpy (float32) on decode")
+    for r in rows:
+        ok_t = r["torch"] is None or r["torch"] >= r["accel"]
+        ok_np = r["op"] != "paged_decode_attention" or r["np"] / r["accel"] >= 10
+        if not (ok_t and ok_np):
+            print(f"  NOT met: {r['model']} {r['dtype']} {r['case']}")
+    return rows
+
+
 TARGET_OPS = ("apply_top_k", "apply_top_p", "apply_min_p", "apply_penalties", "sample")
 
 
@@ -196,6 +329,8 @@ def main() -> None:
     print()
     hrows = bench_hashing(lengths, budget, min_reps)
     summary(srows, hrows)
+    print()
+    bench_attention_ops(args.quick, budget, min_reps)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from .core import Ctx, Spec, reference
 
-spec = Spec("native", ("_native", "sampling", "hashing", "block_table"))
+spec = Spec("native", ("_native", "sampling", "hashing", "block_table", "attention"))
 SPEC = spec
 
 
@@ -59,6 +59,30 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
             4,
         ),
         "block_table.compute_logits_indices": lambda: (np.array([0, 3, 4]),),
+        "attention.reshape_and_cache": lambda: (
+            np.ones((2, 2, 4), np.float32),
+            np.zeros((2, 2, 4), np.float32),
+            np.zeros((3, 2, 2, 4), np.float32),
+            np.zeros((3, 2, 2, 4), np.float32),
+            np.array([5, -1]),
+        ),
+        "attention.paged_attention": lambda: (
+            np.ones((3, 4, 8), np.float32),
+            np.ones((3, 2, 2, 8), np.float32),
+            np.ones((3, 2, 2, 8), np.float32),
+            np.array([[2, 0], [1, 1]]),
+            np.array([0, 2, 3]),
+            np.array([3, 1]),
+            8**-0.5,
+        ),
+        "attention.paged_decode_attention": lambda: (
+            np.ones((2, 4, 8), np.float32),
+            np.ones((3, 2, 2, 8), np.float32),
+            np.ones((3, 2, 2, 8), np.float32),
+            np.array([[2, 0], [1, 1]]),
+            np.array([3, 0]),
+            8**-0.5,
+        ),
     }
 
 
@@ -190,7 +214,7 @@ def _add_module_checks(module: str) -> None:
     spec.add(module, runs_no_reference_code)
 
 
-for _module in ("sampling", "hashing", "block_table"):
+for _module in ("sampling", "hashing", "block_table", "attention"):
     _add_module_checks(_module)
 
 

@@ -11,6 +11,7 @@
 
 use pyo3::prelude::*;
 
+pub mod attention;
 pub mod block_table;
 pub mod bpe;
 pub mod float;
@@ -25,6 +26,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     hashing::register(m)?;
     block_table::register(m)?;
     bpe::register(m)?;
+    attention::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())
 }

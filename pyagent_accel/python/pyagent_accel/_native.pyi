@@ -54,6 +54,37 @@ def compute_slot_mapping(
     block_table: np.ndarray, query_start_loc: np.ndarray, positions: np.ndarray, block_size: int
 ) -> np.ndarray: ...
 def compute_logits_indices(query_start_loc: np.ndarray) -> np.ndarray: ...
+def reshape_and_cache(
+    key: np.ndarray,
+    value: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+) -> None: ...
+def paged_attention(
+    query: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_table: np.ndarray,
+    query_start_loc: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    custom_masks: list[np.ndarray | None] | None = None,
+) -> np.ndarray: ...
+def paged_decode_attention(
+    query: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_table: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+) -> np.ndarray: ...
 
 class AddedTokenSplitter:
     def __init__(self, passes: list[list[tuple[str, int]]], disallowed: list[str]) -> None: ...

@@ -6,8 +6,8 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import block_table, hashing, sampling
+from . import attention, block_table, hashing, sampling
 
-MODULES = ("sampling", "hashing", "block_table")
+MODULES = ("sampling", "hashing", "block_table", "attention")
 
-__all__ = ["MODULES", "block_table", "hashing", "sampling"]
+__all__ = ["MODULES", "attention", "block_table", "hashing", "sampling"]

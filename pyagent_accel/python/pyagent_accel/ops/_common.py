@@ -378,3 +378,48 @@ def op(module: str, native: Any, *steps: Step, main: Main = LOGITS) -> Callable[
     call.__signature__ = signature  # type: ignore[attr-defined]
     call.__doc__ = f"{native.__doc__}\n\nContract: `{contract}.{name}` (its docstring)."
     return call
+
+
+# --- float arrays of any float dtype (attention) -----------------------------------------
+
+FLOAT_KINDS = ("float32", "float64", "float16", "bfloat16")
+
+
+def float_tensor(x: Any, name: str) -> tuple[np.ndarray, bool]:
+    """(zero-copy numpy view of a float array or CPU tensor, input was torch).
+
+    float32, float64 and float16 are passed as they are; bfloat16 (a torch tensor, or a
+    numpy array with an ml_dtypes bfloat16 dtype) as its uint16 bits, which is how Rust
+    receives it. TypeError for another library or dtype, or a tensor off the CPU. The
+    layout is kept: the caller decides what it accepts.
+    """
+    if isinstance(x, np.ndarray):
+        torch_in = False
+    elif is_torch(x):
+        check_cpu(x, name)
+        torch_in = True
+    elif isinstance(x, np.generic):
+        x, torch_in = np.asarray(x), False
+    else:
+        raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
+    kind = dtype_name(x)
+    if kind not in FLOAT_KINDS:
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got dtype {kind}")
+    if kind == "bfloat16":
+        bits = x.detach().view(torch_module().int16).numpy() if torch_in else x
+        return bits.view(np.uint16), torch_in
+    return (tensor_to_numpy(x) if torch_in else x), torch_in
+
+
+def wrap_float(out: np.ndarray, like: Any, torch_in: bool) -> Any:
+    """A float result from Rust in the library and dtype of `like` (zero-copy); a
+    bfloat16 result arrives as uint16 bits."""
+    bf16 = out.dtype == np.uint16
+    if torch_in:
+        torch = torch_module()
+        return (
+            torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
+            if bf16
+            else (torch.from_numpy(out))
+        )
+    return out.view(like.dtype) if bf16 else out

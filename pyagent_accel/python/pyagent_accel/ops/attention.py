@@ -1,0 +1,338 @@
+"""Paged attention in Rust: drop-in replacements for `pyagent_ref.ops.attention`.
+
+Same functions, signatures, results and exceptions as the reference, whose docstrings
+are the contract: `reshape_and_cache` writes new keys and values into the paged cache
+in place, `paged_attention` attends a ragged batch (prefill chunks and decodes mixed)
+over it, `paged_decode_attention` one query token per request.
+
+Inputs are numpy arrays or torch CPU tensors. Queries, keys, values and caches are
+float32, float64, float16 or bfloat16 (half types are computed in float32, stored in
+their own type); torch tensors, bfloat16 included, reach Rust as zero-copy numpy views,
+and results come back in the query's library without a copy. The attention kernel
+reads the cache in place, never gathering a dense copy of K/V: per (request, KV head)
+the query heads that share the KV head walk the request's blocks together, with an
+online softmax in float32 (float64 for float64 queries), requests x KV heads (x runs of
+32 query tokens of a prefill chunk) in parallel with the GIL released. Results agree
+with the reference within the specification's float tolerance (the summation order
+differs).
+
+The wrappers make the reference's checks in its order, with its exception classes and
+messages; Rust checks again what its kernels rely on. Differences from the reference:
+- a torch tensor on another device (CUDA, meta) raises TypeError;
+- the caches must be C-contiguous for the attention ops too (ValueError naming the
+  cache: they are read in place, never copied), and the two caches of one call must
+  share a dtype (TypeError);
+- keys, values and queries must be float arrays (TypeError; the reference casts any
+  dtype);
+- where the reference fails with an incidental error of its array library, a clear
+  ValueError names the argument: a used block_table entry that is not a block of the
+  cache, a decreasing query_start_loc, query_start_loc past the query tokens, and
+  alibi_slopes not of num_heads entries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as _np
+
+from .. import _native
+from . import _common as _c
+
+__all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention"]
+
+_I64 = _np.dtype(_np.int64)
+
+
+# --- the reference's checks ----------------------------------------------------------
+
+
+def _library(x: Any, name: str) -> bool:
+    """`namespace` of the reference for the libraries accel supports; True for torch."""
+    if isinstance(x, _np.ndarray):
+        return False
+    if _c.is_torch(x):
+        _c.check_cpu(x, name)
+        return True
+    raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
+
+
+def _check_cache(x: Any, name: str) -> None:
+    if x.ndim != 4:
+        raise ValueError(
+            f"{name} must have shape (num_blocks, block_size, num_kv_heads, head_size), "
+            f"got {tuple(x.shape)}"
+        )
+
+
+def _check_query(query: Any, key_cache: Any) -> bool:
+    """The reference's `_check_query`; returns whether query is a torch tensor."""
+    torch_in = _library(query, "query")
+    _check_cache(key_cache, "key_cache")
+    kind = _c.dtype_name(query)
+    if "float" not in kind:
+        raise TypeError(f"query must be a float array, got dtype {kind}")
+    _, num_heads, head_size = query.shape
+    num_kv_heads, kv_head_size = key_cache.shape[2:]
+    if kv_head_size != head_size or num_heads % num_kv_heads:
+        raise ValueError(
+            f"query heads ({num_heads} x {head_size}) must be a multiple of the cache's "
+            f"KV heads ({num_kv_heads} x {kv_head_size})"
+        )
+    return torch_in
+
+
+def _check_masks(custom_masks: Sequence[Any | None], qsl: list[int], lens: list[int]) -> None:
+    if len(custom_masks) != len(lens):
+        raise ValueError(
+            f"custom_masks must hold one entry per request ({len(lens)}), got {len(custom_masks)}"
+        )
+    for r, mask in enumerate(custom_masks):
+        if mask is None:
+            continue
+        if _c.dtype_name(mask) != "bool":
+            raise TypeError(
+                f"custom_masks[{r}] must be a boolean array, got dtype {_c.dtype_name(mask)}"
+            )
+        want = (qsl[r + 1] - qsl[r], lens[r])
+        if tuple(mask.shape) != want:
+            raise ValueError(
+                f"custom_masks[{r}] must have shape (q_len, seq_len) = {want}, "
+                f"got {tuple(mask.shape)}"
+            )
+
+
+# --- conversions for Rust ----------------------------------------------------------
+
+
+def _ints(x: Any, name: str) -> list[int]:
+    """`[int(v) for v in x]` as the reference reads query_start_loc and seq_lens."""
+    if _c.is_torch(x):
+        _c.check_cpu(x, name)
+    if getattr(x, "ndim", None) == 1 and "int" in _c.dtype_name(x):
+        return x.tolist()  # the same ints, without a Python loop
+    return [int(v) for v in x]
+
+
+def _index(x: Any, name: str) -> _np.ndarray:
+    """A small index array as C-contiguous int64 numpy (converted, like the reference's
+    `astype(int64)`)."""
+    if _c.is_torch(x):
+        _c.check_cpu(x, name)
+        x = x.detach().numpy()
+    return _np.ascontiguousarray(x, dtype=_I64)
+
+
+def _cache(
+    x: Any, name: str, why: str = "to be read in place (pyagent_accel never copies it)"
+) -> _np.ndarray:
+    """A cache as a numpy view of the caller's memory; ValueError if not C-contiguous
+    (`why`: the reference's words for the write)."""
+    arr, _ = _c.float_tensor(x, name)
+    if not (arr.flags.c_contiguous and arr.flags.aligned):
+        raise ValueError(f"{name} must be C-contiguous {why}")
+    return arr
+
+
+def _floats(x: Any, name: str) -> _np.ndarray:
+    """Keys, values or queries: any layout (Rust reads strided views)."""
+    arr, _ = _c.float_tensor(x, name)
+    return arr if arr.flags.aligned else _np.array(arr, copy=True)
+
+
+def _window(sliding_window: Any) -> int | None:
+    """The window as Rust takes it: an int64 count of positions, None for no limit.
+
+    The reference compares integer positions with `j > p - sliding_window`, so a
+    fractional window acts as its ceiling, +inf as no window, and NaN or -inf hides
+    every key.
+    """
+    if sliding_window is None:
+        return None
+    if not isinstance(sliding_window, (int, float, _np.integer, _np.floating)):
+        raise TypeError(f"sliding_window must be an int or None, got {sliding_window!r}")
+    w = float(sliding_window) if isinstance(sliding_window, (float, _np.floating)) else None
+    if w is not None:
+        if math.isnan(w) or w == -math.inf:
+            return 0
+        if w == math.inf:
+            return None
+        sliding_window = math.ceil(w)
+    return None if sliding_window > 2**62 else max(int(sliding_window), -(2**62))
+
+
+def _slopes(alibi_slopes: Any, num_heads: int) -> _np.ndarray | None:
+    if alibi_slopes is None:
+        return None
+    if _c.is_torch(alibi_slopes):
+        _c.check_cpu(alibi_slopes, "alibi_slopes")
+        alibi_slopes = alibi_slopes.detach().to(_c.torch_module().float64).numpy()
+    slopes = _np.ascontiguousarray(alibi_slopes, dtype=_np.float64).reshape(-1)
+    if slopes.shape[0] != num_heads:
+        raise ValueError(
+            f"alibi_slopes must have shape ({num_heads},), got {tuple(_np.shape(alibi_slopes))}"
+        )
+    return slopes
+
+
+def _mask(mask: Any, r: int) -> _np.ndarray | None:
+    if mask is None:
+        return None
+    if _c.is_torch(mask):
+        _c.check_cpu(mask, f"custom_masks[{r}]")
+        mask = mask.detach().numpy()
+    return _np.ascontiguousarray(mask, dtype=bool)
+
+
+# --- the ops ----------------------------------------------------------------------
+
+
+def reshape_and_cache(
+    key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any
+) -> None:
+    """Write each token's key and value into its cache slot, in place (padding slots,
+    < 0, are skipped).
+
+    Contract: `pyagent_ref.ops.attention.reshape_and_cache`.
+    """
+    _library(key_cache, "key_cache")
+    _check_cache(key_cache, "key_cache")
+    if tuple(value_cache.shape) != tuple(key_cache.shape):
+        raise ValueError(
+            f"value_cache must have shape {tuple(key_cache.shape)}, got {tuple(value_cache.shape)}"
+        )
+    num_blocks, block_size, heads, head_size = key_cache.shape
+    num_tokens = slot_mapping.shape[0]
+    for name, x in (("key", key), ("value", value)):
+        if tuple(x.shape[1:]) != (heads, head_size) or x.shape[0] != num_tokens:
+            raise ValueError(
+                f"{name} must have shape ({num_tokens}, {heads}, {head_size}), got {tuple(x.shape)}"
+            )
+    if "int" not in _c.dtype_name(slot_mapping):
+        raise TypeError(f"slot_mapping must be integers, got dtype {_c.dtype_name(slot_mapping)}")
+    slots = _index(slot_mapping, "slot_mapping").reshape(-1)
+    if slots.size and int(slots.max()) >= num_blocks * block_size:
+        raise ValueError(
+            f"slot_mapping holds {int(slots.max())}, past the {num_blocks * block_size} slots"
+        )
+    written = "to be written in place"
+    kc, vc = _cache(key_cache, "key_cache", written), _cache(value_cache, "value_cache", written)
+    _native.reshape_and_cache(_floats(key, "key"), _floats(value, "value"), kc, vc, slots)
+
+
+def paged_attention(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_table: Any,
+    query_start_loc: Any,
+    seq_lens: Any,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    alibi_slopes: Any = None,
+    custom_masks: Sequence[Any | None] | None = None,
+) -> Any:
+    """Causal multi-head attention of a flattened batch over the paged KV cache.
+
+    Contract: `pyagent_ref.ops.attention.paged_attention`.
+    """
+    torch_in = _check_query(query, key_cache)
+    block_size = key_cache.shape[1]
+    qsl = _ints(query_start_loc, "query_start_loc")
+    lens = _ints(seq_lens, "seq_lens")
+    if len(lens) != len(qsl) - 1 or block_table.shape[0] != len(lens):
+        raise ValueError(
+            f"query_start_loc ({len(qsl)}), seq_lens ({len(lens)}) and block_table rows "
+            f"({block_table.shape[0]}) must describe the same requests"
+        )
+    if custom_masks is not None:
+        _check_masks(custom_masks, qsl, lens)
+    attended = decreasing = False
+    for r, seq_len in enumerate(lens):
+        q_len = qsl[r + 1] - qsl[r]
+        if q_len == 0:
+            continue
+        if seq_len < q_len or -(-seq_len // block_size) > block_table.shape[1]:
+            raise ValueError(
+                f"request {r}: seq_len {seq_len} must cover its {q_len} query tokens and fit "
+                f"{block_table.shape[1]} blocks of {block_size}"
+            )
+        attended, decreasing = True, decreasing or q_len < 0
+    if decreasing:
+        step = next(r for r in range(len(lens)) if qsl[r + 1] < qsl[r])
+        raise ValueError(
+            f"query_start_loc must be non-decreasing, got {qsl[step]} then {qsl[step + 1]}"
+        )
+    if attended and (min(qsl) < 0 or max(qsl) > query.shape[0]):
+        raise ValueError(
+            f"query_start_loc must lie in [0, {query.shape[0]}] (the query tokens), "
+            f"got {min(qsl) if min(qsl) < 0 else max(qsl)}"
+        )
+    slopes = _slopes(alibi_slopes, query.shape[1]) if attended else None
+    masks = None if custom_masks is None else [_mask(m, r) for r, m in enumerate(custom_masks)]
+    out = _native.paged_attention(
+        _floats(query, "query"),
+        _cache(key_cache, "key_cache"),
+        _cache(value_cache, "value_cache"),
+        _index(block_table, "block_table"),
+        _np.array(qsl, dtype=_I64),
+        _np.array(lens, dtype=_I64),
+        float(scale),
+        _window(sliding_window),
+        None if soft_cap is None else float(soft_cap),
+        slopes,
+        masks,
+    )
+    return _c.wrap_float(out, query, torch_in)
+
+
+def paged_decode_attention(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_table: Any,
+    seq_lens: Any,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    alibi_slopes: Any = None,
+) -> Any:
+    """`paged_attention` for one query token per request (seq_lens[r] == 0: zeros).
+
+    Contract: `pyagent_ref.ops.attention.paged_decode_attention`.
+    """
+    torch_in = _check_query(query, key_cache)
+    for name, x in (("block_table", block_table), ("seq_lens", seq_lens)):
+        if "int" not in _c.dtype_name(x):
+            raise TypeError(f"{name} must be integers, got dtype {_c.dtype_name(x)}")
+    num_reqs, block_size = query.shape[0], key_cache.shape[1]
+    one_row_each = block_table.ndim == 2 and block_table.shape[0] == num_reqs
+    if tuple(seq_lens.shape) != (num_reqs,) or not one_row_each:
+        raise ValueError(
+            f"seq_lens {tuple(seq_lens.shape)} and block_table {tuple(block_table.shape)} "
+            f"must have one row per query token ({num_reqs})"
+        )
+    capacity = block_table.shape[1] * block_size
+    lens = _index(seq_lens, "seq_lens")
+    bad = _np.flatnonzero((lens < 0) | (lens > capacity))
+    if bad.size:
+        r = int(bad[0])
+        raise ValueError(
+            f"seq_lens[{r}] = {int(lens[r])} must be in [0, {capacity}] "
+            f"({block_table.shape[1]} blocks of {block_size})"
+        )
+    out = _native.paged_decode_attention(
+        _floats(query, "query"),
+        _cache(key_cache, "key_cache"),
+        _cache(value_cache, "value_cache"),
+        _index(block_table, "block_table"),
+        lens,
+        float(scale),
+        _window(sliding_window),
+        None if soft_cap is None else float(soft_cap),
+        _slopes(alibi_slopes, query.shape[1]),
+    )
+    return _c.wrap_float(out, query, torch_in)

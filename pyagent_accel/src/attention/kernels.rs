@@ -1,0 +1,548 @@
+//! The attention kernels (contract: `pyagent_ref.ops.attention`), on validated input.
+//!
+//! Layout: a cache is C-contiguous (num_blocks, block_size, num_kv_heads, head_size),
+//! so position j of a request lives in block `blocks[j / block_size]`, row
+//! `j % block_size`. Query token i of a request with q_len tokens and seq_len positions
+//! sits at position `seq_len - q_len + i` and sees the keys j with
+//! `max(0, p - window + 1) <= j <= p` (and `mask[i][j]` when the request has a mask).
+//!
+//! `attention` reads the cache in place (no gathered copy of K/V). One work item is a
+//! (request, KV head, run of query tokens): the `group = num_heads / num_kv_heads`
+//! query heads that share the KV head are its rows, so every key and value row is
+//! loaded once per item and used by all of them (GQA; MQA with one KV head). An item
+//! walks its keys in tiles of `TILE` positions through the block table and keeps an
+//! online softmax per row: running max, running sum of exp(score - max), and the
+//! running weighted sum of values, rescaled when the max grows. Scores and softmax are
+//! computed in `C` (f32, or f64 for f64 queries) as the reference does; rows that see
+//! no key get zeros.
+//!
+//! Items run in parallel (rayon). Vectors are padded to a multiple of `LANES` so the
+//! dot products and weighted sums are fixed-width lane loops that the compiler
+//! vectorises; `attend_item` compiles them for AVX-512, AVX2 and baseline x86-64 and
+//! picks one at run time. As in `crate::float`, no build contracts `a * b + c` into
+//! an FMA, so every build gives the same bits.
+
+use std::any::TypeId;
+use std::ops::Range;
+
+use numpy::ndarray::ArrayView3;
+use rayon::prelude::*;
+
+use super::elem::{Compute, Elem};
+
+/// Width of the vectorised loops (one AVX-512 vector of f32).
+const LANES: usize = 16;
+/// Key positions per tile.
+const TILE: usize = 16;
+/// Query tokens per work item of a prefill chunk (items of one request run in parallel).
+const TOKENS_PER_ITEM: usize = 32;
+/// Rough cost, in per-element stores, of the sum across lanes that ends a row-major dot
+/// product: key tiles are transposed when rows * this >= head_size (see `KeyTile`).
+const LANE_SUM_COST: usize = 32;
+/// The reference's floor on a softmax denominator (a row with no visible key gets 0).
+const MIN_SUM: f64 = 1e-30;
+
+/// One layer's paged KV cache, read in place.
+pub struct Cache<'a, E> {
+    /// (num_blocks, block_size, num_kv_heads, head_size), C order.
+    pub keys: &'a [E],
+    /// Same shape as `keys`.
+    pub values: &'a [E],
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_size: usize,
+}
+
+impl<E> Cache<'_, E> {
+    /// Index of the first element of (block, row, kv_head).
+    #[inline(always)]
+    fn row(&self, block: usize, row: usize, kv_head: usize) -> usize {
+        ((block * self.block_size + row) * self.num_kv_heads + kv_head) * self.head_size
+    }
+}
+
+/// One request of the flattened batch.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// Its query tokens are first_token..first_token + q_len of the query array.
+    pub first_token: usize,
+    pub q_len: usize,
+    /// Positions in its sequence, counting its query tokens.
+    pub seq_len: usize,
+    /// Its row of the block table (entries past its last block are never read).
+    pub blocks: &'a [i64],
+    /// Row-major (q_len, seq_len) visibility, AND-ed with the causal mask.
+    pub mask: Option<&'a [bool]>,
+}
+
+/// How a score is computed from q . k (see `paged_attention`'s contract).
+pub struct Scoring<C> {
+    pub scale: C,
+    /// Attend to at most this many most recent positions (< 1: to none).
+    pub window: Option<i64>,
+    pub soft_cap: Option<C>,
+    /// One slope per query head.
+    pub alibi: Option<Vec<C>>,
+}
+
+impl<C: Compute> Scoring<C> {
+    /// scale * dot, plus the ALiBi bias slope[head] * (j - p), then the soft cap.
+    #[inline(always)]
+    fn score(&self, dot: C, head: usize, distance: i64) -> C {
+        let mut x = dot * self.scale;
+        if let Some(slopes) = &self.alibi {
+            x = x + slopes[head] * C::from_f64(distance as f64);
+        }
+        if let Some(cap) = self.soft_cap {
+            x = cap * (x / cap).tanh_();
+        }
+        x
+    }
+
+    /// The first position a query at position p sees.
+    #[inline(always)]
+    fn first_visible(&self, p: i64) -> i64 {
+        match self.window {
+            Some(w) => p.saturating_sub(w).saturating_add(1).max(0),
+            None => 0,
+        }
+    }
+}
+
+/// Query vectors in the compute type: (num_tokens, num_heads, head_size), C order.
+pub struct Queries<'a, C> {
+    pub data: &'a [C],
+    pub num_tokens: usize,
+    pub num_heads: usize,
+}
+
+/// Checks everything `attention` relies on (beyond the slices' lengths matching the
+/// shapes given), so that no index goes out of bounds: the error names the argument.
+pub fn check_batch<E, C>(
+    cache: &Cache<'_, E>,
+    queries: &Queries<'_, C>,
+    requests: &[Request<'_>],
+    scoring: &Scoring<C>,
+) -> Result<(), String> {
+    let (bs, kvh, d) = (cache.block_size, cache.num_kv_heads, cache.head_size);
+    let cache_len = cache.num_blocks * bs * kvh * d;
+    if cache.keys.len() != cache_len || cache.values.len() != cache_len {
+        return Err("key_cache and value_cache must have the same shape".into());
+    }
+    if queries.data.len() != queries.num_tokens * queries.num_heads * d {
+        return Err("query must have the cache's head_size".into());
+    }
+    if kvh == 0 || queries.num_heads % kvh != 0 {
+        return Err(format!(
+            "query heads ({}) must be a multiple of the cache's KV heads ({kvh})",
+            queries.num_heads
+        ));
+    }
+    if let Some(slopes) = &scoring.alibi {
+        if slopes.len() != queries.num_heads {
+            return Err(format!(
+                "alibi_slopes must have shape ({},), got ({},)",
+                queries.num_heads,
+                slopes.len()
+            ));
+        }
+    }
+    for (r, req) in requests.iter().enumerate() {
+        if req.q_len == 0 {
+            continue;
+        }
+        if req.first_token + req.q_len > queries.num_tokens {
+            return Err(format!(
+                "request {r}: query tokens {}..{} past the {} query tokens",
+                req.first_token,
+                req.first_token + req.q_len,
+                queries.num_tokens
+            ));
+        }
+        if req.seq_len < req.q_len {
+            return Err(format!(
+                "request {r}: seq_len {} must cover its {} query tokens",
+                req.seq_len, req.q_len
+            ));
+        }
+        if bs == 0 {
+            return Err("key_cache must have a block_size >= 1".into());
+        }
+        let used = req.seq_len.div_ceil(bs);
+        if used > req.blocks.len() {
+            return Err(format!(
+                "request {r}: seq_len {} does not fit {} blocks of {bs}",
+                req.seq_len,
+                req.blocks.len()
+            ));
+        }
+        if let Some(c) = req.blocks[..used]
+            .iter()
+            .position(|&b| b < 0 || b as u64 >= cache.num_blocks as u64)
+        {
+            return Err(format!(
+                "block_table[{r}, {c}] = {} is not a block of the cache ({} blocks)",
+                req.blocks[c], cache.num_blocks
+            ));
+        }
+        if req.mask.is_some_and(|m| m.len() != req.q_len * req.seq_len) {
+            return Err(format!(
+                "custom_masks[{r}] must have shape (q_len, seq_len) = ({}, {})",
+                req.q_len, req.seq_len
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Causal paged attention of a validated batch (`check_batch`): a (num_tokens,
+/// num_heads, head_size) C-order result in `C`; tokens no request owns get zeros.
+pub fn attention<E: Elem, C: Compute>(
+    cache: &Cache<'_, E>,
+    queries: &Queries<'_, C>,
+    requests: &[Request<'_>],
+    scoring: &Scoring<C>,
+) -> Vec<C> {
+    let (heads, d) = (queries.num_heads, cache.head_size);
+    let group = heads / cache.num_kv_heads;
+    let items: Vec<(usize, usize, Range<usize>)> = requests
+        .iter()
+        .enumerate()
+        .flat_map(|(r, req)| {
+            (0..cache.num_kv_heads).flat_map(move |g| {
+                (0..req.q_len)
+                    .step_by(TOKENS_PER_ITEM)
+                    .map(move |i| (r, g, i..(i + TOKENS_PER_ITEM).min(req.q_len)))
+            })
+        })
+        .collect();
+    let results: Vec<Vec<C>> = items
+        .par_iter()
+        .map(|(r, g, tokens)| {
+            attend_item(cache, queries, &requests[*r], *g, tokens.clone(), scoring)
+        })
+        .collect();
+    let mut out = vec![C::ZERO; queries.num_tokens * heads * d];
+    for ((r, g, tokens), rows) in items.iter().zip(&results) {
+        for (ti, i) in tokens.clone().enumerate() {
+            let t = requests[*r].first_token + i;
+            let at = (t * heads + g * group) * d;
+            out[at..at + group * d].copy_from_slice(&rows[ti * group * d..][..group * d]);
+        }
+    }
+    out
+}
+
+/// `attend_item_imp` compiled for AVX-512, AVX2 and baseline x86-64, picked at run time.
+fn attend_item<E: Elem, C: Compute>(
+    cache: &Cache<'_, E>,
+    queries: &Queries<'_, C>,
+    req: &Request<'_>,
+    kv_head: usize,
+    tokens: Range<usize>,
+    scoring: &Scoring<C>,
+) -> Vec<C> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::float::{simd_level, Simd};
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+        unsafe fn v4<E: Elem, C: Compute>(
+            cache: &Cache<'_, E>,
+            queries: &Queries<'_, C>,
+            req: &Request<'_>,
+            kv_head: usize,
+            tokens: Range<usize>,
+            scoring: &Scoring<C>,
+        ) -> Vec<C> {
+            attend_item_imp(cache, queries, req, kv_head, tokens, scoring)
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn v3<E: Elem, C: Compute>(
+            cache: &Cache<'_, E>,
+            queries: &Queries<'_, C>,
+            req: &Request<'_>,
+            kv_head: usize,
+            tokens: Range<usize>,
+            scoring: &Scoring<C>,
+        ) -> Vec<C> {
+            attend_item_imp(cache, queries, req, kv_head, tokens, scoring)
+        }
+        match simd_level() {
+            // SAFETY: the level is only reported when the CPU has the features.
+            Simd::Avx512 => return unsafe { v4(cache, queries, req, kv_head, tokens, scoring) },
+            Simd::Avx2 => return unsafe { v3(cache, queries, req, kv_head, tokens, scoring) },
+            Simd::Baseline => {}
+        }
+    }
+    attend_item_imp(cache, queries, req, kv_head, tokens, scoring)
+}
+
+/// One work item: query tokens `tokens` of `req` (indices within the request), with the
+/// query heads of KV head `kv_head`. Returns their outputs as rows (token, head in
+/// group) of head_size values, normalised.
+#[inline(always)]
+fn attend_item_imp<E: Elem, C: Compute>(
+    cache: &Cache<'_, E>,
+    queries: &Queries<'_, C>,
+    req: &Request<'_>,
+    kv_head: usize,
+    tokens: Range<usize>,
+    scoring: &Scoring<C>,
+) -> Vec<C> {
+    let (heads, d) = (queries.num_heads, cache.head_size);
+    let dp = d.next_multiple_of(LANES);
+    let group = heads / cache.num_kv_heads;
+    let rows = tokens.len() * group;
+
+    // The item's query rows, zero-padded to dp.
+    let mut q = vec![C::ZERO; rows * dp];
+    for (ti, i) in tokens.clone().enumerate() {
+        let t = req.first_token + i;
+        for k in 0..group {
+            let h = kv_head * group + k;
+            let src = &queries.data[(t * heads + h) * d..][..d];
+            q[(ti * group + k) * dp..][..d].copy_from_slice(src);
+        }
+    }
+    let position = |i: usize| (req.seq_len - req.q_len + i) as i64;
+    let first_key = scoring.first_visible(position(tokens.start));
+    let last_key = position(tokens.end - 1);
+
+    let mut keys = KeyTile {
+        data: vec![C::ZERO; TILE * dp],
+        transposed: rows * LANE_SUM_COST >= d,
+        dp,
+        row: vec![C::ZERO; d],
+    };
+    let mut values = vec![C::ZERO; TILE * dp];
+    let mut max = vec![C::NEG_INF; rows];
+    let mut sum = vec![C::ZERO; rows];
+    let mut acc = vec![C::ZERO; rows * dp];
+    let mut j0 = first_key;
+    while j0 <= last_key {
+        let n = (last_key - j0 + 1).min(TILE as i64) as usize;
+        load_tile(
+            cache,
+            req.blocks,
+            kv_head,
+            j0 as usize,
+            n,
+            dp,
+            &mut keys,
+            &mut values,
+        );
+        for (ti, i) in tokens.clone().enumerate() {
+            let p = position(i);
+            let lo = scoring.first_visible(p).max(j0);
+            let hi = p.min(j0 + n as i64 - 1);
+            if lo > hi {
+                continue;
+            }
+            let mask = req.mask.map(|m| &m[i * req.seq_len..(i + 1) * req.seq_len]);
+            for k in 0..group {
+                let m = ti * group + k;
+                let dots = keys.dots(
+                    &q[m * dp..][..dp],
+                    (lo - j0) as usize..(hi - j0 + 1) as usize,
+                );
+                let mut scores = [C::NEG_INF; TILE];
+                for j in lo..=hi {
+                    if mask.is_some_and(|mask| !mask[j as usize]) {
+                        continue;
+                    }
+                    let jj = (j - j0) as usize;
+                    scores[jj] = scoring.score(dots[jj], kv_head * group + k, j - p);
+                }
+                let row = &mut acc[m * dp..][..dp];
+                accumulate(&scores, n, &values, dp, &mut max[m], &mut sum[m], row);
+            }
+        }
+        j0 += TILE as i64;
+    }
+
+    let mut out = vec![C::ZERO; rows * d];
+    let floor = C::from_f64(MIN_SUM);
+    for m in 0..rows {
+        let denominator = if sum[m] > floor { sum[m] } else { floor };
+        for (o, &a) in out[m * d..][..d].iter_mut().zip(&acc[m * dp..][..d]) {
+            *o = a / denominator;
+        }
+    }
+    out
+}
+
+/// The keys of a tile in `C`, in one of two layouts for the dot products q . k_j.
+///
+/// Row-major (TILE rows of dp): one dot product per key, ending in a sum across
+/// lanes; best when few query rows share the tile (decode). Transposed (dp rows of
+/// TILE: element c of every key side by side): the scores of all TILE keys build up
+/// in one vector, q[c] times row c, without a sum across lanes; the transposition costs
+/// a scattered write per element, repaid when many rows share the tile (prefill) or
+/// the vectors are short (head_size <= rows * LANE_SUM_COST).
+struct KeyTile<C> {
+    data: Vec<C>,
+    transposed: bool,
+    dp: usize,
+    /// One key in `C`, on its way to the transposed layout.
+    row: Vec<C>,
+}
+
+impl<C: Compute> KeyTile<C> {
+    /// Stores key `jj` of the tile (head_size values; the padding stays zero).
+    #[inline(always)]
+    fn set<E: Elem>(&mut self, jj: usize, key: &[E]) {
+        if self.transposed {
+            C::widen(key, &mut self.row);
+            for (c, &x) in self.row.iter().enumerate() {
+                self.data[c * TILE + jj] = x;
+            }
+        } else {
+            C::widen(key, &mut self.data[jj * self.dp..][..key.len()]);
+        }
+    }
+
+    /// q . k_jj for the tile's keys jj in `range` (other lanes: unspecified).
+    #[inline(always)]
+    fn dots(&self, q: &[C], range: Range<usize>) -> [C; TILE] {
+        let mut out = [C::ZERO; TILE];
+        if self.transposed {
+            // four independent sums (c mod 4), so the additions do not wait on each other
+            let mut part = [[C::ZERO; TILE]; 4];
+            for (c4, q4) in q.chunks_exact(4).enumerate() {
+                for (i, &qc) in q4.iter().enumerate() {
+                    let k: &[C; TILE] =
+                        self.data[(4 * c4 + i) * TILE..][..TILE].try_into().unwrap();
+                    for l in 0..TILE {
+                        part[i][l] = part[i][l] + qc * k[l];
+                    }
+                }
+            }
+            for l in 0..TILE {
+                out[l] = (part[0][l] + part[1][l]) + (part[2][l] + part[3][l]);
+            }
+        } else {
+            for jj in range {
+                out[jj] = dot(q, &self.data[jj * self.dp..][..self.dp]);
+            }
+        }
+        out
+    }
+}
+
+/// Keys and values of positions start..start + n of a request (KV head `kv_head`),
+/// converted to `C`; values as rows of `dp` (the padding stays zero).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn load_tile<E: Elem, C: Compute>(
+    cache: &Cache<'_, E>,
+    blocks: &[i64],
+    kv_head: usize,
+    start: usize,
+    n: usize,
+    dp: usize,
+    keys: &mut KeyTile<C>,
+    values: &mut [C],
+) {
+    let (bs, d) = (cache.block_size, cache.head_size);
+    let (mut block, mut row) = (start / bs, start % bs);
+    for jj in 0..n {
+        let at = cache.row(blocks[block] as usize, row, kv_head);
+        keys.set(jj, &cache.keys[at..at + d]);
+        C::widen(&cache.values[at..at + d], &mut values[jj * dp..][..d]);
+        row += 1;
+        if row == bs {
+            row = 0;
+            block += 1;
+        }
+    }
+}
+
+/// q . k over rows padded to a multiple of LANES: LANES partial sums, then their sum.
+#[inline(always)]
+fn dot<C: Compute>(q: &[C], k: &[C]) -> C {
+    let mut acc = [C::ZERO; LANES];
+    for c in (0..q.len()).step_by(LANES) {
+        let a: &[C; LANES] = q[c..c + LANES].try_into().unwrap();
+        let b: &[C; LANES] = k[c..c + LANES].try_into().unwrap();
+        for l in 0..LANES {
+            acc[l] = acc[l] + a[l] * b[l];
+        }
+    }
+    acc.iter().fold(C::ZERO, |s, &x| s + x)
+}
+
+/// Online softmax step of one row over one tile: `scores` (-inf where not visible) of
+/// the tile's first `n` positions update the row's running max, sum and weighted sum
+/// of `values` (n rows of dp).
+#[inline(always)]
+fn accumulate<C: Compute>(
+    scores: &[C; TILE],
+    n: usize,
+    values: &[C],
+    dp: usize,
+    max: &mut C,
+    sum: &mut C,
+    acc: &mut [C],
+) {
+    let tile_max = scores
+        .iter()
+        .fold(C::NEG_INF, |a, &b| if b > a { b } else { a });
+    if tile_max == C::NEG_INF {
+        return; // nothing visible in this tile
+    }
+    if tile_max > *max {
+        if *max != C::NEG_INF {
+            let f = (*max - tile_max).exp_fast();
+            *sum = *sum * f;
+            for a in acc.iter_mut() {
+                *a = *a * f;
+            }
+        }
+        *max = tile_max;
+    }
+    let mut w = [C::ZERO; TILE];
+    for jj in 0..TILE {
+        w[jj] = (scores[jj] - *max).exp_fast();
+    }
+    *sum = w.iter().fold(*sum, |s, &x| s + x);
+    for c in (0..dp).step_by(LANES) {
+        let mut a = [C::ZERO; LANES];
+        a.copy_from_slice(&acc[c..c + LANES]);
+        for jj in 0..n {
+            let (wj, v) = (w[jj], &values[jj * dp + c..][..LANES]);
+            for l in 0..LANES {
+                a[l] = a[l] + wj * v[l];
+            }
+        }
+        acc[c..c + LANES].copy_from_slice(&a);
+    }
+}
+
+/// Writes row t of `src` (num_tokens, num_kv_heads, head_size) into slot `slots[t]` of
+/// `cache` (num_slots rows of num_kv_heads * head_size), cast to the cache's type, for
+/// every t with a slot >= 0, in token order (a repeated slot keeps the last token's).
+/// The caller checks that src has the cache's row shape and one token per slot, and
+/// that every slot is < num_slots.
+pub fn write_slots<S: Elem, D: Elem>(src: ArrayView3<'_, S>, cache: &mut [D], slots: &[i64]) {
+    let row_len = src.shape()[1] * src.shape()[2];
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        let dst = &mut cache[slot as usize * row_len..][..row_len];
+        let row = src.index_axis(numpy::ndarray::Axis(0), t);
+        match row.as_slice() {
+            Some(s) if TypeId::of::<S>() == TypeId::of::<D>() => {
+                // SAFETY: S and D are the same type (checked just above).
+                let same = unsafe { std::slice::from_raw_parts(s.as_ptr() as *const D, s.len()) };
+                dst.copy_from_slice(same);
+            }
+            _ => {
+                for (o, &x) in dst.iter_mut().zip(row.iter()) {
+                    *o = D::from_f64(x.to_f64());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The attention kernel against a dense attention written position by position, in
+//! both key-tile layouts, and the checks that keep bad input away from the kernel.
+
+use super::elem::{Bf16, Compute, Elem};
+use super::kernels::{attention, check_batch, write_slots, Cache, Queries, Request, Scoring};
+use numpy::ndarray::Array3;
+
+/// A deterministic value in [-1, 1).
+fn value(i: usize) -> f64 {
+    ((i.wrapping_mul(2_654_435_761) % 2000) as f64) / 1000.0 - 1.0
+}
+
+/// Dense causal attention of one query row in f64 (window, no mask).
+fn dense(
+    q: &[f64],
+    keys: &[Vec<f64>],
+    values: &[Vec<f64>],
+    p: usize,
+    window: Option<i64>,
+) -> Vec<f64> {
+    let lo = window.map_or(0, |w| (p as i64 - w + 1).max(0) as usize);
+    let scores: Vec<f64> = (lo..=p)
+        .map(|j| q.iter().zip(&keys[j]).map(|(a, b)| a * b).sum::<f64>() * 0.5)
+        .collect();
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    (0..q.len())
+        .map(|c| (lo..=p).map(|j| w[j - lo] * values[j][c]).sum::<f64>() / sum)
+        .collect()
+}
+
+/// One request of `q_len` tokens at the end of `seq_len` positions, `group` query heads
+/// per KV head, blocks in reverse order; the kernel's result against `dense`.
+fn check_against_dense(q_len: usize, seq_len: usize, group: usize, d: usize, window: Option<i64>) {
+    let (bs, kvh) = (3, 2);
+    let heads = group * kvh;
+    let nb = seq_len.div_ceil(bs) + 1;
+    let keys: Vec<f64> = (0..nb * bs * kvh * d).map(value).collect();
+    let values: Vec<f64> = (0..nb * bs * kvh * d).map(|i| value(i + 7)).collect();
+    let blocks: Vec<i64> = (0..nb as i64 - 1).rev().collect();
+    let query: Vec<f64> = (0..q_len * heads * d).map(|i| value(i + 13)).collect();
+    let cache = Cache {
+        keys: &keys,
+        values: &values,
+        num_blocks: nb,
+        block_size: bs,
+        num_kv_heads: kvh,
+        head_size: d,
+    };
+    let queries = Queries {
+        data: &query,
+        num_tokens: q_len,
+        num_heads: heads,
+    };
+    let requests = [Request {
+        first_token: 0,
+        q_len,
+        seq_len,
+        blocks: &blocks,
+        mask: None,
+    }];
+    let scoring = Scoring {
+        scale: 0.5,
+        window,
+        soft_cap: None,
+        alibi: None,
+    };
+    check_batch(&cache, &queries, &requests, &scoring).unwrap();
+    let out = attention(&cache, &queries, &requests, &scoring);
+    for g in 0..kvh {
+        let at = |j: usize, src: &[f64]| {
+            let i = cache_index(blocks[j / bs] as usize, j % bs, g, bs, kvh, d);
+            src[i..i + d].to_vec()
+        };
+        let k: Vec<Vec<f64>> = (0..seq_len).map(|j| at(j, &keys)).collect();
+        let v: Vec<Vec<f64>> = (0..seq_len).map(|j| at(j, &values)).collect();
+        for i in 0..q_len {
+            for h in g * group..(g + 1) * group {
+                let row = (i * heads + h) * d;
+                let want = dense(&query[row..row + d], &k, &v, seq_len - q_len + i, window);
+                for c in 0..d {
+                    assert!((out[row + c] - want[c]).abs() < 1e-12, "token {i} head {h}");
+                }
+            }
+        }
+    }
+}
+
+fn cache_index(block: usize, row: usize, g: usize, bs: usize, kvh: usize, d: usize) -> usize {
+    ((block * bs + row) * kvh + g) * d
+}
+
+#[test]
+fn decode_rows_use_row_major_tiles_and_match_dense() {
+    check_against_dense(1, 40, 1, 128, None); // 1 row * 32 < 128: row-major dots
+    check_against_dense(1, 17, 2, 64, Some(5));
+}
+
+#[test]
+fn prefill_rows_use_transposed_tiles_and_match_dense() {
+    check_against_dense(40, 45, 3, 8, None); // two work items of one request
+    check_against_dense(5, 5, 2, 20, Some(2));
+}
+
+#[test]
+fn check_batch_rejects_what_the_kernel_cannot_read() {
+    let data = vec![0.0f32; 2 * 2 * 1 * 4];
+    let cache = Cache {
+        keys: &data,
+        values: &data,
+        num_blocks: 2,
+        block_size: 2,
+        num_kv_heads: 1,
+        head_size: 4,
+    };
+    let query = vec![0.0f32; 2 * 2 * 4];
+    let queries = Queries {
+        data: &query,
+        num_tokens: 2,
+        num_heads: 2,
+    };
+    let scoring = Scoring {
+        scale: 1.0,
+        window: None,
+        soft_cap: None,
+        alibi: None,
+    };
+    let blocks = [0i64, 5];
+    let req = |first_token, q_len, seq_len| Request {
+        first_token,
+        q_len,
+        seq_len,
+        blocks: &blocks,
+        mask: None,
+    };
+    let err = |r: Request<'_>| check_batch(&cache, &queries, &[r], &scoring).unwrap_err();
+    assert!(err(req(0, 1, 3)).contains("block_table[0, 1] = 5"));
+    assert!(err(req(1, 2, 2)).contains("past the 2 query tokens"));
+    assert!(err(req(0, 2, 1)).contains("must cover"));
+    assert!(err(req(0, 1, 5)).contains("does not fit"));
+    assert!(check_batch(&cache, &queries, &[req(0, 1, 2), req(1, 0, 99)], &scoring).is_ok());
+}
+
+#[test]
+fn write_slots_casts_and_skips_padding() {
+    let src = Array3::from_shape_fn((3, 1, 2), |(t, _, c)| t as f32 + c as f32 / 4.0);
+    let mut cache = vec![Bf16::default(); 4 * 2];
+    write_slots(src.view(), &mut cache, &[2, -1, 0]);
+    let got: Vec<f32> = cache.iter().map(|x| x.to_f32()).collect();
+    assert_eq!(got, [2.0, 2.25, 0.0, 0.0, 0.0, 0.25, 0.0, 0.0]);
+    assert_eq!(f32::from_elem(Bf16::from_f32(1.0 / 3.0)), 0.333_984_38);
+}
