@@ -328,6 +328,9 @@ def attention_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
     long_[0] = table.shape[1] * bs + 1
     options: list[tuple[str, dict[str, Any], type]] = [
         ("integer query", {"query": np.zeros(q.shape, np.int64)}, TypeError),
+        ("float query_start_loc", {"query_start_loc": qsl.astype(np.float64)}, TypeError),
+        ("float seq_lens", {"seq_lens": lens.astype(np.float64)}, TypeError),
+        ("float block_table", {"block_table": table.astype(np.float64)}, TypeError),
         ("3-D key_cache", {"key_cache": kc[0]}, ValueError),
         (
             "cache head_size != query head_size",

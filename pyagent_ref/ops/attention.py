@@ -123,6 +123,12 @@ def reshape_and_cache(
         flat[slots] = xp.where(any_real, new, xp.take(flat, slots, axis=0))
 
 
+def _check_integers(**arrays: Any) -> None:
+    for name, x in arrays.items():
+        if "int" not in dtype_name(x):
+            raise TypeError(f"{name} must be integers, got dtype {dtype_name(x)}")
+
+
 def _check_masks(custom_masks: Sequence[Any | None], qsl: list[int], lens: list[int]) -> None:
     """Each request's mask is None or a boolean array (q_len_r, seq_lens[r])."""
     if len(custom_masks) != len(lens):
@@ -204,6 +210,7 @@ def paged_attention(
             mask not of shape (q_len_r, seq_lens[r]).
     """
     xp = _check_query(query, key_cache)
+    _check_integers(block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
     block_size = key_cache.shape[1]
     qsl = [int(v) for v in query_start_loc]
     lens = [int(v) for v in seq_lens]
@@ -298,9 +305,7 @@ def paged_decode_attention(
             seq_len outside [0, max_blocks_per_req * block_size].
     """
     xp = _check_query(query, key_cache)
-    for name, x in (("block_table", block_table), ("seq_lens", seq_lens)):
-        if "int" not in dtype_name(x):
-            raise TypeError(f"{name} must be integers, got dtype {dtype_name(x)}")
+    _check_integers(block_table=block_table, seq_lens=seq_lens)
     num_reqs, block_size = query.shape[0], key_cache.shape[1]
     one_row_each = block_table.ndim == 2 and block_table.shape[0] == num_reqs
     if tuple(seq_lens.shape) != (num_reqs,) or not one_row_each:

@@ -107,6 +107,12 @@ def _check_masks(custom_masks: Sequence[Any | None], qsl: list[int], lens: list[
 # --- conversions for Rust ----------------------------------------------------------
 
 
+def _check_integers(**arrays: Any) -> None:
+    for name, x in arrays.items():
+        if "int" not in _c.dtype_name(x):
+            raise TypeError(f"{name} must be integers, got dtype {_c.dtype_name(x)}")
+
+
 def _ints(x: Any, name: str) -> list[int]:
     """`[int(v) for v in x]` as the reference reads query_start_loc and seq_lens."""
     if _c.is_torch(x):
@@ -240,6 +246,7 @@ def paged_attention(
     Contract: `pyagent_ref.ops.attention.paged_attention`.
     """
     torch_in = _check_query(query, key_cache)
+    _check_integers(block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
     block_size = key_cache.shape[1]
     qsl = _ints(query_start_loc, "query_start_loc")
     lens = _ints(seq_lens, "seq_lens")
@@ -305,9 +312,7 @@ def paged_decode_attention(
     Contract: `pyagent_ref.ops.attention.paged_decode_attention`.
     """
     torch_in = _check_query(query, key_cache)
-    for name, x in (("block_table", block_table), ("seq_lens", seq_lens)):
-        if "int" not in _c.dtype_name(x):
-            raise TypeError(f"{name} must be integers, got dtype {_c.dtype_name(x)}")
+    _check_integers(block_table=block_table, seq_lens=seq_lens)
     num_reqs, block_size = query.shape[0], key_cache.shape[1]
     one_row_each = block_table.ndim == 2 and block_table.shape[0] == num_reqs
     if tuple(seq_lens.shape) != (num_reqs,) or not one_row_each:
