@@ -24,7 +24,7 @@ import pytest
 import pyagent_accel
 import pyagent_ref.ops as ref_ops
 
-MODULES = ["sampling", "hashing", "block_table"]
+MODULES = ["sampling", "hashing", "block_table", "layers", "rope"]
 PACKAGE = Path(pyagent_accel.__file__).parent
 
 

@@ -12,12 +12,21 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from . import block_table, hashing, sampling
+from . import block_table, hashing, layers, rope, sampling
 
-MODULES = ("sampling", "hashing", "block_table")
+MODULES = ("sampling", "hashing", "block_table", "layers", "rope")
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
-__all__ = ["MODULES", "IMPLEMENTATIONS", "block_table", "hashing", "load", "sampling"]
+__all__ = [
+    "MODULES",
+    "IMPLEMENTATIONS",
+    "block_table",
+    "hashing",
+    "layers",
+    "load",
+    "rope",
+    "sampling",
+]
 
 
 def load(name: str = "auto") -> ModuleType:
@@ -25,7 +34,8 @@ def load(name: str = "auto") -> ModuleType:
 
     "ref" is this package; "accel" is `pyagent_accel.ops` and raises ImportError when
     the wheel is not installed; "auto" is accel when it imports, else ref. The result
-    has one attribute per ops module (`.sampling`, `.hashing`, `.block_table`).
+    has one attribute per ops module (`.sampling`, `.hashing`, `.block_table`, `.layers`,
+    `.rope`).
     """
     if name == "ref":
         return importlib.import_module(__name__)

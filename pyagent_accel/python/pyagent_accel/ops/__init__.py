@@ -6,8 +6,8 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import block_table, hashing, sampling
+from . import block_table, hashing, layers, rope, sampling
 
-MODULES = ("sampling", "hashing", "block_table")
+MODULES = ("sampling", "hashing", "block_table", "layers", "rope")
 
-__all__ = ["MODULES", "block_table", "hashing", "sampling"]
+__all__ = ["MODULES", "block_table", "hashing", "layers", "rope", "sampling"]
