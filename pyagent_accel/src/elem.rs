@@ -14,9 +14,7 @@
 
 use half::{bf16, f16};
 use numpy::ndarray::ArrayViewD;
-use numpy::{
-    PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
-};
+use numpy::{PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
@@ -155,7 +153,9 @@ pub fn f32_to_f16_bits(v: f32) -> u16 {
     let sign = bits & 0x8000_0000;
     let a = bits ^ sign;
     let half = 0.5f32;
-    let subnormal = (f32::from_bits(a) + half).to_bits().wrapping_sub(half.to_bits());
+    let subnormal = (f32::from_bits(a) + half)
+        .to_bits()
+        .wrapping_sub(half.to_bits());
     let odd = (a >> 13) & 1;
     let normal = a.wrapping_sub(112 << 23).wrapping_add(0xfff + odd) >> 13;
     let nan = 0x7e00 | ((a >> 13) & 0x3ff);
@@ -227,7 +227,10 @@ pub fn float_array<'py, E: Elem>(
     name: &str,
 ) -> PyResult<PyReadonlyArrayDyn<'py, E::Np>> {
     let array = x.cast::<PyArrayDyn<E::Np>>().map_err(|_| {
-        PyTypeError::new_err(format!("{name} must be a {} array like the others", E::NAME))
+        PyTypeError::new_err(format!(
+            "{name} must be a {} array like the others",
+            E::NAME
+        ))
     })?;
     if !array.is_aligned() {
         return Err(value_error(format!(
@@ -239,15 +242,22 @@ pub fn float_array<'py, E: Elem>(
 
 /// The lanes of `x`'s last axis as slices, in C order: leading axes may have any strides
 /// (views are read in place), the last axis must be contiguous.
-pub fn rows<'a, E: Elem>(x: &'a PyReadonlyArrayDyn<'_, E::Np>, name: &str) -> PyResult<Vec<&'a [E]>> {
+pub fn rows<'a, E: Elem>(
+    x: &'a PyReadonlyArrayDyn<'_, E::Np>,
+    name: &str,
+) -> PyResult<Vec<&'a [E]>> {
     fn push<'a, E: Elem>(view: ArrayViewD<'a, E::Np>, out: &mut Vec<&'a [E]>) -> bool {
         if view.ndim() > 1 {
             return view.into_outer_iter().all(|sub| push(sub, out));
         }
-        view.to_slice().map(|row| out.push(E::from_np(row))).is_some()
+        view.to_slice()
+            .map(|row| out.push(E::from_np(row)))
+            .is_some()
     }
     if x.ndim() == 0 {
-        return Err(value_error(format!("{name} must have at least one axis, got a scalar")));
+        return Err(value_error(format!(
+            "{name} must have at least one axis, got a scalar"
+        )));
     }
     let width = x.shape()[x.ndim() - 1];
     let mut out = Vec::with_capacity(x.len() / width.max(1));
@@ -283,7 +293,10 @@ mod tests {
     fn f16_to_f32_is_exact_for_every_value() {
         for h in 0..=u16::MAX {
             let (got, want) = (f16_bits_to_f32(h), f16::from_bits(h).to_f32());
-            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{h:#x}");
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#x}"
+            );
         }
     }
 
@@ -294,9 +307,12 @@ mod tests {
             let v = f16::from_bits(h).to_f32();
             let next = f16::from_bits(h.wrapping_add(1)).to_f32();
             let mid = ((v as f64 + next as f64) / 2.0) as f32;
-            for x in [v, mid, f32::from_bits(mid.to_bits().wrapping_add(1)),
-                f32::from_bits(mid.to_bits().wrapping_sub(1))]
-            {
+            for x in [
+                v,
+                mid,
+                f32::from_bits(mid.to_bits().wrapping_add(1)),
+                f32::from_bits(mid.to_bits().wrapping_sub(1)),
+            ] {
                 let (got, want) = (f32_to_f16_bits(x), f16::from_f32(x));
                 if want.is_nan() {
                     assert!(f16::from_bits(got).is_nan(), "{x:e}");
@@ -329,7 +345,15 @@ mod tests {
             }
             bits += 997;
         }
-        for x in [0.0f32, -0.0, 1.0, f32::INFINITY, f32::NEG_INFINITY, 3.0e38, -1e-40] {
+        for x in [
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            3.0e38,
+            -1e-40,
+        ] {
             assert_eq!(f32_to_bf16_bits(x), bf16::from_f32(x).to_bits(), "{x:e}");
         }
     }

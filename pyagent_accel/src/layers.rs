@@ -18,12 +18,15 @@ use crate::float::{multiversion, Float};
 use crate::py_util::{detached, value_error};
 use crate::sampling::row_scan::pairwise_sum;
 
-/// Rows are handed to the thread pool in pieces of at least this many elements: less
-/// work than that (~20 us) runs faster on the calling thread.
-const MIN_PARALLEL_ELEMENTS: usize = 1 << 15;
+/// Rows go to the thread pool in pieces of at least this many input elements (some
+/// 40 us of work; silu's exp costs more per element): handing over less work costs
+/// more than it saves, so decode batches run on the calling thread.
+const RMS_NORM_PIECE: usize = 1 << 17;
+const SILU_PIECE: usize = 1 << 16;
 
-fn min_rows(width: usize) -> usize {
-    (MIN_PARALLEL_ELEMENTS / width.max(1)).max(1)
+/// The fewest rows per piece for rows of `width` elements.
+fn min_rows(piece: usize, width: usize) -> usize {
+    (piece / width.max(1)).max(1)
 }
 
 /// One row of `rms_norm`: `out = weight * round(h / sqrt(mean(h * h) + eps))` in the
@@ -122,7 +125,9 @@ fn rms_norm_typed<'py, E: Elem>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let x = float_array::<E>(x, "x")?;
     let weight = float_array::<E>(weight, "weight")?;
-    let residual = residual.map(|r| float_array::<E>(r, "residual")).transpose()?;
+    let residual = residual
+        .map(|r| float_array::<E>(r, "residual"))
+        .transpose()?;
     let x_rows = rows::<E>(&x, "x")?;
     let shape = x.shape().to_vec();
     let hidden = *shape.last().unwrap_or(&0);
@@ -130,13 +135,17 @@ fn rms_norm_typed<'py, E: Elem>(
         [w] if weight.ndim() == 1 && w.len() == hidden => *w,
         _ => {
             let got = weight.shape();
-            return Err(value_error(format!("weight must have shape ({hidden},), got {got:?}")));
+            return Err(value_error(format!(
+                "weight must have shape ({hidden},), got {got:?}"
+            )));
         }
     };
     let res_rows = match &residual {
         Some(r) if r.shape() != shape.as_slice() => {
             let got = r.shape();
-            return Err(value_error(format!("residual must have shape {shape:?}, got {got:?}")));
+            return Err(value_error(format!(
+                "residual must have shape {shape:?}, got {got:?}"
+            )));
         }
         Some(r) => Some(rows::<E>(r, "residual")?),
         None => None,
@@ -144,7 +153,9 @@ fn rms_norm_typed<'py, E: Elem>(
     let eps = E::C::from_f64(eps);
     // SAFETY: every row of both outputs is written below before they reach Python.
     let out = unsafe { new_array::<E>(py, &shape) };
-    let new_res = res_rows.as_ref().map(|_| unsafe { new_array::<E>(py, &shape) });
+    let new_res = res_rows
+        .as_ref()
+        .map(|_| unsafe { new_array::<E>(py, &shape) });
     {
         let mut out_w = out.readwrite();
         let out_data = E::from_np_mut(out_w.as_slice_mut()?);
@@ -160,12 +171,12 @@ fn rms_norm_typed<'py, E: Elem>(
                 match (res_rows.as_ref(), res_data) {
                     (Some(res_rows), Some(res_data)) => chunks
                         .zip(res_rows.par_iter().zip(res_data.par_chunks_mut(hidden)))
-                        .with_min_len(min_rows(hidden))
+                        .with_min_len(min_rows(RMS_NORM_PIECE, hidden))
                         .for_each_init(init, |squares, ((o, x), (r, n))| {
                             rms_norm_row(x, Some((r, n)), w, eps, squares, o)
                         }),
                     _ => chunks
-                        .with_min_len(min_rows(hidden))
+                        .with_min_len(min_rows(RMS_NORM_PIECE, hidden))
                         .for_each_init(init, |squares, (o, x)| {
                             rms_norm_row(x, None, w, eps, squares, o)
                         }),
@@ -219,7 +230,7 @@ fn silu_and_mul_typed<'py, E: Elem>(
                 out_data
                     .par_chunks_mut(d)
                     .zip(x_rows.par_iter())
-                    .with_min_len(min_rows(width))
+                    .with_min_len(min_rows(SILU_PIECE, width))
                     .for_each(|(o, x)| silu_and_mul_row(x, o))
             })?;
         }

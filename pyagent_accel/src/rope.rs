@@ -26,10 +26,21 @@ use crate::py_util::{detached, value_error};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scaling {
     Default,
-    Linear { factor: f64 },
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max: f64 },
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max: f64,
+    },
     /// Interpolation blended into extrapolation between pair indices `low` and `high`.
-    Yarn { factor: f64, low: f64, high: f64 },
+    Yarn {
+        factor: f64,
+        low: f64,
+        high: f64,
+    },
 }
 
 impl Scaling {
@@ -39,10 +50,17 @@ impl Scaling {
             ("default", []) => Ok(Scaling::Default),
             ("linear", &[factor]) => Ok(Scaling::Linear { factor }),
             ("llama3", &[factor, low_freq_factor, high_freq_factor, original_max]) => {
-                Ok(Scaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max })
+                Ok(Scaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max,
+                })
             }
             ("yarn", &[factor, low, high]) => Ok(Scaling::Yarn { factor, low, high }),
-            _ => Err(format!("unknown rope type {rope_type:?} with parameters {params:?}")),
+            _ => Err(format!(
+                "unknown rope type {rope_type:?} with parameters {params:?}"
+            )),
         }
     }
 }
@@ -59,9 +77,18 @@ pub fn inv_freq(rotary_dim: usize, theta: f64, scaling: Scaling) -> Vec<f32> {
             let scaled = match scaling {
                 Scaling::Default => inv,
                 Scaling::Linear { factor } => inv / factor,
-                Scaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_max } => {
+                Scaling::Llama3 {
+                    factor,
+                    low_freq_factor: low,
+                    high_freq_factor: high,
+                    original_max,
+                } => {
                     let wavelen = 2.0 * std::f64::consts::PI / inv;
-                    let scaled = if wavelen > original_max / low { inv / factor } else { inv };
+                    let scaled = if wavelen > original_max / low {
+                        inv / factor
+                    } else {
+                        inv
+                    };
                     let smooth = (original_max / wavelen - low) / (high - low);
                     let medium = wavelen >= original_max / high && wavelen <= original_max / low;
                     if medium {
@@ -86,8 +113,8 @@ pub fn inv_freq(rotary_dim: usize, theta: f64, scaling: Scaling) -> Vec<f32> {
 
 const FRAC_2_PI: f64 = std::f64::consts::FRAC_2_PI;
 const ROUND_MAGIC: f64 = 6755399441055744.0; // 1.5 * 2**52
-// pi/2 = PIO2_1 + PIO2_2 + PIO2_3: the first two have 26 significant bits, so n * PIO2_1
-// and n * PIO2_2 are exact for |n| < 2**27 and the reduction loses nothing below that.
+                                             // pi/2 = PIO2_1 + PIO2_2 + PIO2_3: the first two have 26 significant bits, so n * PIO2_1
+                                             // and n * PIO2_2 are exact for |n| < 2**27 and the reduction loses nothing below that.
 const PIO2_1: f64 = f64::from_bits(0x3ff9_21fb_5800_0000);
 const PIO2_2: f64 = f64::from_bits(0xbe4d_de97_4000_0000);
 const PIO2_3: f64 = f64::from_bits(0x3c91_a626_3314_5c07);
@@ -148,16 +175,32 @@ fn cos_sin_table<E: Elem>(
     sin: &mut [E::C],
 ) {
     let store = |v: f64| E::round(E::C::from_f64(((v as f32) * scale) as f64));
+    // |position * f| <= |position * max f| (f32 products are monotonic): one test per token
+    let max_freq = inv_freq.iter().fold(0.0f32, |m, f| m.max(f.abs()));
+    if !((position * max_freq).abs() < REDUCE_LIMIT) {
+        return cos_sin_table_libm::<E>(position, inv_freq, scale, cos, sin);
+    }
     for ((&f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
         let (sin_a, cos_a) = sin_cos((position * f) as f64);
         (*c, *s) = (store(cos_a), store(sin_a));
     }
+}
+
+/// `cos_sin_table` for angles too large for `sin_cos` (positions past 2**26 / inv_freq),
+/// with libm's full range reduction.
+#[cold]
+#[inline(never)]
+fn cos_sin_table_libm<E: Elem>(
+    position: f32,
+    inv_freq: &[f32],
+    scale: f32,
+    cos: &mut [E::C],
+    sin: &mut [E::C],
+) {
+    let store = |v: f64| E::round(E::C::from_f64(((v as f32) * scale) as f64));
     for ((&f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
-        let angle = position * f;
-        if !(angle.abs() < REDUCE_LIMIT) {
-            let (sin_a, cos_a) = (angle as f64).sin_cos();
-            (*c, *s) = (store(cos_a), store(sin_a));
-        }
+        let (sin_a, cos_a) = ((position * f) as f64).sin_cos();
+        (*c, *s) = (store(cos_a), store(sin_a));
     }
 }
 
@@ -166,7 +209,10 @@ fn cos_sin_table<E: Elem>(
 #[inline(always)]
 fn rotate_pair<E: Elem>(a: E, b: E, c: E::C, s: E::C) -> (E, E) {
     let (a, b) = (a.load(), b.load());
-    (E::store(E::round(a * c) - E::round(b * s)), E::store(E::round(b * c) + E::round(a * s)))
+    (
+        E::store(E::round(a * c) - E::round(b * s)),
+        E::store(E::round(b * c) + E::round(a * s)),
+    )
 }
 
 /// One head: the first 2 * cos.len() features rotated (NeoX pairs i, i + d/2; GPT-J
@@ -223,8 +269,9 @@ multiversion! {
     ) -> () = rope_token_impl;
 }
 
-/// Tokens are handed to the thread pool in pieces of at least this many elements.
-const MIN_PARALLEL_ELEMENTS: usize = 1 << 15;
+/// Tokens go to the thread pool in pieces of at least this many elements (~40 us of
+/// work): handing over less costs more than it saves.
+const ROPE_PIECE: usize = 1 << 17;
 
 /// `x` (num_tokens, heads, head_size) rotated into a new array.
 fn rotate_array<'py, E: Elem>(
@@ -262,7 +309,7 @@ fn rotate_array<'py, E: Elem>(
                 .par_chunks_mut(width)
                 .zip(x_rows.par_chunks(heads))
                 .zip(positions.par_iter())
-                .with_min_len((MIN_PARALLEL_ELEMENTS / width).max(1))
+                .with_min_len((ROPE_PIECE / width).max(1))
                 .for_each_init(
                     || vec![E::C::ZERO; 2 * inv_freq.len()],
                     |table, ((o, token), &p)| {
@@ -274,8 +321,15 @@ fn rotate_array<'py, E: Elem>(
     Ok(out.into_any())
 }
 
-type RotateFn<'py> =
-    fn(Python<'py>, &[i64], &Bound<'py, PyAny>, &str, &[f32], f32, bool) -> PyResult<Bound<'py, PyAny>>;
+type RotateFn<'py> = fn(
+    Python<'py>,
+    &[i64],
+    &Bound<'py, PyAny>,
+    &str,
+    &[f32],
+    f32,
+    bool,
+) -> PyResult<Bound<'py, PyAny>>;
 
 /// `rotate_array` for the dtype of `x`.
 fn rotate_fn<'py>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<RotateFn<'py>> {
@@ -292,9 +346,15 @@ fn positions_vec(positions: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     if let Ok(p) = positions.cast::<PyArray1<i64>>() {
         Ok(p.try_readonly()?.as_array().to_vec())
     } else if let Ok(p) = positions.cast::<PyArray1<i32>>() {
-        Ok(p.try_readonly()?.as_array().iter().map(|&v| v as i64).collect())
+        Ok(p.try_readonly()?
+            .as_array()
+            .iter()
+            .map(|&v| v as i64)
+            .collect())
     } else {
-        Err(PyTypeError::new_err("positions must be a 1-D int32 or int64 numpy array"))
+        Err(PyTypeError::new_err(
+            "positions must be a 1-D int32 or int64 numpy array",
+        ))
     }
 }
 
@@ -341,7 +401,9 @@ fn rope_inv_freq<'py>(
     params: Vec<f64>,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     if rotary_dim < 2 || rotary_dim % 2 != 0 {
-        return Err(value_error(format!("rotary_dim must be even and >= 2, got {rotary_dim}")));
+        return Err(value_error(format!(
+            "rotary_dim must be even and >= 2, got {rotary_dim}"
+        )));
     }
     let scaling = Scaling::new(rope_type, &params).map_err(value_error)?;
     let values = detached(py, || inv_freq(rotary_dim, theta, scaling))?;
@@ -369,9 +431,18 @@ mod tests {
             x += 0.731;
         }
         assert!(worst < 4e-16, "worst error {worst:e}");
-        for x in [0.0, -0.0, 1e-300, std::f64::consts::FRAC_PI_4, std::f64::consts::PI] {
+        for x in [
+            0.0,
+            -0.0,
+            1e-300,
+            std::f64::consts::FRAC_PI_4,
+            std::f64::consts::PI,
+        ] {
             let (s, c) = sin_cos(x);
-            assert!((s - x.sin()).abs() <= 1.2e-16 && (c - x.cos()).abs() <= 1.2e-16, "{x}");
+            assert!(
+                (s - x.sin()).abs() <= 1.2e-16 && (c - x.cos()).abs() <= 1.2e-16,
+                "{x}"
+            );
         }
     }
 
@@ -388,6 +459,22 @@ mod tests {
             }
         }
         assert_eq!(mismatches, 0);
+    }
+
+    #[test]
+    fn huge_angles_use_libm() {
+        let inv = [1.0f32, 0.25];
+        let (mut cos, mut sin) = ([0.0f64; 2], [0.0f64; 2]);
+        for p in [1.0e8f32, -3.0e9, 6.0e7] {
+            cos_sin_table::<f64>(p, &inv, 1.0, &mut cos, &mut sin);
+            for i in 0..2 {
+                let angle = (p * inv[i]) as f64;
+                assert_eq!(
+                    (cos[i], sin[i]),
+                    ((angle.cos() as f32) as f64, (angle.sin() as f32) as f64)
+                );
+            }
+        }
     }
 
     #[test]
@@ -421,7 +508,15 @@ mod tests {
     #[test]
     fn yarn_blends_interpolation_into_extrapolation() {
         let base = inv_freq(16, 10000.0, Scaling::Default);
-        let inv = inv_freq(16, 10000.0, Scaling::Yarn { factor: 4.0, low: 2.0, high: 5.0 });
+        let inv = inv_freq(
+            16,
+            10000.0,
+            Scaling::Yarn {
+                factor: 4.0,
+                low: 2.0,
+                high: 5.0,
+            },
+        );
         assert_eq!(&inv[..3], &base[..3]); // ramp 0: extrapolation
         for i in 5..8 {
             assert!((inv[i] - base[i] / 4.0).abs() <= 1e-7 * base[i]); // ramp 1: interpolation
@@ -444,7 +539,11 @@ mod tests {
             let mut out = vec![0.0; 5];
             let mut table = vec![0.0; 4];
             rope_token(3, &inv, 1.0, is_neox, &[&x], &mut table, &mut out);
-            let (ia, ib) = if is_neox { ([0, 1], [2, 3]) } else { ([0, 2], [1, 3]) };
+            let (ia, ib) = if is_neox {
+                ([0, 1], [2, 3])
+            } else {
+                ([0, 2], [1, 3])
+            };
             for i in 0..2 {
                 let angle = (3.0f32 * inv[i]) as f64;
                 let (c, s) = ((angle.cos() as f32) as f64, (angle.sin() as f32) as f64);
@@ -465,7 +564,10 @@ mod tests {
         rope_token(7, &inv, 1.0, true, &[&x], &mut table, &mut out);
         let r = |v: f32| bf16::from_f32(v).to_f32();
         let angle = 7.0f32 * 0.3;
-        let (c, s) = (r((angle as f64).cos() as f32), r((angle as f64).sin() as f32));
+        let (c, s) = (
+            r((angle as f64).cos() as f32),
+            r((angle as f64).sin() as f32),
+        );
         let (a, b) = (1.5f32, -0.75f32);
         assert_eq!(out[0], bf16::from_f32(r(a * c) - r(b * s)));
         assert_eq!(out[1], bf16::from_f32(r(b * c) + r(a * s)));
