@@ -104,8 +104,12 @@ fn pairwise_sum_impl<T: Float>(a: &[T]) -> T {
         return block_sum(a);
     }
     let half = n / 2 - (n / 2) % 8;
+    let (left, right) = a.split_at(half);
+    if right.len() <= 128 {
+        return block_sum(left) + block_sum(right); // the last level, inline
+    }
     // the recursion goes through the dispatcher: each level runs the AVX2/AVX-512 build
-    pairwise_sum(&a[..half]) + pairwise_sum(&a[half..])
+    pairwise_sum(left) + pairwise_sum(right)
 }
 
 multiversion! {
