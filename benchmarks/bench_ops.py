@@ -1,4 +1,5 @@
-"""Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling and hashing).
+"""Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling, hashing,
+layers, rope and attention).
 
     python benchmarks/bench_ops.py            # full grid (a few minutes)
     python benchmarks/bench_ops.py --quick    # smoke run for CI (seconds)
@@ -8,6 +9,12 @@ reference on numpy arrays, the reference on torch CPU tensors, and pyagent_accel
 numpy arrays; torch CPU input is a zero-copy view of the same memory). It prints the
 median wall time of each and the ratios ref_numpy / accel and ref_torch / accel.
 Hashing compares the reference (pure Python) with accel for token lists and arrays.
+Layers and rope (`bench_layers_rope`) time rms_norm, silu_and_mul and apply_rope at two
+models' shapes, for decode and prefill token counts, in bfloat16 and float32: the
+reference on numpy (float32 only: numpy has no bfloat16) and on torch CPU tensors, and
+accel on the same torch tensors. Attention (`bench_attention_ops`) times
+reshape_and_cache, a prefill chunk and a decode batch over the paged cache at the same
+two models' shapes, the same way.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -21,6 +28,7 @@ import functools
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +38,8 @@ from _timing import machine_line, timeit  # noqa: E402
 
 from pyagent_ref.ops import attention as ref_attention  # noqa: E402
 from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
+from pyagent_ref.ops import layers as ref_layers  # noqa: E402
+from pyagent_ref.ops import rope as ref_rope  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
 
 try:
@@ -41,6 +51,8 @@ try:
     import pyagent_accel._native as accel_native
     from pyagent_accel.ops import attention as accel_attention
     from pyagent_accel.ops import hashing as accel_hashing
+    from pyagent_accel.ops import layers as accel_layers
+    from pyagent_accel.ops import rope as accel_rope
     from pyagent_accel.ops import sampling as accel_sampling
 except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(f"pyagent_accel is not installed ({exc}); build it with: pip install ./pyagent_accel")
@@ -159,6 +171,121 @@ def bench_hashing(lengths: list[int], budget: float, min_reps: int) -> list[dict
             )
     return rows
 
+
+# --- layers and rope ----------------------------------------------------------------------
+
+# name: (hidden, intermediate, query heads, kv heads, head_dim, rope theta)
+LAYER_MODELS = {
+    "embedded": (256, 688, 8, 2, 32, 10000.0),
+    "qwen3-0.6b": (1024, 3072, 16, 8, 128, 1000000.0),
+}
+
+
+def layer_cases(model: str, tokens: int, rng: np.random.Generator) -> list[tuple[str, Any, tuple]]:
+    """(label, op name, float32 numpy args) of the layer ops of one forward step's shapes."""
+    hidden, inter, heads, kv_heads, head_dim, theta = LAYER_MODELS[model]
+    x = rng.normal(0.0, 1.0, (tokens, hidden)).astype(np.float32)
+    res = rng.normal(0.0, 1.0, (tokens, hidden)).astype(np.float32)
+    weight = rng.normal(1.0, 0.1, hidden).astype(np.float32)
+    gate_up = rng.normal(0.0, 2.0, (tokens, 2 * inter)).astype(np.float32)
+    # decode: one token per request at scattered positions; prefill: a chunk of one prompt
+    positions = rng.integers(0, 4096, tokens) if tokens <= 64 else np.arange(tokens) + 1000
+    q = rng.normal(0.0, 1.0, (tokens, heads, head_dim)).astype(np.float32)
+    k = rng.normal(0.0, 1.0, (tokens, kv_heads, head_dim)).astype(np.float32)
+    inv_freq, _ = ref_rope.rope_inv_freq(head_dim, theta)
+    return [
+        ("rms_norm", "rms_norm", (x, weight, 1e-6)),
+        ("rms_norm+residual", "rms_norm", (x, weight, 1e-6, res)),
+        ("silu_and_mul", "silu_and_mul", (gate_up,)),
+        ("apply_rope", "apply_rope", (positions, q, k, inv_freq, 1.0, True)),
+    ]
+
+
+def layer_fn(name: str, accel: bool) -> Any:
+    if name == "apply_rope":
+        return getattr(accel_rope if accel else ref_rope, name)
+    return getattr(accel_layers if accel else ref_layers, name)
+
+
+def bench_layers_rope(
+    models: list[str], token_counts: list[int], budget: float, min_reps: int
+) -> list[dict]:
+    """rms_norm (with and without residual), silu_and_mul and apply_rope: the reference on
+    numpy (float32) and on torch CPU tensors, accel on the same tensors."""
+    rows = []
+    header = (
+        f"{'op':<18} {'model':<11} {'tokens':>6} {'dtype':<8} {'ref_numpy ms':>13} "
+        f"{'ref_torch ms':>13} {'accel ms':>10} {'np/accel':>9} {'torch/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(2)
+    for model in models:
+        for tokens in token_counts:
+            for label, name, args in layer_cases(model, tokens, rng):
+                for dtype in ("bfloat16", "float32"):
+                    ref_fn, acc_fn = layer_fn(name, False), layer_fn(name, True)
+                    targs = layer_args(args, dtype)
+                    # same results first: the benchmark compares implementations of one contract
+                    check_close(acc_fn(*targs), ref_fn(*targs), label)
+                    t_np = None
+                    if dtype == "float32":
+                        t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
+                    t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 50)
+                    t_acc = timeit(functools.partial(acc_fn, *targs), budget, min_reps, 500)
+                    rows.append(
+                        dict(
+                            op=label,
+                            model=model,
+                            tokens=tokens,
+                            dtype=dtype,
+                            np=t_np,
+                            torch=t_torch,
+                            accel=t_acc,
+                        )
+                    )
+                    print(
+                        f"{label:<18} {model:<11} {tokens:>6} {dtype:<8} {fmt_ms(t_np):>13} "
+                        f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} "
+                        f"{fmt_ratio(t_np, t_acc):>9} {fmt_ratio(t_torch, t_acc):>11}",
+                        flush=True,
+                    )
+    return rows
+
+
+def layer_args(args: tuple, dtype: str) -> tuple:
+    """The torch CPU tensors of a layer case: activations and weights in `dtype`,
+    positions int64 and inv_freq float32 as the model keeps them."""
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            t = torch.from_numpy(a)
+            is_inv_freq = a.ndim == 1 and len(args) == 6
+            a = t if not t.is_floating_point() or is_inv_freq else t.to(getattr(torch, dtype))
+        out.append(a)
+    return tuple(out)
+
+
+def check_close(got: Any, want: Any, label: str) -> None:
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, label
+        assert torch.allclose(g.float(), w.float(), rtol=1e-2, atol=1e-2), label
+
+
+def layers_summary(rows: list[dict]) -> None:
+    met = [r for r in rows if r["torch"] >= r["accel"]]
+    print(f"\ntarget: accel >= ref torch CPU on every layers/rope row: {len(met)}/{len(rows)} met")
+    for r in rows:
+        if r not in met:
+            print(
+                f"  NOT met: {r['op']} {r['model']} {r['tokens']} tokens {r['dtype']}: "
+                f"{r['torch'] / r['accel']:.2f}x"
+            )
+
+
+# --- attention ---------------------------------------------------------------------------
 
 # (label, query heads, KV heads, head_size); block size 16 throughout
 ATTENTION_MODELS = (("embedded", 8, 2, 32), ("Qwen3-0.6B", 16, 8, 128))
@@ -321,14 +448,19 @@ def main() -> None:
     print(machine_line(torch, accel_native.SIMD) + "\n")
     if args.quick:
         shapes, lengths, budget, min_reps = [(4, 32000)], [1024, 16384], 0.02, 1
+        layer_tokens = [64]
     else:
         shapes = [(b, v) for v in (32000, 128256) for b in (1, 8, 64)]
         lengths, budget, min_reps = [1024, 32768, 131072], 0.4, 3
+        layer_tokens = [64, 512]
     t0 = time.perf_counter()
     srows = bench_sampling(shapes, budget, min_reps)
     print()
     hrows = bench_hashing(lengths, budget, min_reps)
     summary(srows, hrows)
+    if torch is not None:
+        print()
+        layers_summary(bench_layers_rope(list(LAYER_MODELS), layer_tokens, budget, min_reps))
     print()
     bench_attention_ops(args.quick, budget, min_reps)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from . import contract
 from .core import Ctx, Spec, reference
 
-spec = Spec("native", ("_native", "sampling", "hashing", "block_table", "attention"))
+spec = Spec("native", ("_native", *contract.modules()))
 SPEC = spec
 
 
@@ -59,6 +60,15 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
             4,
         ),
         "block_table.compute_logits_indices": lambda: (np.array([0, 3, 4]),),
+        "layers.rms_norm": lambda: (x[:, :3], np.ones(3), 1e-6, 2 * x[:, :3]),
+        "layers.silu_and_mul": lambda: (x[:, :2],),
+        "rope.rope_inv_freq": lambda: (8, 10000.0, {"rope_type": "yarn", "factor": 4.0}),
+        "rope.apply_rope": lambda: (
+            np.array([0, 7]),
+            np.ones((2, 3, 8), np.float32),
+            np.ones((2, 1, 8), np.float32),
+            np.array([1.0, 0.1], np.float32),
+        ),
         "attention.reshape_and_cache": lambda: (
             np.ones((2, 2, 4), np.float32),
             np.zeros((2, 2, 4), np.float32),
@@ -214,7 +224,7 @@ def _add_module_checks(module: str) -> None:
     spec.add(module, runs_no_reference_code)
 
 
-for _module in ("sampling", "hashing", "block_table", "attention"):
+for _module in contract.modules():
     _add_module_checks(_module)
 
 

@@ -251,19 +251,25 @@ pub fn simd_level() -> Simd {
 }
 
 /// Define `$name`, a copy of the `#[inline(always)]` function `$imp` compiled three
-/// times (baseline x86-64, AVX2, AVX-512) and picked at run time.
+/// times (baseline x86-64, AVX2, AVX-512) and picked at run time. A generic function's
+/// type parameter is bounded by `Float` unless it names its bound (`fn f<E: Elem>`).
 macro_rules! multiversion {
     ($(#[$m:meta])* $vis:vis fn $name:ident<$T:ident>($($a:ident : $t:ty),* $(,)?) -> $r:ty = $imp:ident;) => {
+        $crate::float::multiversion! {
+            $(#[$m])* $vis fn $name<$T: $crate::float::Float>($($a: $t),*) -> $r = $imp;
+        }
+    };
+    ($(#[$m:meta])* $vis:vis fn $name:ident<$T:ident: $B:path>($($a:ident : $t:ty),* $(,)?) -> $r:ty = $imp:ident;) => {
         $(#[$m])*
-        $vis fn $name<$T: $crate::float::Float>($($a: $t),*) -> $r {
+        $vis fn $name<$T: $B>($($a: $t),*) -> $r {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
-                unsafe fn v4<$T: $crate::float::Float>($($a: $t),*) -> $r {
+                unsafe fn v4<$T: $B>($($a: $t),*) -> $r {
                     $imp::<$T>($($a),*)
                 }
                 #[target_feature(enable = "avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
-                unsafe fn v3<$T: $crate::float::Float>($($a: $t),*) -> $r {
+                unsafe fn v3<$T: $B>($($a: $t),*) -> $r {
                     $imp::<$T>($($a),*)
                 }
                 match $crate::float::simd_level() {

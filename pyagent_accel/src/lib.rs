@@ -14,10 +14,13 @@ use pyo3::prelude::*;
 pub mod attention;
 pub mod block_table;
 pub mod bpe;
+pub mod elem;
 pub mod float;
 pub mod hashing;
+pub mod layers;
 pub mod philox;
 pub mod py_util;
+pub mod rope;
 pub mod sampling;
 
 #[pymodule]
@@ -26,6 +29,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     hashing::register(m)?;
     block_table::register(m)?;
     bpe::register(m)?;
+    layers::register(m)?;
+    rope::register(m)?;
     attention::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())

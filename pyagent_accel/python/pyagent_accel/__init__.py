@@ -1,7 +1,7 @@
 """pyagent_accel: Rust implementations of `pyagent_ref.ops`, same names and results.
 
 `pyagent_accel.ops` mirrors `pyagent_ref.ops` module by module (`sampling`,
-`hashing`, `block_table`): same function names, signatures, results and exception classes, for numpy
+`hashing`, `block_table`, `layers`, `rope`): same function names, signatures, results and exception classes, for numpy
 arrays and torch CPU tensors. Select it with `pyagent_ref.ops.load("accel")` (or
 "auto"), or import `pyagent_accel.ops` directly.
 """

@@ -86,6 +86,23 @@ def paged_decode_attention(
     alibi_slopes: np.ndarray | None = None,
 ) -> np.ndarray: ...
 
+# layers and rope: float arrays of float16, float32 or float64, or bfloat16 as int16 bits
+def rms_norm(
+    x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
+def silu_and_mul(x: np.ndarray) -> np.ndarray: ...
+def apply_rope(
+    positions: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    inv_freq: np.ndarray,
+    scale: float,
+    is_neox: bool,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def rope_inv_freq(
+    rotary_dim: int, theta: float, rope_type: str, params: tuple[float, ...]
+) -> np.ndarray: ...
+
 class AddedTokenSplitter:
     def __init__(self, passes: list[list[tuple[str, int]]], disallowed: list[str]) -> None: ...
     def meets_disallowed(self, text: str) -> bool: ...

@@ -98,35 +98,51 @@ pub fn first_index_of<T: Float>(row: &[T], value: T) -> usize {
 /// `np.sum(x, axis=-1)` computes for a contiguous row: blocks of up to 128 summed with
 /// 8 accumulators, halves split at multiples of 8.
 #[inline(always)]
-pub fn pairwise_sum<T: Float>(a: &[T]) -> T {
+fn pairwise_sum_impl<T: Float>(a: &[T]) -> T {
+    let n = a.len();
+    if n <= 128 {
+        return block_sum(a);
+    }
+    let half = n / 2 - (n / 2) % 8;
+    let (left, right) = a.split_at(half);
+    if right.len() <= 128 {
+        return block_sum(left) + block_sum(right); // the last level, inline
+    }
+    // the recursion goes through the dispatcher: each level runs the AVX2/AVX-512 build
+    pairwise_sum(left) + pairwise_sum(right)
+}
+
+multiversion! {
+    /// numpy's pairwise sum of a row (see `pairwise_sum_impl`).
+    pub fn pairwise_sum<T>(a: &[T]) -> T = pairwise_sum_impl;
+}
+
+/// numpy's sum of at most 128 values: in order below 8, else 8 accumulators combined
+/// as a tree, then the remainder in order.
+#[inline(always)]
+fn block_sum<T: Float>(a: &[T]) -> T {
     let n = a.len();
     if n < 8 {
         let mut sum = T::NEG_ZERO;
         for &x in a {
             sum = sum + x;
         }
-        sum
-    } else if n <= 128 {
-        let mut acc = [T::ZERO; 8];
-        acc.copy_from_slice(&a[..8]);
-        let end = n - n % 8;
-        let mut i = 8;
-        while i < end {
-            for j in 0..8 {
-                acc[j] = acc[j] + a[i + j];
-            }
-            i += 8;
-        }
-        let mut sum =
-            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        while i < n {
-            sum = sum + a[i];
-            i += 1;
-        }
-        sum
-    } else {
-        let mut half = n / 2;
-        half -= half % 8;
-        pairwise_sum(&a[..half]) + pairwise_sum(&a[half..])
+        return sum;
     }
+    let mut acc = [T::ZERO; 8];
+    acc.copy_from_slice(&a[..8]);
+    let end = n - n % 8;
+    for chunk in a[8..end].chunks_exact(8) {
+        for j in 0..8 {
+            acc[j] = acc[j] + chunk[j];
+        }
+    }
+    // Opaque to the optimiser: else it lays the accumulators out for the tree below
+    // and shuffles them on every step of the loop (several times slower).
+    let acc = std::hint::black_box(acc);
+    let mut sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for &x in &a[end..] {
+        sum = sum + x;
+    }
+    sum
 }

@@ -30,6 +30,40 @@ fn pairwise_sum_small_and_large() {
     assert_eq!(pairwise_sum(&[1.0f32, 2.0, 3.0]), 6.0);
 }
 
+/// numpy's `pairwise_sum`, transcribed with its recursion: the oracle of the iterative one.
+fn numpy_pairwise(a: &[f32]) -> f32 {
+    let n = a.len();
+    if n < 8 {
+        return a.iter().fold(-0.0, |s, &x| s + x);
+    }
+    if n <= 128 {
+        let mut r: [f32; 8] = a[..8].try_into().unwrap();
+        let mut i = 8;
+        while i < n - n % 8 {
+            for j in 0..8 {
+                r[j] += a[i + j];
+            }
+            i += 8;
+        }
+        let mut res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for &x in &a[i..] {
+            res += x;
+        }
+        return res;
+    }
+    let n2 = n / 2 - (n / 2) % 8;
+    numpy_pairwise(&a[..n2]) + numpy_pairwise(&a[n2..])
+}
+
+#[test]
+fn pairwise_sum_walks_numpys_recursion() {
+    let row = normal_row(20000, 3.0, 7);
+    for n in (0..300).chain([511, 512, 1000, 1024, 3072, 4097, 12345, 20000]) {
+        let got = pairwise_sum(&row[..n]);
+        assert_eq!(got.to_bits(), numpy_pairwise(&row[..n]).to_bits(), "n={n}");
+    }
+}
+
 #[test]
 fn kth_largest_matches_sort() {
     for (n, k) in [

@@ -6,8 +6,8 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import attention, block_table, hashing, sampling
+from . import attention, block_table, hashing, layers, rope, sampling
 
-MODULES = ("sampling", "hashing", "block_table", "attention")
+MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention")
 
-__all__ = ["MODULES", "attention", "block_table", "hashing", "sampling"]
+__all__ = ["MODULES", "attention", "block_table", "hashing", "layers", "rope", "sampling"]

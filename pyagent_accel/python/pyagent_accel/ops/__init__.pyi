@@ -1,8 +1,10 @@
 from . import attention as attention
 from . import block_table as block_table
 from . import hashing as hashing
+from . import layers as layers
+from . import rope as rope
 from . import sampling as sampling
 
 MODULES: tuple[str, ...]
 
-__all__ = ["MODULES", "attention", "block_table", "hashing", "sampling"]
+__all__ = ["MODULES", "attention", "block_table", "hashing", "layers", "rope", "sampling"]

@@ -1,5 +1,7 @@
 """The validation layer of the ops wrappers (private): arguments converted and checked
-as `pyagent_ref.ops` converts and checks them, and the builder of the sampling wrappers.
+as `pyagent_ref.ops` converts and checks them, the float-array helpers of the layer ops
+(`array_library`, `float_view`, `float_as`, `wrap_float`), and the builder of the
+sampling wrappers.
 
 The checks mirror `pyagent_ref.ops._arrays` and the ops step for step (same order,
 exception classes and messages) for the two array libraries pyagent_accel supports:
@@ -102,6 +104,62 @@ def wrap(out: Any, torch_in: bool) -> Any:
     if torch_in:
         return sys.modules["torch"].from_numpy(out)
     return out
+
+
+# --- float arrays of any float dtype (layers, rope, attention) ----------------------------
+
+
+def array_library(x: Any, name: str) -> bool:
+    """Whether `x` is a torch tensor (False: a numpy array or scalar); TypeError for
+    anything else, with the message of the reference's `_arrays.namespace`."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return False
+    if is_torch(x):
+        return True
+    raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
+
+
+def float_view(x: Any, name: str, torch_in: bool) -> np.ndarray:
+    """The numpy array Rust reads for a float array (dtype already checked), zero-copy:
+    a numpy array as is, a CPU tensor through `.numpy()`, bfloat16 (which numpy lacks)
+    as its bits in an int16 array. TypeError for a tensor on another device."""
+    if not torch_in:
+        return x if isinstance(x, np.ndarray) else np.asarray(x)
+    if not x.is_cpu:
+        check_cpu(x, name)
+    if x.requires_grad:
+        x = x.detach()
+    torch = sys.modules["torch"]
+    if x.dtype is torch.bfloat16:
+        x = x.view(torch.int16)
+    try:
+        return x.numpy()
+    except RuntimeError:  # a negative-bit view: resolve it (a copy, as torch must)
+        return tensor_to_numpy(x)
+
+
+def float_as(x: Any, kind: str) -> Any:
+    """Float array `x` converted to the float dtype named `kind` in its own library (as
+    the reference's `xp.astype`); `x` itself when it has that dtype. numpy has no
+    bfloat16: a numpy array goes through torch for it."""
+    if dtype_name(x) == kind:
+        return x
+    torch = sys.modules.get("torch")
+    if is_torch(x):
+        return x.to(getattr(torch, kind))
+    if kind == "bfloat16":  # only reachable with a bfloat16 tensor, so torch is loaded
+        return torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16)
+    return np.asarray(x).astype(kind)
+
+
+def wrap_float(out: np.ndarray, torch_in: bool, kind: str) -> Any:
+    """The inverse of `float_view` for a Rust result of dtype `kind`: numpy as is, else a
+    zero-copy tensor (bfloat16 reinterpreted from its int16 bits)."""
+    if not torch_in:
+        return out
+    torch = sys.modules["torch"]
+    t = torch.from_numpy(out)
+    return t.view(torch.bfloat16) if kind == "bfloat16" else t
 
 
 # --- main arrays: the checks the reference makes first ----------------------------------

@@ -1,0 +1,6 @@
+from typing import Any
+
+__all__ = ["rms_norm", "silu_and_mul"]
+
+def rms_norm(x: Any, weight: Any, eps: float, residual: Any = None) -> Any | tuple[Any, Any]: ...
+def silu_and_mul(x: Any) -> Any: ...

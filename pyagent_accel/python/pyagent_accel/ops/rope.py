@@ -1,0 +1,186 @@
+"""Rotary position embeddings in Rust: drop-in replacements for `pyagent_ref.ops.rope`.
+
+Same names (`ROPE_TYPES` included), signatures, exceptions (classes, messages, check
+order) and results as the reference, whose docstrings are the contract. `apply_rope`
+takes numpy arrays or torch CPU tensors; query and key may be float16, bfloat16,
+float32 or float64 (each its own), and come back as new arrays of their dtypes in the
+input's library (tensors as zero-copy views of the Rust-filled buffers). One native
+call rotates both, tokens in parallel with the GIL released.
+
+Exactness: `apply_rope` makes the reference's operations in its order and dtypes (the
+angle and cos/sin in float32, every product and sum of the rotation in the input dtype),
+with cos/sin evaluated in float64 and rounded: the correctly rounded float32 value
+nearly always, where numpy's and torch's float32 cos/sin are off by an ulp now and then
+(they differ from each other too). `rope_inv_freq` resolves `rope_scaling` exactly as
+the reference does (same errors, the same float `scale`) and evaluates the frequencies
+in float64, rounded to float32: within a few float32 ulps of the reference's float32
+arithmetic, as the specification allows.
+
+Differences from the reference:
+
+- Only numpy arrays and torch CPU tensors: a tensor on another device (including
+  `like`) raises TypeError (never copied silently), as does another array library.
+- query and key are read in place with any strides on their token and head axes
+  (e.g. `qkv[:, :q_size].reshape(n, heads, head_size)`), but their last axis must be
+  contiguous, else ValueError naming the argument (the reference copies).
+- The angle is float32 as the contract says, also for an `inv_freq` of another float
+  dtype (converted to float32; the reference follows its dtype); positions must be 1-D
+  (ValueError; the reference fails with its library's broadcasting error).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as _np
+
+from .. import _native
+from . import _common as _c
+
+__all__ = ["ROPE_TYPES", "rope_inv_freq", "apply_rope"]
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+_POSITION_DTYPES = (_np.dtype(_np.int64), _np.dtype(_np.int32))
+
+
+def _require(scaling: dict, key: str, rope_type: str) -> Any:
+    if key not in scaling:
+        raise ValueError(f"rope_scaling of type {rope_type!r} needs {key!r}, got {scaling}")
+    return scaling[key]
+
+
+def rope_inv_freq(
+    rotary_dim: int,
+    theta: float,
+    rope_scaling: dict | None = None,
+    max_position_embeddings: int = 2048,
+    seq_len: int | None = None,
+    like: Any = None,
+) -> tuple[Any, float]:
+    """Inverse frequencies (float32, shape (rotary_dim // 2,)) and the cos/sin scale.
+
+    Contract: `pyagent_ref.ops.rope.rope_inv_freq`.
+    """
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even and >= 2, got {rotary_dim}")
+    scaling = dict(rope_scaling or {})
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {rope_type!r}")
+    torch_out = like is not None and _c.array_library(like, "like")
+    if torch_out and not like.is_cpu:
+        _c.check_cpu(like, "like")
+    d = rotary_dim
+    kind, params, scale = rope_type, (), 1.0
+    if rope_type == "dynamic":
+        factor = float(_require(scaling, "factor", rope_type))
+        length = max(seq_len or max_position_embeddings, max_position_embeddings)
+        theta = theta * ((factor * length / max_position_embeddings) - (factor - 1)) ** (
+            d / (d - 2)
+        )
+        kind = "default"
+    elif rope_type == "linear":
+        params = (float(_require(scaling, "factor", rope_type)),)
+    elif rope_type == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        params = tuple(float(_require(scaling, key, rope_type)) for key in keys)
+    elif rope_type == "yarn":
+        params, scale = _yarn(scaling, d, theta, max_position_embeddings)
+    inv_freq = _native.rope_inv_freq(d, float(theta), kind, params)
+    return (_c.torch_module().from_numpy(inv_freq) if torch_out else inv_freq), scale
+
+
+def _yarn(scaling: dict, d: int, theta: float, max_pos: int) -> tuple[tuple, float]:
+    """yarn's (factor, low, high) for the native ramp (the pair indices between which
+    interpolation takes over) and its cos/sin scale, computed as the reference does."""
+    original = scaling.get("original_max_position_embeddings") or max_pos
+    factor = scaling.get("factor") or max_pos / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # avoid dividing by zero in the ramp
+    return (float(factor), float(low), float(high)), float(attention)
+
+
+def apply_rope(
+    positions: Any,
+    query: Any,
+    key: Any,
+    inv_freq: Any,
+    scale: float = 1.0,
+    is_neox: bool = True,
+) -> tuple[Any, Any]:
+    """Rotate the first 2 * len(inv_freq) features of every query and key head.
+
+    Contract: `pyagent_ref.ops.rope.apply_rope`.
+    """
+    torch_in = _c.array_library(query, "query")
+    if "int" not in _c.dtype_name(positions):
+        raise TypeError(f"positions must be integers, got dtype {_c.dtype_name(positions)}")
+    for name, x in (("query", query), ("key", key)):
+        if "float" not in _c.dtype_name(x):
+            raise TypeError(f"{name} must be a float array, got dtype {_c.dtype_name(x)}")
+        if x.ndim != 3 or x.shape[0] != positions.shape[0]:
+            raise ValueError(
+                f"{name} must have shape ({positions.shape[0]}, heads, head_size), "
+                f"got {tuple(x.shape)}"
+            )
+    half = inv_freq.shape[0]
+    if 2 * half > query.shape[-1] or key.shape[-1] != query.shape[-1]:
+        raise ValueError(
+            f"rotary dim {2 * half} must fit head_size {query.shape[-1]} "
+            f"of query and key {key.shape[-1]}"
+        )
+    q_kind, k_kind = _c.dtype_name(query), _c.dtype_name(key)
+    q, k = _native.apply_rope(
+        _positions(positions),
+        _c.float_view(query, "query", torch_in),
+        _c.float_view(key, "key", _c.is_torch(key)),
+        _inv_freq(inv_freq),
+        float(scale),
+        bool(is_neox),
+    )
+    return _c.wrap_float(q, torch_in, q_kind), _c.wrap_float(k, torch_in, k_kind)
+
+
+def _positions(positions: Any) -> _np.ndarray:
+    """Integer positions as a 1-D int32 or int64 numpy array (zero-copy when they are)."""
+    if _c.is_torch(positions):
+        _c.check_cpu(positions, "positions")
+        positions = positions.numpy()
+    elif not isinstance(positions, _np.ndarray):
+        positions = _np.asarray(positions)
+    if positions.ndim != 1:
+        raise ValueError(f"positions must have shape (num_tokens,), got {positions.shape}")
+    if positions.dtype not in _POSITION_DTYPES:
+        positions = positions.astype(_np.int64)
+    return positions
+
+
+def _inv_freq(inv_freq: Any) -> _np.ndarray:
+    """inv_freq as a 1-D float32 numpy array (zero-copy when it is one)."""
+    if _c.is_torch(inv_freq):
+        _c.check_cpu(inv_freq, "inv_freq")
+        inv_freq = _c.tensor_to_numpy(inv_freq.float())
+    elif not isinstance(inv_freq, _np.ndarray):
+        inv_freq = _np.asarray(inv_freq)
+    if inv_freq.ndim != 1:
+        raise ValueError(f"inv_freq must have shape (d / 2,), got {inv_freq.shape}")
+    return inv_freq.astype(_np.float32, copy=False)

@@ -1,0 +1,22 @@
+from typing import Any
+
+__all__ = ["ROPE_TYPES", "rope_inv_freq", "apply_rope"]
+
+ROPE_TYPES: tuple[str, ...]
+
+def rope_inv_freq(
+    rotary_dim: int,
+    theta: float,
+    rope_scaling: dict | None = None,
+    max_position_embeddings: int = 2048,
+    seq_len: int | None = None,
+    like: Any = None,
+) -> tuple[Any, float]: ...
+def apply_rope(
+    positions: Any,
+    query: Any,
+    key: Any,
+    inv_freq: Any,
+    scale: float = 1.0,
+    is_neox: bool = True,
+) -> tuple[Any, Any]: ...
