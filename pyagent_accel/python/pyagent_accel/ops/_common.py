@@ -469,7 +469,7 @@ def float_tensor(x: Any, name: str) -> tuple[np.ndarray, bool]:
     return (tensor_to_numpy(x) if torch_in else x), torch_in
 
 
-def wrap_float(out: np.ndarray, like: Any, torch_in: bool) -> Any:
+def wrap_float_like(out: np.ndarray, like: Any, torch_in: bool) -> Any:
     """A float result from Rust in the library and dtype of `like` (zero-copy); a
     bfloat16 result arrives as uint16 bits."""
     bf16 = out.dtype == np.uint16

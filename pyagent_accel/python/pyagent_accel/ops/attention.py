@@ -293,7 +293,7 @@ def paged_attention(
         slopes,
         masks,
     )
-    return _c.wrap_float(out, query, torch_in)
+    return _c.wrap_float_like(out, query, torch_in)
 
 
 def paged_decode_attention(
@@ -340,4 +340,4 @@ def paged_decode_attention(
         None if soft_cap is None else float(soft_cap),
         _slopes(alibi_slopes, query.shape[1]),
     )
-    return _c.wrap_float(out, query, torch_in)
+    return _c.wrap_float_like(out, query, torch_in)
