@@ -189,10 +189,11 @@ def load_model(
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     model_cls = resolve_architecture(config.architecture)
     ops = reference_ops if ops is None else ops
-    with torch.device("meta"):
-        model = model_cls(config, ops)
+    with torch.device("meta"):  # no memory yet; the reference ops run on meta tensors
+        model = model_cls(config, reference_ops)
     model = model.to_empty(device=device).to(TORCH_DTYPES[dtype])
     # RoPE tables are computed, not loaded: build them for real (and in float32) now
     model.rotary = type(model.rotary)(config, ops).to(device)
+    model.use_ops(ops)
     load_weights(model, safetensors_files(model_dir), TORCH_DTYPES[dtype], progress)
     return model.eval()

@@ -1,8 +1,9 @@
 """Logits of our Llama-family forward pass against HF transformers, for every family.
 
 Each case builds a tiny random HF model, saves it (safetensors), loads it with our
-loader and compares logits: for a whole-prompt prefill, for a chunked prefill, and for
-step-by-step decoding through the paged cache, with two requests in one batch.
+loader, on the reference ops and on pyagent_accel's, and compares logits: for a
+whole-prompt prefill, for a chunked prefill, and for step-by-step decoding through the
+paged cache, with two requests in one batch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from pyagent_ref.model import AttentionMetadata, load_model  # noqa: E402
 from pyagent_ref.ops import block_table as bt  # noqa: E402
+from pyagent_ref.ops import load as load_ops  # noqa: E402
 from tests.tiny import TINY_LLAMA  # noqa: E402
 
 BLOCK = 4
@@ -63,16 +65,25 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(
+    scope="module",
+    params=[(family, ops) for family in sorted(FAMILIES) for ops in ("ref", "accel")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def pair(request, tmp_path_factory):
-    config_cls, model_cls, extra = FAMILIES[request.param]
+    """(HF model, ours) of one family; ours runs on the reference ops or on the Rust twins
+    (both must equal HF within TOL)."""
+    family, ops_name = request.param
+    if ops_name == "accel":
+        pytest.importorskip("pyagent_accel.ops")
+    config_cls, model_cls, extra = FAMILIES[family]
     torch.manual_seed(0)
     config = config_cls(**COMMON, **extra)
     config._attn_implementation = "eager"
     hf = model_cls(config).eval()
-    path = tmp_path_factory.mktemp(request.param)
+    path = tmp_path_factory.mktemp(family)
     hf.save_pretrained(path)
-    ours = load_model(path, dtype="float32", progress=False)
+    ours = load_model(path, dtype="float32", progress=False, ops=load_ops(ops_name))
     return hf, ours
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
+from types import ModuleType
 
 import pytest
 
@@ -201,3 +203,59 @@ def test_bad_dtype(hf_dir):
 def test_unknown_or_absent_devices_are_named(hf_dir, device, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         load_model(hf_dir, device=device, progress=False)
+
+
+def _recording(calls: list[str]) -> ModuleType:
+    """The reference ops namespace with every layers/rope/attention function recording
+    its name in `calls`."""
+    import pyagent_ref.ops as ref
+
+    root = ModuleType("recording")
+    root.MODULES = ref.MODULES
+    for module in ref.MODULES:
+        mod, copy = getattr(ref, module), ModuleType(module)
+        for name in mod.__all__:
+            fn = getattr(mod, name)
+            if callable(fn) and module in ("layers", "rope", "attention"):
+                fn = functools.partial(_record, calls, f"{module}.{name}", fn)
+            setattr(copy, name, fn)
+        setattr(root, module, copy)
+    return root
+
+
+def _record(calls, name, fn, *args, **kwargs):
+    calls.append(name)
+    return fn(*args, **kwargs)
+
+
+def test_the_model_runs_on_the_ops_namespace_it_is_given(hf_dir):
+    """Every layer, RoPE and attention op of a forward comes from the namespace passed to
+    `load_model` (and `use_ops` switches it); none is imported directly."""
+    from pyagent_ref.model import AttentionMetadata
+
+    calls: list[str] = []
+    model = load_model(hf_dir[0], progress=False, ops=_recording(calls))
+    shape = model.kv_cache_shape(4, 4)
+    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in model.layers]
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(4, 7),
+        block_table=torch.tensor([[1]]),
+        query_start_loc=torch.tensor([0, 3]),
+        seq_lens=torch.tensor([3]),
+    )
+    with torch.no_grad():
+        model(torch.tensor([1, 2, 3]), torch.arange(3), meta, caches)
+    layers = len(model.layers)
+    assert calls.count("attention.paged_attention") == layers
+    assert calls.count("attention.reshape_and_cache") == layers
+    assert calls.count("rope.apply_rope") == layers
+    assert calls.count("layers.silu_and_mul") == layers
+    assert calls.count("layers.rms_norm") == 2 * layers + 1
+    assert "rope.rope_inv_freq" in calls  # the RoPE table, built when loading
+    calls.clear()
+    import pyagent_ref.ops
+
+    model.use_ops(pyagent_ref.ops)
+    with torch.no_grad():
+        model(torch.tensor([1, 2, 3]), torch.arange(3), meta, caches)
+    assert calls == []
