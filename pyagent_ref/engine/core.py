@@ -145,7 +145,8 @@ class EngineConfig:
     compile: torch.compile the forward: True (inductor) or a backend name.
     max_logprobs: the most log-probabilities a request may ask for per token.
     tokenizer_backend: "library" (HF tokenizers / tiktoken), "pyagent" (our byte-level
-        BPE, `tokenize.bpe`) or "auto" (ours where it supports the vocabulary).
+        BPE, `tokenize.bpe`, in Rust when the ops are the accelerator's) or "auto" (ours
+        where it supports the vocabulary, else the library).
     kv_offload: None, or where blocks evicted from the prefix cache go to be found
         again (`KVOffloadConfig`, or a dict of its fields); needs prefix caching.
     disable_hybrid_kv_cache_manager: give sliding-window layers full-attention KV (every
@@ -171,7 +172,7 @@ class EngineConfig:
     cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
     compile: bool | str = False
     max_logprobs: int = 20
-    tokenizer_backend: str = "library"
+    tokenizer_backend: str = "auto"
     kv_offload: KVOffloadConfig | dict | None = None
     disable_hybrid_kv_cache_manager: bool = False
 

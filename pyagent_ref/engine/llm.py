@@ -66,7 +66,9 @@ class _Frontend:
         self.config = config or EngineConfig()
         model_dir = Path(self.config.model or default_model_path())
         self.core = core or EngineCore.from_config(self.config)
-        self.tokenizer = tokenizer or load_tokenizer(model_dir, self.config.tokenizer_backend)
+        self.tokenizer = tokenizer or load_tokenizer(
+            model_dir, self.config.tokenizer_backend, _bpe_encoding_class(self.config.ops)
+        )
         self.processor = OutputProcessor(self.tokenizer)
         self._extra_eos = self._generation_eos_ids(model_dir)
         self._ids = itertools.count()
@@ -374,6 +376,19 @@ class AsyncLLM(_Frontend):
                     self._end(list(self.processor.requests), RequestStatus.FINISHED_ERROR, error)
                 self._deliver()
             await asyncio.sleep(0)
+
+
+def _bpe_encoding_class(ops: str) -> type | None:
+    """pyagent_accel's Rust `BytePairEncoding` when the engine's ops are the accelerator's
+    ("accel", or "auto" with the wheel installed): tokenization runs on the host; None
+    (the reference's) otherwise."""
+    if ops == "ref":
+        return None
+    try:
+        from pyagent_accel.tokenize.bpe import BytePairEncoding
+    except ImportError:
+        return None
+    return BytePairEncoding
 
 
 def _prompt_list(prompts) -> list:

@@ -761,9 +761,13 @@ class BPETokenizer(TokenizerBase):
         self._spelling.update({t.id: text for text, t in self._added_by_text.items()})
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> BPETokenizer:
+    def from_pretrained(
+        cls, model_dir: str | Path, encoding_class: type[BytePairEncoding] | None = None
+    ) -> BPETokenizer:
         """Load ``tokenizer.json`` and, if present, ``tokenizer_config.json`` and the chat
         templates (see `chat.load_chat_templates`) of a checkpoint directory.
+        ``encoding_class`` builds the encoding: `BytePairEncoding` by default, or a
+        drop-in subclass (pyagent_accel's Rust twin).
 
         Raises:
             FileNotFoundError: no directory, or no tokenizer.json in it.
@@ -778,7 +782,7 @@ class BPETokenizer(TokenizerBase):
         tokenizer_file = root / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise FileNotFoundError(f"model_dir {str(model_dir)!r} has no tokenizer.json")
-        encoding = BytePairEncoding.from_tokenizer_json(tokenizer_file)
+        encoding = (encoding_class or BytePairEncoding).from_tokenizer_json(tokenizer_file)
         config_file = root / "tokenizer_config.json"
         config = read_json_object(config_file) if config_file.is_file() else {}
         named = {name: _token_text(config.get(name)) for name in SPECIAL_TOKEN_NAMES}

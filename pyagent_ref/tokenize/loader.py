@@ -15,7 +15,9 @@ TOKENIZER_BACKENDS = ("library", "pyagent", "auto")
 
 
 def load_tokenizer(
-    model_dir: str | Path, backend: Literal["library", "pyagent", "auto"] = "library"
+    model_dir: str | Path,
+    backend: Literal["library", "pyagent", "auto"] = "library",
+    encoding_class: type | None = None,
 ) -> Tokenizer:
     """Load the tokenizer stored in ``model_dir``.
 
@@ -23,7 +25,9 @@ def load_tokenizer(
       `HFTokenizer.from_pretrained` (the `tokenizers` library); with ``"pyagent"``,
       `BPETokenizer.from_pretrained` (this package's byte-level BPE, `tokenize.bpe`);
       with ``"auto"``, `BPETokenizer` where it supports the tokenizer (byte-level BPE:
-      GPT-2, Llama 3, Qwen2 families), else `HFTokenizer`. Both give the same ids and text;
+      GPT-2, Llama 3, Qwen2 families), else `HFTokenizer`. Both give the same ids and text.
+      ``encoding_class`` is the `BytePairEncoding` class `BPETokenizer` uses (default the
+      reference's; the engine passes pyagent_accel's Rust twin when it runs on it);
     * else a ``*.tiktoken`` rank file and ``tiktoken_config.json``:
       `TiktokenTokenizer.from_pretrained` (needs the optional `tiktoken` package), whatever
       ``backend`` says.
@@ -46,7 +50,7 @@ def load_tokenizer(
             from .bpe import BPETokenizer, UnsupportedTokenizerError
 
             try:
-                return BPETokenizer.from_pretrained(root)
+                return BPETokenizer.from_pretrained(root, encoding_class)
             except UnsupportedTokenizerError:
                 if backend == "pyagent":
                     raise
