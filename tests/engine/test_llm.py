@@ -144,15 +144,26 @@ def test_our_bpe_tokenizer_gives_the_engine_the_same_text(tiny_llm_dir):
     prompts = ["def main():\n", "héllo wörld 🙂 <s> x"]
     params = SamplingParams(temperature=0, max_tokens=12)
     runs = {}
-    for backend in ("library", "pyagent"):
-        llm = LLM(str(tiny_llm_dir[1]), ops="ref", tokenizer_backend=backend)
+    for backend, ops in (("library", "ref"), ("pyagent", "ref"), ("auto", "auto")):
+        llm = LLM(str(tiny_llm_dir[1]), ops=ops, tokenizer_backend=backend)
         runs[backend] = [
             (o.prompt_token_ids, o.outputs[0].text) for o in llm.generate(prompts, params)
         ]
-    assert isinstance(llm.tokenizer, BPETokenizer)
-    assert runs["pyagent"] == runs["library"]
+        if backend != "library":
+            assert isinstance(llm.tokenizer, BPETokenizer)
+    assert runs["pyagent"] == runs["library"] == runs["auto"]
     with pytest.raises(ValueError, match="tokenizer_backend must be one of"):
         LLM(str(tiny_llm_dir[1]), tokenizer_backend="sentencepiece")
+
+
+def test_the_engine_tokenizes_with_the_implementation_of_its_ops(tiny_llm_dir):
+    """ops="ref" runs the reference BPE, the accelerator's ops its Rust twin."""
+    from pyagent_ref.tokenize.bpe import BytePairEncoding
+
+    ref = LLM(str(tiny_llm_dir[1]), ops="ref").tokenizer.encoding
+    assert type(ref) is BytePairEncoding
+    accel = pytest.importorskip("pyagent_accel.tokenize.bpe")
+    assert type(LLM(str(tiny_llm_dir[1]), ops="accel").tokenizer.encoding) is accel.BytePairEncoding
 
 
 def test_streamed_deltas_carry_their_logprobs_and_the_last_one_the_metrics(tiny_llm_dir, llm):
