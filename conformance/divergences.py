@@ -336,6 +336,83 @@ _VLLM_DIVERGENCES = (
 )
 
 
+# Why the tokenizer libraries differ (conformance/specs/tokenize.py; the contract is
+# pyagent_ref/tokenize/bpe.py). Ids, round trips and decoded text agree on every vocabulary
+# they load; what differs is the special-token interface and the handling of bad input.
+HF_TOKENIZERS = "conformance.adapters.hf_tokenizers"
+TIKTOKEN = "conformance.adapters.tiktoken"
+
+_TOK_ONE_SWITCH = (
+    "tokenizers has no per-call special-token sets: it matches every special token, or none "
+    "with Tokenizer.encode_special_tokens = True, so the adapter raises NotImplementedError "
+    "for a set that is neither all nor none of them"
+)
+_TOK_NO_DISALLOWED = (
+    "tokenizers has no disallowed-special check: a special token it does not match is encoded "
+    "as ordinary text, never an error"
+)
+_TOK_SURROGATE = (
+    "tokenizers refuses a str holding a lone surrogate at the Python boundary with TypeError "
+    "('TextInputSequence must be str'), where the specification raises ValueError"
+)
+_TOK_UNKNOWN_ID = (
+    "Tokenizer.decode skips an id of no token silently (it decodes to nothing) and raises "
+    "OverflowError for a negative id, where the specification raises ValueError"
+)
+_TOK_BOOL_ID = (
+    "Tokenizer.decode takes a bool as an id (True is id 1), where the specification raises "
+    "TypeError"
+)
+_TIK_SURROGATE = (
+    "tiktoken encodes text with a lone surrogate after replacing the surrogate with U+FFFD "
+    "(encode catches the UnicodeEncodeError), where the specification raises ValueError"
+)
+_TIK_UNKNOWN_NAMES = (
+    "tiktoken does not check that allowed_special and disallowed_special name special tokens: "
+    "an unknown name is ignored, where the specification raises ValueError"
+)
+_TIK_UNKNOWN_ID = (
+    "Encoding.decode raises KeyError ('Invalid token for decoding') for an id of no token and "
+    "OverflowError for a negative id, where the specification raises ValueError"
+)
+_TIK_BOOL_ID = (
+    "Encoding.decode takes a bool as an id (True is id 1), where the specification raises TypeError"
+)
+
+
+def _tokenizer_divergences(
+    target: str, vocabularies: tuple[str, ...], *entries: tuple[str, str]
+) -> tuple[Divergence, ...]:
+    """The (property, reason) entries for each vocabulary the adapter loads."""
+    return tuple(
+        Divergence(target, f"tokenize.{vocabulary}", prop, reason)
+        for vocabulary in vocabularies
+        for prop, reason in entries
+    )
+
+
+_TOKENIZER_DIVERGENCES = (
+    *_tokenizer_divergences(
+        HF_TOKENIZERS,
+        ("embedded", "llama3"),
+        ("only_the_allowed_special_tokens_become_ids", _TOK_ONE_SWITCH),
+        ("disallowed_special_tokens_raise_value_error", _TOK_NO_DISALLOWED),
+        ("encode_rejects_invalid_special_sets", _TOK_ONE_SWITCH),
+        ("encode_rejects_lone_surrogates", _TOK_SURROGATE),
+        ("decode_rejects_ids_of_no_token", _TOK_UNKNOWN_ID),
+        ("decode_rejects_non_int_ids", _TOK_BOOL_ID),
+    ),
+    *_tokenizer_divergences(
+        TIKTOKEN,
+        ("embedded", "llama3", "cl100k_base"),
+        ("encode_rejects_lone_surrogates", _TIK_SURROGATE),
+        ("encode_rejects_invalid_special_sets", _TIK_UNKNOWN_NAMES),
+        ("decode_rejects_ids_of_no_token", _TIK_UNKNOWN_ID),
+        ("decode_rejects_non_int_ids", _TIK_BOOL_ID),
+    ),
+)
+
+
 DIVERGENCES: tuple[Divergence, ...] = (
     _hf("apply_temperature", "zero_temperature_rows_unchanged", _HF_T0),
     _hf("apply_temperature", "matches_reference", _HF_T0),
@@ -407,6 +484,7 @@ DIVERGENCES: tuple[Divergence, ...] = (
         for op in _ACCEL_STRIDED_OPS
     ),
     *_VLLM_DIVERGENCES,
+    *_TOKENIZER_DIVERGENCES,
 )
 
 

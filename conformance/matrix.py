@@ -6,7 +6,9 @@
 
 Columns: pyagent_ref on numpy and on torch, pyagent_accel on numpy and torch (when it
 imports), and the Hugging Face transformers adapter (when transformers imports). Each
-runs the whole suite with the given profile (default ci, deterministic). `--write`
+runs the ops specs with the given profile (default ci, deterministic). A second table
+runs the `tokenize` spec on pyagent_ref, pyagent_accel and the tokenizers and tiktoken
+adapters, followed by the adapters' registered divergences grouped by reason. `--write`
 replaces the text between the `<!-- conformance-matrix:start -->` and
 `<!-- conformance-matrix:end -->` markers of the file. The exit status is 1 if any cell
 has an unexplained failure.
@@ -31,12 +33,15 @@ import hypothesis
 
 from . import core
 from .report import by_op
+from .specs import OTHER_CONTRACTS
 
 STATUSES = (core.PASS, core.FAIL, core.KNOWN, core.MISSING, core.SKIP)
 
 START, END = "<!-- conformance-matrix:start -->", "<!-- conformance-matrix:end -->"
 HF = "conformance.adapters.hf_transformers"
 VLLM = "conformance.adapters.vllm"
+HF_TOKENIZERS = "conformance.adapters.hf_tokenizers"
+TIKTOKEN = "conformance.adapters.tiktoken"
 
 COLUMNS = (
     ("pyagent_ref", "numpy"),
@@ -46,7 +51,13 @@ COLUMNS = (
     (HF, "torch"),
 )
 VLLM_COLUMNS = ((VLLM, "numpy"), (VLLM, "torch"))
-SHORT = {HF: "hf_transformers", VLLM: "vllm"}
+TOKENIZE_COLUMNS = (
+    ("pyagent_ref", "numpy"),
+    ("pyagent_accel", "numpy"),
+    (HF_TOKENIZERS, "numpy"),
+    (TIKTOKEN, "numpy"),
+)
+SHORT = {HF: "hf_transformers", VLLM: "vllm", HF_TOKENIZERS: "hf_tokenizers", TIKTOKEN: "tiktoken"}
 VLLM_MARKERS = ("<!-- conformance-matrix-vllm:start -->", "<!-- conformance-matrix-vllm:end -->")
 
 
@@ -78,22 +89,38 @@ class Column:
         return f"{SHORT.get(self.target, self.target)} ({self.array})"
 
 
-def build(
-    profile: str = "ci",
-    echo: Callable[[str], None] | None = None,
-    columns_of: tuple[tuple[str, str], ...] = COLUMNS,
-) -> tuple[str, bool]:
-    """(markdown, ok): the matrix of `columns_of` (target, array) and whether no cell has an
-    unexplained failure."""
-    return render(run_columns(columns_of, profile, echo), profile)
+def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tuple[str, bool]:
+    """(markdown, ok): the ops matrix, then the tokenization one with its divergences, and
+    whether no cell has an unexplained failure."""
+    ops_table, ops_ok = render(run_columns(COLUMNS, profile, echo, ops_modules()), profile)
+    columns = run_columns(TOKENIZE_COLUMNS, profile, echo, ["tokenize"], native=False)
+    tokenize_table, tokenize_ok = render(columns, profile)
+    reasons = "\n".join(
+        known_divergences(c.target, [c.report])
+        for c in columns
+        if c.report is not None and c.target in (HF_TOKENIZERS, TIKTOKEN)
+    )
+    markdown = (
+        f"{ops_table}\n\nTokenization (`conformance/specs/tokenize.py`):\n\n{tokenize_table}"
+        f"\n\nRegistered divergences of the tokenizer libraries, by reason:\n\n{reasons}"
+    )
+    return markdown, ops_ok and tokenize_ok
+
+
+def ops_modules() -> list[str]:
+    """The specified ops modules (the specs but those of `OTHER_CONTRACTS`)."""
+    return [m for m in core.all_specs() if m not in OTHER_CONTRACTS]
 
 
 def run_columns(
     columns_of: tuple[tuple[str, str], ...],
     profile: str,
     echo: Callable[[str], None] | None = None,
+    modules: list[str] | None = None,
+    native: bool | None = None,
 ) -> list[Column]:
-    """Run the suite for each (target, array) that imports."""
+    """Run the suite (the given modules, default all) for each (target, array) that
+    imports."""
     columns = [Column(t, a) for t, a in columns_of]
     for col in columns:
         col.why_not = available(col.target) or ""
@@ -101,7 +128,7 @@ def run_columns(
             if echo:
                 echo(f"{col.name}: not run ({col.why_not})")
             continue
-        col.report = core.run(col.target, array=col.array, profile=profile)
+        col.report = core.run(col.target, modules, array=col.array, profile=profile, native=native)
         if echo:
             failed = sum(o.failed for o in col.report.outcomes)
             echo(f"{col.name}: {col.report.seconds:.1f}s, {failed} failed")
@@ -160,7 +187,7 @@ def known_divergences(target: str, reports: list[core.Report]) -> str:
     """Markdown list of the registered divergences of `target` that the reports observed,
     one item per reason with the properties it explains (a registered reason that joins
     several with "; " counts for each), then those the conformance properties cannot
-    observe (registered under names outside the ops modules, checked by the target's tests)."""
+    observe (registered under names that are no op of a spec, checked by the target's tests)."""
     from . import divergences
 
     seen: dict[str, list[str]] = {}  # reason -> ids of the properties it explains
@@ -170,9 +197,9 @@ def known_divergences(target: str, reports: list[core.Report]) -> str:
                 ids = seen.setdefault(reason, [])
                 ids.append(o.prop.id) if o.prop.id not in ids else None
     out = [f"- {reason}: {', '.join(f'`{i}`' for i in ids)}." for reason, ids in seen.items()]
-    specified = set(core.all_specs())
+    specified = {f"{m}.{op}" for m, spec in core.all_specs().items() for op in spec.ops}
     for d in divergences.for_implementation(target):
-        if d.op.split(".")[0] not in specified:
+        if d.op not in specified:
             out.append(f"- {d.reason}: `{d.op}` ({d.property.replace('_', ' ')}).")
     return "\n".join(out)
 
@@ -183,7 +210,7 @@ def build_vllm(profile: str = "ci", echo: Callable[[str], None] | None = None) -
     why_not = available(VLLM)
     if why_not:
         raise ImportError(why_not)
-    columns = run_columns(VLLM_COLUMNS, profile, echo)
+    columns = run_columns(VLLM_COLUMNS, profile, echo, ops_modules())
     table, ok = render(columns, profile)
     listed = known_divergences(VLLM, [c.report for c in columns if c.report is not None])
     return f"{table}\n\nRegistered divergences, by reason:\n\n{listed}", ok

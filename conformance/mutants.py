@@ -12,8 +12,10 @@ returns it in the input's library.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -27,9 +29,10 @@ from pyagent_ref.ops import hashing as H
 from pyagent_ref.ops import layers as L
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
+from pyagent_ref.tokenize import bpe as T
 
-from . import contract
-from .core import Impl, library_of, to_numpy
+from . import bpe_corpus, contract
+from .core import REFERENCE, Impl, library_of, to_numpy
 
 NEG_INF = float("-inf")
 
@@ -1177,6 +1180,135 @@ def decode_ignores_window(*args: Any) -> Any:
     return A.paged_decode_attention(*args)
 
 
+# --- tokenize -------------------------------------------------------------------------------
+# A tokenize mutant is a loader of the embedded vocabulary (`tokenize.embedded`): it returns
+# the reference's encoding of it as a subclass with one method changed.
+
+
+def encoding_mutant(name: str, bug: str) -> Callable[[type], type]:
+    """Decorator: a subclass of the reference's BytePairEncoding, loaded with the embedded
+    vocabulary, is the mutant `name` of `tokenize.embedded`."""
+
+    def deco(cls: type) -> type:
+        def load() -> Any:
+            # the reference's encoding, as an instance of `cls` (as pyagent_accel builds its own)
+            encoding = T.BytePairEncoding.from_tokenizer_json(bpe_corpus.embedded_tokenizer_json())
+            mutated = cls.__new__(cls)
+            mutated.__dict__.update(vars(encoding))
+            return mutated
+
+        MUTANTS.append(Mutant(name, "tokenize", "embedded", bug, functools.cache(load)))
+        return cls
+
+    return deco
+
+
+@encoding_mutant(
+    "bpe_merges_left_to_right", "merges the leftmost mergeable pair, not the lowest rank"
+)
+class _MergesLeftToRight(T.BytePairEncoding):
+    def _encode_piece(self, piece: bytes) -> tuple[int, ...]:
+        parts, i = [bytes([b]) for b in piece], 0
+        while i < len(parts) - 1:
+            if (parts[i], parts[i + 1]) in self.merges:
+                parts[i : i + 2] = [parts[i] + parts[i + 1]]
+                i = max(i - 1, 0)
+            else:
+                i += 1
+        return tuple(self.vocab[part] for part in parts)
+
+
+@encoding_mutant("bpe_specials_always_allowed", "matches every special token, whatever the sets")
+class _SpecialsAlwaysAllowed(T.BytePairEncoding):
+    def encode(self, text: Any, *, allowed_special: Any, disallowed_special: Any) -> list[int]:
+        T.resolve_special_sets(self.special_tokens, allowed_special, disallowed_special)
+        return super().encode(text, allowed_special="all")
+
+
+@encoding_mutant("bpe_specials_never_ids", "encodes allowed special tokens as ordinary text")
+class _SpecialsNeverIds(T.BytePairEncoding):
+    def encode(self, text: Any, *, allowed_special: Any, disallowed_special: Any) -> list[int]:
+        _, disallowed = T.resolve_special_sets(
+            self.special_tokens, allowed_special, disallowed_special
+        )
+        return super().encode(text, allowed_special=frozenset(), disallowed_special=disallowed)
+
+
+@encoding_mutant(
+    "bpe_ignores_unknown_special_names",
+    "ignores names in the special sets that are not special tokens (as tiktoken does)",
+)
+class _IgnoresUnknownSpecialNames(T.BytePairEncoding):
+    def encode(self, text: Any, *, allowed_special: Any, disallowed_special: Any) -> list[int]:
+        def known(names: Any) -> Any:
+            return names if isinstance(names, str) else frozenset(names) & self.special_tokens
+
+        return super().encode(
+            text,
+            allowed_special=known(allowed_special),
+            disallowed_special=known(disallowed_special),
+        )
+
+
+@encoding_mutant("bpe_encodes_bytes", "takes UTF-8 bytes as text instead of raising TypeError")
+class _EncodesBytes(T.BytePairEncoding):
+    def encode(self, text: Any, **sets: Any) -> list[int]:
+        return super().encode(text.decode("utf-8") if isinstance(text, bytes) else text, **sets)
+
+
+@encoding_mutant(
+    "bpe_replaces_lone_surrogates", "replaces a lone surrogate with U+FFFD (as tiktoken does)"
+)
+class _ReplacesLoneSurrogates(T.BytePairEncoding):
+    def encode(self, text: Any, **sets: Any) -> list[int]:
+        if isinstance(text, str):
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return super().encode(text, **sets)
+
+
+@encoding_mutant("bpe_normalizes_nfc", "encodes the NFC normal form of the text")
+class _NormalizesNfc(T.BytePairEncoding):
+    def encode(self, text: Any, **sets: Any) -> list[int]:
+        if isinstance(text, str):
+            text = unicodedata.normalize("NFC", text)
+        return super().encode(text, **sets)
+
+
+@encoding_mutant("bpe_decode_drops_invalid_bytes", "decode drops invalid UTF-8 instead of U+FFFD")
+class _DecodeDropsInvalidBytes(T.BytePairEncoding):
+    def decode(self, ids: Any) -> str:
+        return b"".join(self.token_bytes(ids)).decode("utf-8", errors="ignore")
+
+
+@encoding_mutant(
+    "bpe_decode_skips_special_tokens", "decode leaves special tokens out (skip_special_tokens)"
+)
+class _DecodeSkipsSpecialTokens(T.BytePairEncoding):
+    def decode(self, ids: Any) -> str:
+        special = {self.added_tokens[text].id for text in self.special_tokens}
+        return super().decode(
+            [i for i in ids if i not in special] if isinstance(ids, list) else ids
+        )
+
+
+@encoding_mutant(
+    "bpe_decode_skips_unknown_ids", "decode skips ids outside the vocabulary (as tokenizers does)"
+)
+class _DecodeSkipsUnknownIds(T.BytePairEncoding):
+    def decode(self, ids: Any) -> str:
+        if isinstance(ids, list):
+            ids = [i for i in ids if not isinstance(i, int) or 0 <= i < self.vocab_size]
+        return super().decode(ids)
+
+
+@encoding_mutant("bpe_decode_takes_bools", "decode takes a bool as an id (as tiktoken does)")
+class _DecodeTakesBools(T.BytePairEncoding):
+    def decode(self, ids: Any) -> str:
+        if isinstance(ids, list):
+            ids = [int(i) if isinstance(i, bool) else i for i in ids]
+        return super().decode(ids)
+
+
 def implementation(m: Mutant) -> Impl:
     """An Impl that is the reference except for mutant `m`."""
     modules = {}
@@ -1192,6 +1324,11 @@ def implementation(m: Mutant) -> Impl:
         if name == m.module:
             setattr(ns, m.op, m.fn)
         modules[name] = ns
+    from .specs.tokenize import namespace_of_bpe_class
+
+    modules["tokenize"] = SimpleNamespace(**vars(namespace_of_bpe_class(REFERENCE)))
+    if m.module == "tokenize":
+        setattr(modules["tokenize"], m.op, m.fn)
     return Impl(
         target=f"mutant:{m.name}", root=SimpleNamespace(**modules), label=f"mutant {m.name}"
     )

@@ -37,7 +37,7 @@ row. It does not validate anything else: what HF accepts or rejects is what is t
 
 `topk_logprobs`, `philox_uniform`, `sample`, the `hashing`, `block_table` and `attention`
 ops have no counterpart and are declared in CONFORMANCE_MISSING (reported as MISSING with
-the reason).
+the reason), as is `tokenize` (the `hf_tokenizers` adapter covers it).
 """
 
 from __future__ import annotations
@@ -67,6 +67,10 @@ CONFORMANCE_MISSING = {
         "transformers' paged attention runs inside its continuous-batching cache classes "
         "(per-layer state, its own block layout): there is no stateless op with these "
         "signatures"
+    ),
+    "tokenize.*": (
+        "transformers' fast tokenizers are the tokenizers library: see "
+        "conformance.adapters.hf_tokenizers"
     ),
 }
 

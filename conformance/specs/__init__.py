@@ -1,9 +1,10 @@
 """One spec module per ops module of the reference (`pyagent_ref.ops.MODULES`):
 `specs.sampling`, `specs.hashing`, `specs.block_table`, `specs.layers`, `specs.rope`,
-`specs.attention`.
+`specs.attention`; and one per contract that is not an ops module (`OTHER_CONTRACTS`):
+`specs.tokenize`, byte-level BPE (`pyagent_ref.tokenize.bpe`).
 
 Each defines `spec`, a `conformance.core.Spec` holding its properties in report order.
-A reference module without a spec module here is reported as unspecified.
+A reference ops module without a spec module here is reported as unspecified.
 """
 
 from __future__ import annotations
@@ -15,12 +16,20 @@ from functools import cache
 from .. import contract
 from ..core import Spec
 
+OTHER_CONTRACTS = ("tokenize",)
+"""Specs of contracts that are not ops modules (their `Spec.namespace` says where an
+implementation keeps them)."""
+
 
 @cache
 def SPECS() -> dict[str, Spec]:  # noqa: N802 - a constant, computed on first use
-    """{ops module name: its Spec} for each reference module that has a spec module."""
-    return {
+    """{name: its Spec} for each reference ops module that has a spec module, then for each
+    of `OTHER_CONTRACTS`."""
+    ops = {
         name: importlib.import_module(f"{__name__}.{name}").spec
         for name in contract.modules()
         if importlib.util.find_spec(f"{__name__}.{name}") is not None
+    }
+    return ops | {
+        name: importlib.import_module(f"{__name__}.{name}").spec for name in OTHER_CONTRACTS
     }

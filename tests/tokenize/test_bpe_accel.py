@@ -109,7 +109,7 @@ def test_tokenizer_json_features_are_identical(variant, bpe, accel):
     data = json.loads(tk.to_str())
     ours = ref.BytePairEncoding.from_tokenizer_json(data)
     theirs = accel.BytePairEncoding.from_tokenizer_json(data)
-    text = "".join(FRAGMENTS + VARIANT_FRAGMENTS) + TEXTS["stress"][:3000]
+    text = "".join([*FRAGMENTS, *VARIANT_FRAGMENTS]) + TEXTS["stress"][:3000]
     for kwargs in ({"allowed_special": "all"}, {"disallowed_special": ()}):
         assert theirs.encode(text, **kwargs) == ours.encode(text, **kwargs)
     pieces = [text[i : i + 97] for i in range(0, len(text), 97)]

@@ -20,6 +20,7 @@ from tokenizers import AddedToken, normalizers, pre_tokenizers
 from pyagent_ref.tokenize.bpe import BytePairEncoding, normalize
 
 from .bpe_corpus import (
+    FRAGMENTS,
     cl100k_config,
     corpus,
     embedded_tokenizer_json,
@@ -28,19 +29,6 @@ from .bpe_corpus import (
 )
 
 Encode = Callable[[str], list[int]]
-
-# Pieces of text where tokenizers differ if they differ at all: every kind of whitespace
-# (\x1c-\x1f are str.isspace() but not Unicode White_Space), contractions and the long s
-# that case-folds to s, digits of several scripts, marks, emoji, special-token look-alikes.
-FRAGMENTS = [
-    *[" ", "  ", "\t", "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\xa0"],
-    *["\u2028", "\u3000", "\u200b", "\u200d", "\ufeff"],
-    *["a", "A", "é", "e\u0301", "\u0301", "ſ", "'", "s", "t", "ll", "'S", "'Ll", "ﬁ", "Å"],
-    *["0", "7", "123", "4567", "٣", "²", "Ⅻ", "①", "𝟙"],
-    *["!", ".", ",", "-", "_", "(", "$", "<", "|", ">", "<|", "|>"],
-    *["😀", "👍🏽", "👨\u200d👩\u200d👧", "🏳️\u200d🌈", "日", "한", "ا", "क्ष", "ไทย"],
-    *["<|endoftext|>", "<s>", "<|im_start|>", "<|begin_of_text|>", "<|bos|>", "café"],
-]
 
 fragment_text = st.lists(
     st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=25
@@ -248,7 +236,7 @@ def test_tokenizer_json_features_are_identical(variant, bpe):
     VARIANTS[variant](tk)
     ours, hf = _hf_pair(tk)
     text_strategy = st.lists(
-        st.one_of(st.sampled_from(FRAGMENTS + VARIANT_FRAGMENTS), st.text(max_size=3)),
+        st.one_of(st.sampled_from([*FRAGMENTS, *VARIANT_FRAGMENTS]), st.text(max_size=3)),
         max_size=25,
     ).map("".join)
 
@@ -260,7 +248,7 @@ def test_tokenizer_json_features_are_identical(variant, bpe):
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False)
 
     check()
-    every_fragment = "".join(FRAGMENTS + VARIANT_FRAGMENTS)
+    every_fragment = "".join([*FRAGMENTS, *VARIANT_FRAGMENTS])
     ids = hf.encode(every_fragment).ids
     assert ours.encode(every_fragment, allowed_special="all") == ids
     assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False)
