@@ -1,0 +1,40 @@
+"""Structured output: constraints on generated text compiled to automata and token masks.
+
+A request may demand that its output match a regex, a JSON Schema, one of several strings,
+or a grammar. Issue 13 builds the whole path, each stage its own readable module:
+
+1. **regex → byte DFA** (exists): `regex.parse_regex` parses the pattern (the JSON Schema
+   ``pattern`` dialect and Python's common subset) into a syntax tree; `nfa.build_nfa`
+   turns it into a Thompson NFA over UTF-8 bytes; `dfa.determinize` and `dfa.minimize`
+   make the minimal DFA, bounded by a state limit. `compile_regex` runs all three.
+2. **JSON Schema → grammar** (to come): types, properties, items, formats, ``$ref``...,
+   with strings and numbers as regexes (lexemes) compiled by stage 1.
+3. **grammars** (to come): EBNF / GBNF / Lark rules parsed by an Earley parser whose
+   terminals are lexeme DFAs; ``choice`` (one of several strings).
+4. **token masks** (to come): a trie over the vocabulary's token bytes walked against the
+   automata (`DFA.walk`, `DFA.can_reach_accept`) to fill the bitmask of allowed next
+   tokens; a matcher with ``accept_token``, ``rollback`` and forced tokens.
+5. **the op** (to come): ``apply_token_bitmask(logits, bitmask)`` before sampling.
+
+Everything reads bytes, because tokens are bytes: a token may end in the middle of a
+character. docs/structured.md works through an example.
+"""
+
+from .dfa import DEAD, DFA, MAX_DFA_STATES, compile_regex, determinize, minimize
+from .nfa import MAX_NFA_STATES, NFA, build_nfa, utf8_sequences
+from .regex import RegexError, parse_regex
+
+__all__ = [
+    "DEAD",
+    "DFA",
+    "MAX_DFA_STATES",
+    "MAX_NFA_STATES",
+    "NFA",
+    "RegexError",
+    "build_nfa",
+    "compile_regex",
+    "determinize",
+    "minimize",
+    "parse_regex",
+    "utf8_sequences",
+]
