@@ -102,7 +102,8 @@ class DFA:
 
     def format_table(self) -> str:
         """The transition table as text: a row per state, a column per byte class that
-        leads anywhere (``-`` is `DEAD`; bytes of no column lead to `DEAD` everywhere)."""
+        leads anywhere, labelled by its bytes (``[0-9]``, ``.``, ``[\\x80-\\xbf]``); ``-`` is
+        `DEAD`, and the bytes of no column lead to `DEAD` everywhere."""
         table = self.transitions
         columns = [c for c in range(self.num_classes) if any(r[c] != DEAD for r in table)]
         header = ["state", *(_class_label(self.class_ranges(c)) for c in columns), "accepting"]
@@ -125,7 +126,8 @@ def _class_label(ranges: list[tuple[int, int]]) -> str:
     def show(b: int) -> str:
         return chr(b) if 0x21 <= b <= 0x7E else f"\\x{b:02x}"
 
-    return "".join(show(lo) if lo == hi else f"{show(lo)}-{show(hi)}" for lo, hi in ranges)
+    label = "".join(show(lo) if lo == hi else f"{show(lo)}-{show(hi)}" for lo, hi in ranges)
+    return label if ranges == [(ranges[0][0], ranges[0][0])] else f"[{label}]"
 
 
 def determinize(nfa: NFA, max_states: int = MAX_DFA_STATES) -> DFA:
