@@ -187,14 +187,15 @@ def minimize(dfa: DFA) -> DFA:
     if dfa.start == DEAD:
         return dfa
     sink = n = dfa.num_states
+    k = dfa.num_classes
 
     def move(q: int, cls: int) -> int:
         target = DEAD if q == sink else dfa.transitions[q][cls]
         return sink if target == DEAD else target
 
-    into: list[list[list[int]]] = [[[] for _ in range(n + 1)] for _ in range(dfa.num_classes)]
+    into: list[list[list[int]]] = [[[] for _ in range(n + 1)] for _ in range(k)]
     for q in range(n + 1):
-        for cls in range(dfa.num_classes):
+        for cls in range(k):
             into[cls][move(q, cls)].append(q)
     accepting = {q for q in range(n) if dfa.accepting[q]}
     blocks = [b for b in (set(accepting), set(range(n + 1)) - accepting) if b]
@@ -205,26 +206,29 @@ def minimize(dfa: DFA) -> DFA:
     pending = set(range(len(blocks)))
     while pending:
         splitter = list(blocks[pending.pop()])
-        for cls in range(dfa.num_classes):
+        for cls in range(k):
             cut: dict[int, set[int]] = defaultdict(set)  # block -> its states moving into A
             for target in splitter:
                 for q in into[cls][target]:
                     cut[block_of[q]].add(q)
             for b, inside in cut.items():
                 if len(inside) == len(blocks[b]):
-                    continue
+                    continue  # all of block b moves into A: no split
+                new = len(blocks)
                 blocks[b] -= inside
                 blocks.append(inside)
                 for q in inside:
-                    block_of[q] = len(blocks) - 1
-                smaller = len(blocks) - 1 if len(inside) <= len(blocks[b]) else b
-                pending.add(len(blocks) - 1 if b in pending else smaller)
+                    block_of[q] = new
+                if b in pending or len(inside) <= len(blocks[b]):
+                    pending.add(new)  # both halves pending, or the new half is the smaller
+                else:
+                    pending.add(b)  # the rest of b is the smaller half
 
     dead_block = block_of[sink]
     rows, accepts = [], []
     for members in blocks:
         q = next(iter(members))
-        row = [block_of[move(q, cls)] for cls in range(dfa.num_classes)]
+        row = [block_of[move(q, cls)] for cls in range(k)]
         rows.append([DEAD if b == dead_block else b for b in row])
         accepts.append(q in accepting)
     return _canonical(list(dfa.byte_class), rows, accepts, start=block_of[dfa.start])

@@ -177,6 +177,7 @@ _UNSUPPORTED_ESCAPES = {
     "z": "anchor '\\z' is not supported (the whole string is always matched)",
 }
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+_NO_MINIMUM = re.compile(r"\{,\d+\}")
 _GROUP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*>")
 
 
@@ -212,7 +213,7 @@ class _Parser:
             self.pos += 1
         while (char := self.peek()) is not None and char not in "|)":
             if char in "^$":
-                self.anchor(char, depth, items)
+                self.anchor(char, depth)
                 continue
             start = self.pos
             if self.quantifier() is not None:
@@ -227,7 +228,7 @@ class _Parser:
             items.append(atom)
         return items[0] if len(items) == 1 else Concat(tuple(items))
 
-    def anchor(self, char: str, depth: int, items: list[Node]) -> None:
+    def anchor(self, char: str, depth: int) -> None:
         """Accept ``$`` that ends a top-level alternative; every other anchor is an error."""
         at_end = self.peek(1) is None or self.peek(1) == "|"
         if char == "$" and depth == 0 and at_end:
@@ -246,13 +247,15 @@ class _Parser:
             self.pos += 1
             bounds = {"*": (0, None), "+": (1, None), "?": (0, 1)}[char]
         elif char == "{" and (m := _QUANTIFIER.match(self.pattern, self.pos)):
+            if max(len(m.group(1)), len(m.group(3) or "")) > 9:
+                raise self.error("a repetition count has at most 9 digits", start)
             self.pos = m.end()
             low = int(m.group(1))
             high = low if m.group(2) is None else (int(m.group(3)) if m.group(3) else None)
             if high is not None and high < low:
                 raise self.error(f"bad repetition bounds {m.group(0)}: min exceeds max", start)
             bounds = (low, high)
-        elif char == "{" and re.match(r"\{,\d+\}", self.pattern[self.pos :]):
+        elif char == "{" and _NO_MINIMUM.match(self.pattern, self.pos):
             raise self.error("'{,m}' means {0,m} in Python but is literal text in JSON Schema")
         else:
             return None

@@ -101,6 +101,8 @@ def test_class_escapes_are_the_ascii_ecma_sets():
         ("a*?+", 3, "cannot follow a quantifier"),
         ("a{3,2}", 1, "min exceeds max"),
         ("a{,3}", 1, "{,m}"),
+        ("a{1,9999999999}", 1, "at most 9 digits"),
+        ("a{" + "9" * 5000 + "}", 1, "at most 9 digits"),
         ("(ab", 0, "missing ')'"),
         ("a(b(c)", 1, "missing ')'"),
         ("ab)", 2, "unbalanced ')'"),
