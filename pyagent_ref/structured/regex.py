@@ -18,7 +18,8 @@ this module accepts it:
   character that is not an ASCII letter or digit escaped stands for itself;
 * groups ``( )``, ``(?: )``, ``(?P<name> )``, ``(?<name> )`` (all the same: nothing is
   captured); alternation ``|``;
-* quantifiers ``* + ? {n} {n,} {n,m}``, each optionally lazy (``*?``: the same language);
+* quantifiers ``* + ? {n} {n,} {n,m}`` (counts of at most 9 digits), each optionally lazy
+  (``*?``: the same language);
   a ``{`` that does not start a quantifier is a literal (as in both dialects), but
   ``{,m}`` is an error (Python's ``{0,m}``, a literal in ECMA-262);
 * anchors: the whole string must always match (like `re.fullmatch`), so ``^`` is accepted
