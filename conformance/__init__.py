@@ -3,7 +3,9 @@
 Checks any implementation of `pyagent_ref.ops` (the accelerator `pyagent_accel`, an
 adapter around a third-party library, your own kernels) against the specification in
 the reference's docstrings: invariants, a differential check against `pyagent_ref`,
-error behaviour and statistical tests for the random ops.
+error behaviour and statistical tests for the random ops. The `tokenize` spec does the
+same for byte-level BPE (`pyagent_ref.tokenize.bpe`; adapters for `tokenizers` and
+`tiktoken`).
 
     python -m conformance pyagent_accel --profile ci
     pytest --pyargs conformance -p conformance.pytest_plugin --conformance-impl=pyagent_accel

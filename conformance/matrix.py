@@ -242,8 +242,13 @@ def catalogue() -> str:
         ops: dict[str, list[core.Property]] = {}
         for prop in spec.properties:
             ops.setdefault(prop.op, []).append(prop)
+        # ops with the same properties (the vocabularies of tokenize) are listed once
+        alike: dict[tuple[tuple[str, str, bool], ...], list[str]] = {}
         for op, props in ops.items():
-            out.append(f"**`{spec.module}.{op}`**\n")
+            alike.setdefault(tuple((p.name, p.doc, p.differential) for p in props), []).append(op)
+        for names in alike.values():
+            props = ops[names[0]]
+            out.append(", ".join(f"**`{spec.module}.{op}`**" for op in names) + "\n")
             for prop in props:
                 tag = " *(differential)*" if prop.differential else ""
                 doc = prop.doc.replace("*", "\\*")
