@@ -35,3 +35,4 @@ _.user
 _.description
 _.owned_by
 _.should_exit  # uvicorn's server loop reads it
+_.binary_location  # selenium hands it to chromedriver (tests/server/test_playground.py)

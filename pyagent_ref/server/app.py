@@ -1,21 +1,23 @@
 """The FastAPI application: routes, the API key check, and the engine's lifetime.
 
-    GET  /health  /version  /metrics  /v1/models
+    GET  /  (the chat playground)  /health  /version  /metrics  /v1/models
     POST /v1/completions  /v1/chat/completions  /v1/responses  /tokenize  /detokenize
 
-Every route but /health, /version and /metrics needs ``Authorization: Bearer KEY`` when
-the server has an API key. Shutting down (uvicorn's SIGINT / SIGTERM) drains: uvicorn
-stops accepting connections and waits for the open ones, then the engine is shut down
-with drain=True, so every request in flight finishes.
+Every route but /, /health, /version and /metrics needs ``Authorization: Bearer KEY`` when
+the server has an API key (the playground is a static page: its own API calls send the key
+typed into it). Shutting down (uvicorn's SIGINT / SIGTERM) drains: uvicorn stops accepting
+connections and waits for the open ones, then the engine is shut down with drain=True, so
+every request in flight finishes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
+from importlib import resources
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 
 from .. import __version__
 from .chat import create_chat_completion
@@ -36,7 +38,13 @@ from .protocol import (
 from .responses import create_response
 from .state import ServerConfig, ServerState
 
-_OPEN_PATHS = {"/health", "/version", "/metrics"}
+_OPEN_PATHS = {"/", "/health", "/version", "/metrics"}
+# The playground loads nothing but itself and talks only to this server; the browser
+# enforces that.
+_PLAYGROUND_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'"
+)
 
 
 def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> FastAPI:
@@ -63,6 +71,12 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
                     401, f"{what}: send 'Authorization: Bearer <key>'", code="invalid_api_key"
                 ).response()
         return await call_next(request)
+
+    playground = (resources.files(__package__) / "static" / "playground.html").read_text("utf-8")
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(playground, headers={"Content-Security-Policy": _PLAYGROUND_CSP})
 
     @app.get("/health")
     async def health() -> Response:
