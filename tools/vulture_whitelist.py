@@ -28,11 +28,14 @@ _.pre_tokenizer  # HF tokenizers reads it
 _.__signature__  # inspect.signature reads it (accel wrappers carry the reference's)
 _._attn_implementation  # HF transformers reads it
 _.normalizer  # HF tokenizers reads it
+_.encode_special_tokens  # HF tokenizers reads it (conformance/adapters/hf_tokenizers.py)
 pytestmark  # pytest reads it
 
 # OpenAI's request and response fields: pydantic parses and serializes them.
 _.user
 _.description
 _.owned_by
+annotations  # a Responses API output_text field
+created_at  # a Responses API response field
 _.should_exit  # uvicorn's server loop reads it
 _.binary_location  # selenium hands it to chromedriver (tests/server/test_playground.py)
