@@ -1,8 +1,10 @@
-"""Shared by the worker tests: a tiny random model, an engine on a saved one, a workload."""
+"""Shared by the worker and engine tests: a tiny random model, an engine on a saved one,
+workloads (fixed, and random ones for hypothesis)."""
 
 from __future__ import annotations
 
 import torch
+from hypothesis import strategies as st
 
 from pyagent_ref.engine.core import EngineConfig, EngineCore
 from pyagent_ref.model import load_model
@@ -60,3 +62,46 @@ def tiny_model(**overrides):
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(ModelConfig(**(fields | overrides))).eval()
+
+
+# (prompt over the tiny model's 50 ids, max_tokens, sampled?) per request
+WORKLOADS = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 49), min_size=1, max_size=20),
+        st.integers(1, 10),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=6,
+)
+# engine settings that make random workloads chunk prompts, preempt and hit the prefix cache
+ENGINE_SETTINGS = dict(
+    block_size=st.sampled_from([2, 4, 8]),
+    num_blocks=st.integers(12, 40),
+    budget=st.integers(8, 32),
+    caching=st.booleans(),
+)
+
+
+def run_workload(model, workload, block_size, num_blocks, budget, caching, **config):
+    """Every request of a `WORKLOADS` example through an engine with `ENGINE_SETTINGS`
+    (sampled requests at temperature 0.9, top_p 0.95, seeded by their index); their tokens."""
+    core = EngineCore(
+        model,
+        EngineConfig(
+            block_size=block_size,
+            num_kv_blocks=num_blocks,
+            max_num_batched_tokens=budget,
+            max_num_seqs=4,
+            enable_prefix_caching=caching,
+            **config,
+        ),
+    )
+    reqs = []
+    for i, (prompt, n, sample) in enumerate(workload):
+        params = SamplingParams(temperature=0.9 if sample else 0.0, top_p=0.95, max_tokens=n)
+        reqs.append(Request(str(i), prompt, sampling_params=params, seed=i, max_tokens=n))
+        core.add_request(reqs[-1])
+    while core.has_unfinished_requests():
+        core.step()
+    return [r.output_token_ids for r in reqs]

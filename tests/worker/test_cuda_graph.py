@@ -11,18 +11,22 @@ import re
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
 from pyagent_ref.model import AttentionMetadata  # noqa: E402
 from pyagent_ref.ops import load as load_ops  # noqa: E402
-from pyagent_ref.sample.params import SamplingParams  # noqa: E402
-from pyagent_ref.sched import Request  # noqa: E402
 from pyagent_ref.worker.cuda_graph import BatchDescriptor, CudaGraphRunner  # noqa: E402
 from pyagent_ref.worker.model_runner import ModelRunner  # noqa: E402
-from tests.worker.helpers import PROMPTS, generate, make_engine, tiny_model  # noqa: E402
+from tests.worker.helpers import (  # noqa: E402
+    ENGINE_SETTINGS,
+    PROMPTS,
+    WORKLOADS,
+    generate,
+    make_engine,
+    run_workload,
+    tiny_model,
+)
 
 
 def test_static_decode_path_draws_the_tokens_of_the_eager_path(tiny_hf):
@@ -145,45 +149,10 @@ def test_recorded_graphs_replay_the_eager_tokens_on_cuda(tiny_hf):
 
 
 @settings(deadline=None, max_examples=25)
-@given(
-    workload=st.lists(
-        st.tuples(
-            st.lists(st.integers(0, 49), min_size=1, max_size=20),
-            st.integers(1, 10),
-            st.booleans(),
-        ),
-        min_size=1,
-        max_size=6,
-    ),
-    block_size=st.sampled_from([2, 4, 8]),
-    num_blocks=st.integers(12, 40),
-    budget=st.integers(8, 32),
-    caching=st.booleans(),
-)
-def test_static_and_eager_agree_on_random_workloads(
-    workload, block_size, num_blocks, budget, caching
-):
+@given(workload=WORKLOADS, **ENGINE_SETTINGS)
+def test_static_and_eager_agree_on_random_workloads(workload, **settings_):
     """Chunked prefill, preemption (small caches), prefix hits and padded decode batches
     of every size: the graph path draws every token the eager path draws."""
     model = tiny_model()
-    outputs = []
-    for mode in ("eager", "static"):
-        config = EngineConfig(
-            block_size=block_size,
-            num_kv_blocks=num_blocks,
-            max_num_batched_tokens=budget,
-            max_num_seqs=4,
-            enable_prefix_caching=caching,
-            ops="ref",
-            graph_mode=mode,
-        )
-        core = EngineCore(model, config)
-        reqs = []
-        for i, (prompt, n, sample) in enumerate(workload):
-            params = SamplingParams(temperature=0.9 if sample else 0.0, max_tokens=n)
-            reqs.append(Request(str(i), prompt, sampling_params=params, seed=i, max_tokens=n))
-            core.add_request(reqs[-1])
-        while core.has_unfinished_requests():
-            core.step()
-        outputs.append([r.output_token_ids for r in reqs])
-    assert outputs[0] == outputs[1]
+    eager = run_workload(model, workload, ops="ref", graph_mode="eager", **settings_)
+    assert run_workload(model, workload, ops="ref", graph_mode="static", **settings_) == eager
