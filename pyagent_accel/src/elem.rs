@@ -91,11 +91,19 @@ pub trait Compute: Float {
     /// `x` in this type: exact, but an f64 is rounded to f32 (to nearest even).
     fn from_elem<E: Elem>(x: E) -> Self;
 
-    /// `dst[i] = from_elem(src[i])`, a loop the compiler vectorises.
+    /// `dst[i] = from_elem(src[i])` for slices of one length: a copy when E is this type,
+    /// else a loop the compiler vectorises.
     #[inline(always)]
     fn widen<E: Elem>(src: &[E], dst: &mut [Self]) {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            *d = Self::from_elem(s);
+        if TypeId::of::<E>() == TypeId::of::<Self>() {
+            // SAFETY: E and Self are the same type (checked just above).
+            dst.copy_from_slice(unsafe {
+                std::slice::from_raw_parts(src.as_ptr().cast(), src.len())
+            });
+        } else {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = Self::from_elem(s);
+            }
         }
     }
 }
