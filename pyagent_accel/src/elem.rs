@@ -57,8 +57,12 @@ pub trait Elem: numpy::Element + Copy + Send + Sync + 'static {
 
     /// This value as an f32: exact, but an f64 is rounded (to nearest even).
     fn to_f32(self) -> f32;
-    /// This value as an f64: exact.
-    fn to_f64(self) -> f64;
+    /// This value as an f64: exact. The default goes through f32, which holds every value
+    /// of the other dtypes; f64 overrides it.
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self.to_f32() as f64
+    }
     /// `v` rounded to this type (to nearest, ties to even).
     fn store(v: Self::C) -> Self;
 
@@ -91,8 +95,8 @@ pub trait Compute: Float {
     /// `x` in this type: exact, but an f64 is rounded to f32 (to nearest even).
     fn from_elem<E: Elem>(x: E) -> Self;
 
-    /// `dst[i] = from_elem(src[i])` for slices of one length: a copy when E is this type,
-    /// else a loop the compiler vectorises.
+    /// `dst[i] = from_elem(src[i])` for `src` and `dst` of one length: a copy when E is
+    /// this type, else a loop the compiler vectorises.
     #[inline(always)]
     fn widen<E: Elem>(src: &[E], dst: &mut [Self]) {
         if TypeId::of::<E>() == TypeId::of::<Self>() {
@@ -130,10 +134,6 @@ impl Elem for f32 {
         self
     }
     #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    #[inline(always)]
     fn store(v: f32) -> f32 {
         v
     }
@@ -164,10 +164,6 @@ impl Elem for f16 {
         f16_bits_to_f32(self.to_bits())
     }
     #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self.to_f32() as f64
-    }
-    #[inline(always)]
     fn store(v: f32) -> f16 {
         f16::from_bits(f32_to_f16_bits(v))
     }
@@ -179,10 +175,6 @@ impl Elem for Bf16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self.to_f32() as f64
     }
     #[inline(always)]
     fn store(v: f32) -> Bf16 {
