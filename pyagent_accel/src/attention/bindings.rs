@@ -54,38 +54,21 @@ fn reshape_and_cache(
     slot_mapping: PyReadonlyArray1<'_, i64>,
 ) -> PyResult<()> {
     let slots = slice(&slot_mapping, "slot_mapping")?;
-    dtype_of(key_cache, "key_cache")?; // a float array, so it has a shape: its slots bound both writes
+    // key_cache's slots bound both writes (a float array: TypeError otherwise)
+    dtype_of(key_cache, "key_cache")?;
     let shape: Vec<usize> = key_cache.getattr("shape")?.extract()?;
     let num_slots = shape.iter().take(2).product::<usize>();
-    write_cache(py, key, key_cache, slots, num_slots, "key", "key_cache")?;
-    write_cache(
-        py,
-        value,
-        value_cache,
-        slots,
-        num_slots,
-        "value",
-        "value_cache",
-    )
+    // one write: `write_typed` for the dtypes of src and cache
+    let write = |src: &Bound<'_, PyAny>, cache: &Bound<'_, PyAny>, src_name, cache_name| {
+        with_elem!(dtype_of(src, src_name)?, S => with_elem!(dtype_of(cache, cache_name)?, D => {
+            write_typed::<S, D>(py, src, cache, slots, num_slots, src_name, cache_name)
+        }))
+    };
+    write(key, key_cache, "key", "key_cache")?;
+    write(value, value_cache, "value", "value_cache")
 }
 
-/// One of the two writes of `reshape_and_cache`: `write_typed` for the dtypes of `src`
-/// and `cache`.
-fn write_cache(
-    py: Python<'_>,
-    src: &Bound<'_, PyAny>,
-    cache: &Bound<'_, PyAny>,
-    slots: &[i64],
-    num_slots: usize,
-    src_name: &str,
-    cache_name: &str,
-) -> PyResult<()> {
-    with_elem!(dtype_of(src, src_name)?, S => with_elem!(dtype_of(cache, cache_name)?, D => {
-        write_typed::<S, D>(py, src, cache, slots, num_slots, src_name, cache_name)
-    }))
-}
-
-/// `write_cache` after checking the shapes and slots.
+/// One of the two writes of `reshape_and_cache`, after checking the shapes and slots.
 fn write_typed<S: Elem, D: Elem>(
     py: Python<'_>,
     src: &Bound<'_, PyAny>,
