@@ -1,127 +1,184 @@
-//! The storage dtypes of the float ops (`layers`, `rope`): f32, f64, f16 and bf16, and
-//! how the bindings read them from numpy.
+//! The storage dtypes of the float ops (`layers`, `rope`, `attention`): f32, f64, f16
+//! and bf16, their compute types, and how the bindings read arrays of them from numpy.
 //!
-//! Like the reference, half types are computed in f32 and rounded back to their own type
-//! (round to nearest even) wherever the reference stores an intermediate in the input
-//! dtype: `E::round(v)` is that rounding, kept in the compute type. The f16 and bf16
-//! conversions are branch-free bit manipulations (so loops over them vectorise), exact
-//! for every value: the `half` crate's scalar conversions are the oracle of the tests.
-//! NaN payloads are not preserved bit for bit (numpy and torch differ there themselves).
+//! Like the reference, f64 is computed in f64 and the other dtypes in f32 (`Elem::C`);
+//! half types are rounded back to their own type (round to nearest even) wherever the
+//! reference stores an intermediate in the input dtype: `E::round(v)` is that rounding,
+//! kept in the compute type. The f16 and bf16 conversions are branch-free bit
+//! manipulations (so loops over them vectorise), exact for every value: the `half`
+//! crate's scalar conversions are the oracle of the tests. NaN payloads are not
+//! preserved bit for bit (numpy and torch differ there themselves).
 //!
 //! numpy has no bfloat16: a bf16 array travels as its bits in an int16 array (the
-//! Python side passes `tensor.view(torch.int16).numpy()`, zero-copy) and is read here as
-//! `half::bf16`.
+//! Python side passes `tensor.view(torch.int16).numpy()`, zero-copy), whose elements
+//! are `Bf16` here.
 
-use half::{bf16, f16};
+use std::any::TypeId;
+
+use half::f16;
 use numpy::ndarray::ArrayViewD;
-use numpy::{PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArrayDescr, PyArrayDyn, PyReadonlyArrayDyn, PyReadwriteArrayDyn, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use crate::float::Float;
-use crate::py_util::{readonly, value_error};
+use crate::py_util::{readonly, value_error, writable};
 
-/// A storage dtype: how its values load into the compute type and store back.
-pub trait Elem: Copy + Send + Sync + 'static {
-    /// The numpy element holding the values (bf16: its bits as int16).
-    type Np: numpy::Element + Copy + Send + Sync;
+/// A bfloat16 value as its bits (the high half of an f32), which numpy holds in an
+/// int16 array.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bf16(pub u16);
+
+// SAFETY: `Bf16` is `repr(transparent)` over u16: numpy's int16 layout, and every bit
+// pattern is a value of both.
+unsafe impl numpy::Element for Bf16 {
+    const IS_COPY: bool = true;
+
+    fn get_dtype(py: Python<'_>) -> Bound<'_, PyArrayDescr> {
+        i16::get_dtype(py)
+    }
+
+    fn clone_ref(&self, _py: Python<'_>) -> Self {
+        *self
+    }
+}
+
+/// A storage dtype: the numpy element of its arrays, and how its values load into the
+/// compute type and store back.
+pub trait Elem: numpy::Element + Copy + Send + Sync + 'static {
     /// The reference's compute type: f64 for f64, f32 for the others.
-    type C: Float;
+    type C: Compute;
     /// The dtype's name, for error messages.
     const NAME: &'static str;
 
-    fn load(self) -> Self::C;
-    /// Round to this type (to nearest, ties to even).
+    /// This value as an f32: exact, but an f64 is rounded (to nearest even).
+    fn to_f32(self) -> f32;
+    /// This value as an f64: exact. The default goes through f32, which holds every value
+    /// of the other dtypes; f64 overrides it.
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self.to_f32() as f64
+    }
+    /// `v` rounded to this type (to nearest, ties to even).
     fn store(v: Self::C) -> Self;
+
+    /// This value in the compute type (exact).
+    #[inline(always)]
+    fn load(self) -> Self::C {
+        Self::C::from_elem(self)
+    }
     /// `v` rounded to this type and loaded back: an intermediate stored in the input dtype.
     #[inline(always)]
     fn round(v: Self::C) -> Self::C {
         Self::store(v).load()
     }
-    fn from_np(s: &[Self::Np]) -> &[Self];
-    fn from_np_mut(s: &mut [Self::Np]) -> &mut [Self];
+    /// This value converted to `D` (numpy's and torch's `astype`): itself (bit for bit)
+    /// when D is this type, else loaded into D's compute type and rounded to D; f64
+    /// reaches a half type through f32, as in torch.
+    #[inline(always)]
+    fn cast<D: Elem>(self) -> D {
+        if TypeId::of::<Self>() == TypeId::of::<D>() {
+            // SAFETY: Self and D are the same type (checked just above).
+            unsafe { std::mem::transmute_copy(&self) }
+        } else {
+            D::store(D::C::from_elem(self))
+        }
+    }
+}
+
+/// A compute type: f32 or f64.
+pub trait Compute: Float {
+    /// `x` in this type: exact, but an f64 is rounded to f32 (to nearest even).
+    fn from_elem<E: Elem>(x: E) -> Self;
+
+    /// `dst[i] = from_elem(src[i])` for `src` and `dst` of one length: a copy when E is
+    /// this type, else a loop the compiler vectorises.
+    #[inline(always)]
+    fn widen<E: Elem>(src: &[E], dst: &mut [Self]) {
+        if TypeId::of::<E>() == TypeId::of::<Self>() {
+            // SAFETY: E and Self are the same type (checked just above).
+            dst.copy_from_slice(unsafe {
+                std::slice::from_raw_parts(src.as_ptr().cast(), src.len())
+            });
+        } else {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = Self::from_elem(s);
+            }
+        }
+    }
+}
+
+impl Compute for f32 {
+    #[inline(always)]
+    fn from_elem<E: Elem>(x: E) -> f32 {
+        x.to_f32()
+    }
+}
+
+impl Compute for f64 {
+    #[inline(always)]
+    fn from_elem<E: Elem>(x: E) -> f64 {
+        x.to_f64()
+    }
 }
 
 impl Elem for f32 {
-    type Np = f32;
     type C = f32;
     const NAME: &'static str = "float32";
     #[inline(always)]
-    fn load(self) -> f32 {
+    fn to_f32(self) -> f32 {
         self
     }
     #[inline(always)]
     fn store(v: f32) -> f32 {
         v
     }
-    fn from_np(s: &[f32]) -> &[f32] {
-        s
-    }
-    fn from_np_mut(s: &mut [f32]) -> &mut [f32] {
-        s
-    }
 }
 
 impl Elem for f64 {
-    type Np = f64;
     type C = f64;
     const NAME: &'static str = "float64";
     #[inline(always)]
-    fn load(self) -> f64 {
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
         self
     }
     #[inline(always)]
     fn store(v: f64) -> f64 {
         v
     }
-    fn from_np(s: &[f64]) -> &[f64] {
-        s
-    }
-    fn from_np_mut(s: &mut [f64]) -> &mut [f64] {
-        s
-    }
 }
 
 impl Elem for f16 {
-    type Np = f16;
     type C = f32;
     const NAME: &'static str = "float16";
     #[inline(always)]
-    fn load(self) -> f32 {
+    fn to_f32(self) -> f32 {
         f16_bits_to_f32(self.to_bits())
     }
     #[inline(always)]
     fn store(v: f32) -> f16 {
         f16::from_bits(f32_to_f16_bits(v))
     }
-    fn from_np(s: &[f16]) -> &[f16] {
-        s
-    }
-    fn from_np_mut(s: &mut [f16]) -> &mut [f16] {
-        s
-    }
 }
 
-impl Elem for bf16 {
-    type Np = i16;
+impl Elem for Bf16 {
     type C = f32;
     const NAME: &'static str = "bfloat16";
     #[inline(always)]
-    fn load(self) -> f32 {
-        f32::from_bits((self.to_bits() as u32) << 16)
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
     }
     #[inline(always)]
-    fn store(v: f32) -> bf16 {
-        bf16::from_bits(f32_to_bf16_bits(v))
-    }
-    fn from_np(s: &[i16]) -> &[bf16] {
-        // SAFETY: bf16 is a repr(transparent) u16: same size and alignment as i16, and
-        // every bit pattern is a valid value of both.
-        unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), s.len()) }
-    }
-    fn from_np_mut(s: &mut [i16]) -> &mut [bf16] {
-        // SAFETY: as in `from_np`; the borrow of `s` moves to the result.
-        unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), s.len()) }
+    fn store(v: f32) -> Bf16 {
+        Bf16(f32_to_bf16_bits(v))
     }
 }
 
@@ -202,7 +259,7 @@ pub enum Dtype {
 pub fn dtype_of(x: &Bound<'_, PyAny>, name: &str) -> PyResult<Dtype> {
     if x.cast::<PyArrayDyn<f32>>().is_ok() {
         Ok(Dtype::F32)
-    } else if x.cast::<PyArrayDyn<i16>>().is_ok() {
+    } else if x.cast::<PyArrayDyn<Bf16>>().is_ok() {
         Ok(Dtype::Bf16)
     } else if x.cast::<PyArrayDyn<f64>>().is_ok() {
         Ok(Dtype::F64)
@@ -220,13 +277,39 @@ pub fn dtype_of(x: &Bound<'_, PyAny>, name: &str) -> PyResult<Dtype> {
     }
 }
 
-/// A read-only borrow of `x` as an array of `E` (TypeError if it holds another dtype),
-/// aligned (numpy's flag: ValueError otherwise, as Rust reads whole elements).
-pub fn float_array<'py, E: Elem>(
-    x: &Bound<'py, PyAny>,
+/// `$body` with the type `$E` bound to the storage type of `$dtype` (a `Dtype`): how a
+/// binding runs a function generic over `Elem` for the dtype of an array (`dtype_of`).
+macro_rules! with_elem {
+    ($dtype:expr, $E:ident => $body:expr) => {
+        match $dtype {
+            $crate::elem::Dtype::F32 => {
+                type $E = f32;
+                $body
+            }
+            $crate::elem::Dtype::F64 => {
+                type $E = f64;
+                $body
+            }
+            $crate::elem::Dtype::F16 => {
+                type $E = half::f16;
+                $body
+            }
+            $crate::elem::Dtype::Bf16 => {
+                type $E = $crate::elem::Bf16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_elem;
+
+/// `x` as an array of `E` (TypeError if it holds another dtype), aligned (numpy's flag:
+/// ValueError otherwise, as Rust reads whole elements).
+fn typed<'a, 'py, E: Elem>(
+    x: &'a Bound<'py, PyAny>,
     name: &str,
-) -> PyResult<PyReadonlyArrayDyn<'py, E::Np>> {
-    let array = x.cast::<PyArrayDyn<E::Np>>().map_err(|_| {
+) -> PyResult<&'a Bound<'py, PyArrayDyn<E>>> {
+    let array = x.cast::<PyArrayDyn<E>>().map_err(|_| {
         PyTypeError::new_err(format!(
             "{name} must be a {} array like the others",
             E::NAME
@@ -237,22 +320,33 @@ pub fn float_array<'py, E: Elem>(
             "{name} is not aligned in memory; pass a copy (np.array(x)) instead"
         )));
     }
-    readonly(array, name)
+    Ok(array)
+}
+
+/// A read-only borrow of `x`, an aligned array of `E` (see `typed`).
+pub fn float_array<'py, E: Elem>(
+    x: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<PyReadonlyArrayDyn<'py, E>> {
+    readonly(typed::<E>(x, name)?, name)
+}
+
+/// A writable borrow of `x`, an aligned array of `E` (see `typed`), written in place.
+pub fn float_array_mut<'py, E: Elem>(
+    x: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<PyReadwriteArrayDyn<'py, E>> {
+    writable(typed::<E>(x, name)?, name)
 }
 
 /// The lanes of `x`'s last axis as slices, in C order: leading axes may have any strides
 /// (views are read in place), the last axis must be contiguous.
-pub fn rows<'a, E: Elem>(
-    x: &'a PyReadonlyArrayDyn<'_, E::Np>,
-    name: &str,
-) -> PyResult<Vec<&'a [E]>> {
-    fn push<'a, E: Elem>(view: ArrayViewD<'a, E::Np>, out: &mut Vec<&'a [E]>) -> bool {
+pub fn rows<'a, E: Elem>(x: &'a PyReadonlyArrayDyn<'_, E>, name: &str) -> PyResult<Vec<&'a [E]>> {
+    fn push<'a, E: Elem>(view: ArrayViewD<'a, E>, out: &mut Vec<&'a [E]>) -> bool {
         if view.ndim() > 1 {
             return view.into_outer_iter().all(|sub| push(sub, out));
         }
-        view.to_slice()
-            .map(|row| out.push(E::from_np(row)))
-            .is_some()
+        view.to_slice().map(|row| out.push(row)).is_some()
     }
     if x.ndim() == 0 {
         return Err(value_error(format!(
@@ -281,13 +375,14 @@ pub fn rows<'a, E: Elem>(
 pub unsafe fn new_array<'py, E: Elem>(
     py: Python<'py>,
     shape: &[usize],
-) -> Bound<'py, PyArrayDyn<E::Np>> {
-    PyArrayDyn::<E::Np>::new(py, shape, false)
+) -> Bound<'py, PyArrayDyn<E>> {
+    PyArrayDyn::<E>::new(py, shape, false)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::bf16;
 
     #[test]
     fn f16_to_f32_is_exact_for_every_value() {
@@ -360,10 +455,21 @@ mod tests {
 
     #[test]
     fn round_keeps_values_of_the_type() {
-        assert_eq!(<bf16 as Elem>::round(1.0 + 1.0 / 256.0), 1.0); // a tie: to even
-        assert_eq!(<bf16 as Elem>::round(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
+        assert_eq!(<Bf16 as Elem>::round(1.0 + 1.0 / 256.0), 1.0); // a tie: to even
+        assert_eq!(<Bf16 as Elem>::round(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
         assert_eq!(<f16 as Elem>::round(1.0 + 1.0 / 2048.0), 1.0);
         assert_eq!(<f16 as Elem>::round(65520.0), f32::INFINITY);
         assert_eq!(<f32 as Elem>::round(0.1), 0.1);
+    }
+
+    #[test]
+    fn cast_rounds_once_from_the_compute_type() {
+        // 1 + 2**-8 + 2**-23: above the bf16 tie between 1 and 1 + 2**-7 by its last bit
+        let above_tie = 1.0f32 + 1.0 / 256.0 + f32::EPSILON;
+        assert_eq!(above_tie.cast::<Bf16>().to_f32(), 1.0 + 1.0 / 128.0);
+        assert_eq!(Bf16::store(1.0 / 3.0).cast::<f64>(), 0.333_984_375);
+        // f64 reaches f16 through f32 (torch's conversion)
+        assert_eq!((1.0f64 / 3.0).cast::<f16>(), f16::from_f32(1.0 / 3.0));
+        assert_eq!(1e300f64.cast::<f32>(), f32::INFINITY);
     }
 }

@@ -42,6 +42,8 @@ pub trait Float:
     fn exp_fast(self) -> Self;
     /// Natural log in this type (libm; f32: computed in f64 and rounded once).
     fn ln_(self) -> Self;
+    /// tanh in this type (libm).
+    fn tanh_(self) -> Self;
 }
 
 impl Float for f32 {
@@ -79,6 +81,10 @@ impl Float for f32 {
     fn ln_(self) -> Self {
         (self as f64).ln() as f32
     }
+    #[inline(always)]
+    fn tanh_(self) -> Self {
+        self.tanh()
+    }
 }
 
 impl Float for f64 {
@@ -115,6 +121,10 @@ impl Float for f64 {
     #[inline(always)]
     fn ln_(self) -> Self {
         self.ln()
+    }
+    #[inline(always)]
+    fn tanh_(self) -> Self {
+        self.tanh()
     }
 }
 
@@ -252,34 +262,35 @@ pub fn simd_level() -> Simd {
 
 /// Define `$name`, a copy of the `#[inline(always)]` function `$imp` compiled three
 /// times (baseline x86-64, AVX2, AVX-512) and picked at run time. A generic function's
-/// type parameter is bounded by `Float` unless it names its bound (`fn f<E: Elem>`).
+/// type parameters name their bounds (`fn f<E: Elem, C: Compute>`), but for the short
+/// form `fn f<T>`, bounded by `Float`.
 macro_rules! multiversion {
     ($(#[$m:meta])* $vis:vis fn $name:ident<$T:ident>($($a:ident : $t:ty),* $(,)?) -> $r:ty = $imp:ident;) => {
         $crate::float::multiversion! {
             $(#[$m])* $vis fn $name<$T: $crate::float::Float>($($a: $t),*) -> $r = $imp;
         }
     };
-    ($(#[$m:meta])* $vis:vis fn $name:ident<$T:ident: $B:path>($($a:ident : $t:ty),* $(,)?) -> $r:ty = $imp:ident;) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident<$($T:ident: $B:path),+>($($a:ident : $t:ty),* $(,)?) -> $r:ty = $imp:ident;) => {
         $(#[$m])*
-        $vis fn $name<$T: $B>($($a: $t),*) -> $r {
+        $vis fn $name<$($T: $B),+>($($a: $t),*) -> $r {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
-                unsafe fn v4<$T: $B>($($a: $t),*) -> $r {
-                    $imp::<$T>($($a),*)
+                unsafe fn v4<$($T: $B),+>($($a: $t),*) -> $r {
+                    $imp::<$($T),+>($($a),*)
                 }
                 #[target_feature(enable = "avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
-                unsafe fn v3<$T: $B>($($a: $t),*) -> $r {
-                    $imp::<$T>($($a),*)
+                unsafe fn v3<$($T: $B),+>($($a: $t),*) -> $r {
+                    $imp::<$($T),+>($($a),*)
                 }
                 match $crate::float::simd_level() {
                     // SAFETY: the level is only reported when the CPU has the features.
-                    $crate::float::Simd::Avx512 => return unsafe { v4::<$T>($($a),*) },
-                    $crate::float::Simd::Avx2 => return unsafe { v3::<$T>($($a),*) },
+                    $crate::float::Simd::Avx512 => return unsafe { v4::<$($T),+>($($a),*) },
+                    $crate::float::Simd::Avx2 => return unsafe { v3::<$($T),+>($($a),*) },
                     $crate::float::Simd::Baseline => {}
                 }
             }
-            $imp::<$T>($($a),*)
+            $imp::<$($T),+>($($a),*)
         }
     };
     ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident : $t:ty),* $(,)?) -> $r:ty = $imp:ident;) => {

@@ -13,7 +13,7 @@ use numpy::{PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use rayon::prelude::*;
 
-use crate::elem::{dtype_of, float_array, new_array, rows, Dtype, Elem};
+use crate::elem::{dtype_of, float_array, new_array, rows, with_elem, Elem};
 use crate::float::{multiversion, Float};
 use crate::py_util::{detached, value_error};
 use crate::sampling::row_scan::pairwise_sum;
@@ -108,12 +108,7 @@ fn rms_norm<'py>(
     eps: f64,
     residual: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    match dtype_of(x, "x")? {
-        Dtype::F32 => rms_norm_typed::<f32>(py, x, weight, eps, residual),
-        Dtype::F64 => rms_norm_typed::<f64>(py, x, weight, eps, residual),
-        Dtype::F16 => rms_norm_typed::<half::f16>(py, x, weight, eps, residual),
-        Dtype::Bf16 => rms_norm_typed::<half::bf16>(py, x, weight, eps, residual),
-    }
+    with_elem!(dtype_of(x, "x")?, E => rms_norm_typed::<E>(py, x, weight, eps, residual))
 }
 
 fn rms_norm_typed<'py, E: Elem>(
@@ -158,10 +153,10 @@ fn rms_norm_typed<'py, E: Elem>(
         .map(|_| unsafe { new_array::<E>(py, &shape) });
     {
         let mut out_w = out.readwrite();
-        let out_data = E::from_np_mut(out_w.as_slice_mut()?);
+        let out_data = out_w.as_slice_mut()?;
         let mut res_w = new_res.as_ref().map(|a| a.readwrite());
         let res_data = match res_w.as_mut() {
-            Some(a) => Some(E::from_np_mut(a.as_slice_mut()?)),
+            Some(a) => Some(a.as_slice_mut()?),
             None => None,
         };
         if hidden > 0 && !x_rows.is_empty() {
@@ -197,12 +192,7 @@ fn rms_norm_typed<'py, E: Elem>(
 /// * up, shape (..., d).
 #[pyfunction]
 fn silu_and_mul<'py>(py: Python<'py>, x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    match dtype_of(x, "x")? {
-        Dtype::F32 => silu_and_mul_typed::<f32>(py, x),
-        Dtype::F64 => silu_and_mul_typed::<f64>(py, x),
-        Dtype::F16 => silu_and_mul_typed::<half::f16>(py, x),
-        Dtype::Bf16 => silu_and_mul_typed::<half::bf16>(py, x),
-    }
+    with_elem!(dtype_of(x, "x")?, E => silu_and_mul_typed::<E>(py, x))
 }
 
 fn silu_and_mul_typed<'py, E: Elem>(
@@ -224,7 +214,7 @@ fn silu_and_mul_typed<'py, E: Elem>(
     let out = unsafe { new_array::<E>(py, &shape) };
     {
         let mut out_w = out.readwrite();
-        let out_data = E::from_np_mut(out_w.as_slice_mut()?);
+        let out_data = out_w.as_slice_mut()?;
         if d > 0 && !x_rows.is_empty() {
             detached(py, || {
                 out_data
@@ -247,7 +237,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::elem::Bf16;
     use half::{bf16, f16};
+
+    /// `v` rounded to bfloat16 by the `half` crate (the oracle).
+    fn b(v: f32) -> Bf16 {
+        Bf16(bf16::from_f32(v).to_bits())
+    }
 
     /// rms_norm of one row through the kernel.
     fn rms<E: Elem>(x: &[E], residual: Option<&[E]>, weight: &[E], eps: f64) -> (Vec<E>, Vec<E>) {
@@ -275,11 +271,11 @@ mod tests {
     fn rms_norm_of_zeros_is_zero_and_residual_is_the_rounded_sum() {
         let (out, _) = rms(&[0.0f32; 8], None, &[1.0f32; 8], 1e-5);
         assert!(out.iter().all(|&v| v == 0.0));
-        let x = [bf16::from_f32(1.0), bf16::from_f32(-2.5)];
-        let r = [bf16::from_f32(1.0 / 512.0), bf16::from_f32(0.5)];
-        let w = [bf16::from_f32(1.0); 2];
+        let x = [b(1.0), b(-2.5)];
+        let r = [b(1.0 / 512.0), b(0.5)];
+        let w = [b(1.0); 2];
         let (_, new) = rms(&x, Some(&r), &w, 1e-5);
-        assert_eq!(new, [bf16::from_f32(1.0), bf16::from_f32(-2.0)]); // 1 + 2**-9 ties to 1
+        assert_eq!(new, [b(1.0), b(-2.0)]); // 1 + 2**-9 ties to 1
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Helpers shared by the Python bindings of every ops module: errors, reading numpy
 //! arrays, and running a kernel without the GIL.
 
-use numpy::{PyArray, PyArrayMethods, PyReadonlyArray, PyReadonlyArray1};
+use numpy::{PyArray, PyArrayMethods, PyReadonlyArray, PyReadonlyArray1, PyReadwriteArray};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -32,6 +32,19 @@ pub fn readonly<'py, T: numpy::Element, D: numpy::ndarray::Dimension>(
     array
         .try_readonly()
         .map_err(|_| value_error(format!("{name} is being written to elsewhere")))
+}
+
+/// A writable borrow of an array (written in place); ValueError if it is read-only or
+/// already borrowed (e.g. passed twice to one call).
+pub fn writable<'py, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    array: &Bound<'py, PyArray<T, D>>,
+    name: &str,
+) -> PyResult<PyReadwriteArray<'py, T, D>> {
+    array.try_readwrite().map_err(|_| {
+        value_error(format!(
+            "{name} is read-only or used elsewhere in this call"
+        ))
+    })
 }
 
 /// The elements of a C-contiguous array; ValueError naming the argument otherwise.

@@ -14,9 +14,9 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use rayon::prelude::*;
 
-use crate::elem::{dtype_of, float_array, new_array, rows, Dtype, Elem};
+use crate::elem::{dtype_of, float_array, new_array, rows, with_elem, Elem};
 use crate::float::{multiversion, Float};
-use crate::py_util::{detached, value_error};
+use crate::py_util::{detached, readonly, value_error};
 
 // ---------------------------------------------------------------------------------
 // Inverse frequencies
@@ -174,16 +174,12 @@ fn cos_sin_table<E: Elem>(
     cos: &mut [E::C],
     sin: &mut [E::C],
 ) {
-    let store = |v: f64| E::round(E::C::from_f64(((v as f32) * scale) as f64));
     // |position * f| <= |position * max f| (f32 products are monotonic): one test per token
     let max_freq = inv_freq.iter().fold(0.0f32, |m, f| m.max(f.abs()));
     if !((position * max_freq).abs() < REDUCE_LIMIT) {
         return cos_sin_table_libm::<E>(position, inv_freq, scale, cos, sin);
     }
-    for ((&f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
-        let (sin_a, cos_a) = sin_cos((position * f) as f64);
-        (*c, *s) = (store(cos_a), store(sin_a));
-    }
+    fill_cos_sin::<E>(position, inv_freq, scale, cos, sin, sin_cos);
 }
 
 /// `cos_sin_table` for angles too large for `sin_cos` (positions past 2**26 / inv_freq),
@@ -197,9 +193,22 @@ fn cos_sin_table_libm<E: Elem>(
     cos: &mut [E::C],
     sin: &mut [E::C],
 ) {
+    fill_cos_sin::<E>(position, inv_freq, scale, cos, sin, f64::sin_cos);
+}
+
+/// The body of `cos_sin_table` with `sin_cos(angle) -> (sin, cos)` in f64.
+#[inline(always)]
+fn fill_cos_sin<E: Elem>(
+    position: f32,
+    inv_freq: &[f32],
+    scale: f32,
+    cos: &mut [E::C],
+    sin: &mut [E::C],
+    sin_cos: impl Fn(f64) -> (f64, f64),
+) {
     let store = |v: f64| E::round(E::C::from_f64(((v as f32) * scale) as f64));
     for ((&f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
-        let (sin_a, cos_a) = ((position * f) as f64).sin_cos();
+        let (sin_a, cos_a) = sin_cos((position * f) as f64);
         (*c, *s) = (store(cos_a), store(sin_a));
     }
 }
@@ -303,7 +312,7 @@ fn rotate_array<'py, E: Elem>(
     let width = heads * head_size;
     if width > 0 && tokens > 0 {
         let mut out_w = out.readwrite();
-        let out_data = E::from_np_mut(out_w.as_slice_mut()?);
+        let out_data = out_w.as_slice_mut()?;
         detached(py, || {
             out_data
                 .par_chunks_mut(width)
@@ -321,32 +330,12 @@ fn rotate_array<'py, E: Elem>(
     Ok(out.into_any())
 }
 
-type RotateFn<'py> = fn(
-    Python<'py>,
-    &[i64],
-    &Bound<'py, PyAny>,
-    &str,
-    &[f32],
-    f32,
-    bool,
-) -> PyResult<Bound<'py, PyAny>>;
-
-/// `rotate_array` for the dtype of `x`.
-fn rotate_fn<'py>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<RotateFn<'py>> {
-    Ok(match dtype_of(x, name)? {
-        Dtype::F32 => rotate_array::<f32> as RotateFn<'py>,
-        Dtype::F64 => rotate_array::<f64> as RotateFn<'py>,
-        Dtype::F16 => rotate_array::<half::f16> as RotateFn<'py>,
-        Dtype::Bf16 => rotate_array::<half::bf16> as RotateFn<'py>,
-    })
-}
-
 /// int32 or int64 positions, read as int64.
 fn positions_vec(positions: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     if let Ok(p) = positions.cast::<PyArray1<i64>>() {
-        Ok(p.try_readonly()?.as_array().to_vec())
+        Ok(readonly(p, "positions")?.as_array().to_vec())
     } else if let Ok(p) = positions.cast::<PyArray1<i32>>() {
-        Ok(p.try_readonly()?
+        Ok(readonly(p, "positions")?
             .as_array()
             .iter()
             .map(|&v| v as i64)
@@ -382,9 +371,12 @@ fn apply_rope<'py>(
     let positions = positions_vec(positions)?;
     let inv_freq = inv_freq.as_array().to_vec();
     let scale = scale as f32;
-    let q = rotate_fn(query, "query")?(py, &positions, query, "query", &inv_freq, scale, is_neox)?;
-    let k = rotate_fn(key, "key")?(py, &positions, key, "key", &inv_freq, scale, is_neox)?;
-    Ok((q, k))
+    let rotate = |x: &Bound<'py, PyAny>, name: &str| {
+        with_elem!(dtype_of(x, name)?, E => {
+            rotate_array::<E>(py, &positions, x, name, &inv_freq, scale, is_neox)
+        })
+    };
+    Ok((rotate(query, "query")?, rotate(key, "key")?))
 }
 
 /// rope_inv_freq(rotary_dim, theta, rope_type, params)
@@ -419,6 +411,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::elem::Bf16;
     use half::bf16;
 
     #[test]
@@ -558,8 +551,9 @@ mod tests {
     #[test]
     fn bf16_rounds_cos_sin_and_every_product() {
         let inv = [0.3f32];
-        let x = [bf16::from_f32(1.5), bf16::from_f32(-0.75)];
-        let mut out = [bf16::ZERO; 2];
+        let to_bf16 = |v: f32| Bf16(bf16::from_f32(v).to_bits()); // rounded by the oracle
+        let x = [to_bf16(1.5), to_bf16(-0.75)];
+        let mut out = [Bf16(0); 2];
         let mut table = [0.0f32; 2];
         rope_token(7, &inv, 1.0, true, &[&x], &mut table, &mut out);
         let r = |v: f32| bf16::from_f32(v).to_f32();
@@ -569,7 +563,7 @@ mod tests {
             r((angle as f64).sin() as f32),
         );
         let (a, b) = (1.5f32, -0.75f32);
-        assert_eq!(out[0], bf16::from_f32(r(a * c) - r(b * s)));
-        assert_eq!(out[1], bf16::from_f32(r(b * c) + r(a * s)));
+        assert_eq!(out[0], to_bf16(r(a * c) - r(b * s)));
+        assert_eq!(out[1], to_bf16(r(b * c) + r(a * s)));
     }
 }

@@ -222,6 +222,17 @@ def test_reshape_and_cache_writes_the_callers_bf16_tensor():
     assert cache.float().abs().sum() == 4.5
 
 
+@needs_torch
+@pytest.mark.parametrize("src", [torch.float32, torch.float64] if torch is not None else [])
+def test_reshape_and_cache_rounds_to_bf16_as_the_reference(src):
+    # 1 + 2**-8 + 2**-23: above the tie between two bfloat16 values by its last float32 bit
+    key = torch.full((1, 1, 2), 1 + 2**-8 + 2**-23, dtype=src)
+    mine, theirs = (torch.zeros(1, 1, 1, 2, dtype=torch.bfloat16) for _ in range(2))
+    A.reshape_and_cache(key, key, mine, mine.clone(), torch.tensor([0]))
+    R.reshape_and_cache(key, key, theirs, theirs.clone(), torch.tensor([0]))
+    assert mine.tolist() == theirs.tolist() == [[[[1 + 2**-7] * 2]]]
+
+
 # --- errors ----------------------------------------------------------------------------
 
 

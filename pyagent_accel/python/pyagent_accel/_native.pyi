@@ -54,6 +54,9 @@ def compute_slot_mapping(
     block_table: np.ndarray, query_start_loc: np.ndarray, positions: np.ndarray, block_size: int
 ) -> np.ndarray: ...
 def compute_logits_indices(query_start_loc: np.ndarray) -> np.ndarray: ...
+
+# attention, layers and rope: float arrays of float16, float32 or float64, or bfloat16 as
+# int16 bits
 def reshape_and_cache(
     key: np.ndarray,
     value: np.ndarray,
@@ -85,8 +88,6 @@ def paged_decode_attention(
     soft_cap: float | None = None,
     alibi_slopes: np.ndarray | None = None,
 ) -> np.ndarray: ...
-
-# layers and rope: float arrays of float16, float32 or float64, or bfloat16 as int16 bits
 def rms_norm(
     x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...

@@ -5,105 +5,36 @@
 //! arrays to C-contiguous int64. The bindings pick the element types, check again
 //! everything the kernels rely on (ValueError naming the argument: nothing reachable
 //! from Python panics or reads out of bounds) and run the kernels without the GIL.
-//! Float arrays are float32, float64, float16, or bfloat16 passed as uint16 bits.
+//! Float arrays are read with `crate::elem` (bfloat16 as int16 bits).
 
-use half::f16;
-use numpy::ndarray::{Array3, Dimension, Ix3, Ix4};
+use numpy::ndarray::{Array3, Ix3};
 use numpy::{
-    IntoPyArray, PyArray, PyArrayMethods, PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2,
-    PyReadwriteArray, PyUntypedArrayMethods,
+    IntoPyArray, PyArrayDyn, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArrayDyn,
+    PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::elem::{Bf16, Compute, Elem};
 use super::kernels::{attention, check_batch, write_slots, Cache, Queries, Request, Scoring};
-use crate::py_util::{detached, readonly, slice, value_error};
+use crate::elem::{dtype_of, float_array, float_array_mut, with_elem, Elem};
+use crate::float::Float;
+use crate::py_util::{detached, slice, value_error};
 
-/// A float array of one of the four element types.
-enum Floats<'py, D: Dimension> {
-    F32(PyReadonlyArray<'py, f32, D>),
-    F64(PyReadonlyArray<'py, f64, D>),
-    F16(PyReadonlyArray<'py, f16, D>),
-    Bf16(PyReadonlyArray<'py, Bf16, D>),
+/// The `shape` of array `name`, which must have N axes (ValueError otherwise).
+fn dims<const N: usize>(shape: &[usize], name: &str) -> PyResult<[usize; N]> {
+    shape
+        .try_into()
+        .map_err(|_| value_error(format!("{name} must have {N} axes, got shape {shape:?}")))
 }
 
-/// A writable float array (a cache written in place).
-enum FloatsMut<'py, D: Dimension> {
-    F32(PyReadwriteArray<'py, f32, D>),
-    F64(PyReadwriteArray<'py, f64, D>),
-    F16(PyReadwriteArray<'py, f16, D>),
-    Bf16(PyReadwriteArray<'py, Bf16, D>),
-}
-
-/// `$body` with `$a` bound to the typed array of whichever variant `$x` holds.
-macro_rules! with_floats {
-    ($x:expr, $enum:ident, $a:ident => $body:expr) => {
-        match $x {
-            $enum::F32($a) => $body,
-            $enum::F64($a) => $body,
-            $enum::F16($a) => $body,
-            $enum::Bf16($a) => $body,
-        }
-    };
-}
-
-fn not_float(name: &str, ndim: usize) -> PyErr {
-    PyTypeError::new_err(format!(
-        "{name} must be a float32, float64, float16 or bfloat16 (as uint16) numpy array \
-         with {ndim} dimensions"
-    ))
-}
-
-fn floats<'py, D: Dimension>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<Floats<'py, D>> {
-    if let Ok(a) = x.cast::<PyArray<f32, D>>() {
-        return readonly(a, name).map(Floats::F32);
+/// The value cache, which must have the key cache's dtype.
+fn like_keys<'py, E: Elem>(x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, E>> {
+    if x.cast::<PyArrayDyn<E>>().is_err() {
+        return Err(PyTypeError::new_err(
+            "value_cache must have key_cache's dtype and shape",
+        ));
     }
-    if let Ok(a) = x.cast::<PyArray<f64, D>>() {
-        return readonly(a, name).map(Floats::F64);
-    }
-    if let Ok(a) = x.cast::<PyArray<f16, D>>() {
-        return readonly(a, name).map(Floats::F16);
-    }
-    if let Ok(a) = x.cast::<PyArray<Bf16, D>>() {
-        return readonly(a, name).map(Floats::Bf16);
-    }
-    Err(not_float(name, D::NDIM.unwrap_or(0)))
-}
-
-fn writable<'py, T: numpy::Element, D: Dimension>(
-    a: &Bound<'py, PyArray<T, D>>,
-    name: &str,
-) -> PyResult<PyReadwriteArray<'py, T, D>> {
-    a.try_readwrite().map_err(|_| {
-        value_error(format!(
-            "{name} is read-only or used elsewhere in this call"
-        ))
-    })
-}
-
-fn floats_mut<'py, D: Dimension>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<FloatsMut<'py, D>> {
-    if let Ok(a) = x.cast::<PyArray<f32, D>>() {
-        return writable(a, name).map(FloatsMut::F32);
-    }
-    if let Ok(a) = x.cast::<PyArray<f64, D>>() {
-        return writable(a, name).map(FloatsMut::F64);
-    }
-    if let Ok(a) = x.cast::<PyArray<f16, D>>() {
-        return writable(a, name).map(FloatsMut::F16);
-    }
-    if let Ok(a) = x.cast::<PyArray<Bf16, D>>() {
-        return writable(a, name).map(FloatsMut::Bf16);
-    }
-    Err(not_float(name, D::NDIM.unwrap_or(0)))
-}
-
-/// The value cache, which must have the key cache's element type.
-fn like_keys<'py, E: Elem>(x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray<'py, E, Ix4>> {
-    let a = x
-        .cast::<PyArray<E, Ix4>>()
-        .map_err(|_| PyTypeError::new_err("value_cache must have key_cache's dtype and shape"))?;
-    readonly(a, "value_cache")
+    float_array::<E>(x, "value_cache")
 }
 
 // ---------------------------------------------------------------------------------
@@ -123,25 +54,22 @@ fn reshape_and_cache(
     slot_mapping: PyReadonlyArray1<'_, i64>,
 ) -> PyResult<()> {
     let slots = slice(&slot_mapping, "slot_mapping")?;
-    let shape: Vec<usize> = key_cache
-        .getattr("shape")?
-        .extract::<Vec<usize>>()
-        .map_err(|_| not_float("key_cache", 4))?;
+    // key_cache's slots bound both writes (a float array: TypeError otherwise)
+    dtype_of(key_cache, "key_cache")?;
+    let shape: Vec<usize> = key_cache.getattr("shape")?.extract()?;
     let num_slots = shape.iter().take(2).product::<usize>();
-    write_cache(py, key, key_cache, slots, num_slots, "key", "key_cache")?;
-    write_cache(
-        py,
-        value,
-        value_cache,
-        slots,
-        num_slots,
-        "value",
-        "value_cache",
-    )
+    // one write: `write_typed` for the dtypes of src and cache
+    let write = |src: &Bound<'_, PyAny>, cache: &Bound<'_, PyAny>, src_name, cache_name| {
+        with_elem!(dtype_of(src, src_name)?, S => with_elem!(dtype_of(cache, cache_name)?, D => {
+            write_typed::<S, D>(py, src, cache, slots, num_slots, src_name, cache_name)
+        }))
+    };
+    write(key, key_cache, "key", "key_cache")?;
+    write(value, value_cache, "value", "value_cache")
 }
 
 /// One of the two writes of `reshape_and_cache`, after checking the shapes and slots.
-fn write_cache(
+fn write_typed<S: Elem, D: Elem>(
     py: Python<'_>,
     src: &Bound<'_, PyAny>,
     cache: &Bound<'_, PyAny>,
@@ -150,10 +78,10 @@ fn write_cache(
     src_name: &str,
     cache_name: &str,
 ) -> PyResult<()> {
-    let src = floats::<Ix3>(src, src_name)?;
-    let mut cache = floats_mut::<Ix4>(cache, cache_name)?;
-    let src_shape = with_floats!(&src, Floats, a => a.shape().to_vec());
-    let cache_shape = with_floats!(&cache, FloatsMut, a => a.shape().to_vec());
+    let src = float_array::<S>(src, src_name)?;
+    let mut cache = float_array_mut::<D>(cache, cache_name)?;
+    let src_shape: [usize; 3] = dims(src.shape(), src_name)?;
+    let cache_shape: [usize; 4] = dims(cache.shape(), cache_name)?;
     if cache_shape[..2].iter().product::<usize>() != num_slots
         || src_shape[1..] != cache_shape[2..]
         || src_shape[0] != slots.len()
@@ -169,15 +97,16 @@ fn write_cache(
             "slot_mapping holds {s}, past the {num_slots} slots"
         )));
     }
-    with_floats!(src, Floats, s => {
-        let view = s.as_array();
-        with_floats!(&mut cache, FloatsMut, c => {
-            let dst = c.as_slice_mut().map_err(|_| {
-                value_error(format!("{cache_name} must be C-contiguous to be written in place"))
-            })?;
-            detached(py, || write_slots(view, dst, slots))
-        })
-    })
+    let view = src
+        .as_array()
+        .into_dimensionality::<Ix3>()
+        .map_err(|e| value_error(e.to_string()))?;
+    let dst = cache.as_slice_mut().map_err(|_| {
+        value_error(format!(
+            "{cache_name} must be C-contiguous to be written in place"
+        ))
+    })?;
+    detached(py, || write_slots(view, dst, slots))
 }
 
 // ---------------------------------------------------------------------------------
@@ -349,7 +278,7 @@ fn paged_decode_attention<'py>(
     attend(py, query, key_cache, value_cache, &batch)
 }
 
-/// Picks the query's and the caches' element types and runs `attend_typed`.
+/// `attend_typed` for the dtypes of the query and the caches.
 fn attend<'py>(
     py: Python<'py>,
     query: &Bound<'py, PyAny>,
@@ -357,26 +286,25 @@ fn attend<'py>(
     value_cache: &Bound<'py, PyAny>,
     batch: &Batch<'_>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let query = floats::<Ix3>(query, "query")?;
-    let keys = floats::<Ix4>(key_cache, "key_cache")?;
-    with_floats!(query, Floats, q => with_floats!(keys, Floats, k => {
-        let v = like_keys(value_cache)?;
-        attend_typed(py, q, k, v, batch)
+    with_elem!(dtype_of(query, "query")?, Q => with_elem!(dtype_of(key_cache, "key_cache")?, E => {
+        attend_typed::<Q, E>(py, query, key_cache, value_cache, batch)
     }))
 }
 
 fn attend_typed<'py, Q: Elem, E: Elem>(
     py: Python<'py>,
-    query: PyReadonlyArray<'py, Q, Ix3>,
-    key_cache: PyReadonlyArray<'py, E, Ix4>,
-    value_cache: PyReadonlyArray<'py, E, Ix4>,
+    query: &Bound<'py, PyAny>,
+    key_cache: &Bound<'py, PyAny>,
+    value_cache: &Bound<'py, PyAny>,
     batch: &Batch<'_>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let (num_tokens, num_heads, head_size) = query.as_array().dim();
-    let [num_blocks, block_size, num_kv_heads, kv_head_size] = key_cache.shape() else {
-        unreachable!("a 4-D array")
-    };
-    if kv_head_size != &head_size || value_cache.shape() != key_cache.shape() {
+    let query = float_array::<Q>(query, "query")?;
+    let key_cache = float_array::<E>(key_cache, "key_cache")?;
+    let value_cache = like_keys::<E>(value_cache)?;
+    let [num_tokens, num_heads, head_size] = dims(query.shape(), "query")?;
+    let [num_blocks, block_size, num_kv_heads, kv_head_size] =
+        dims(key_cache.shape(), "key_cache")?;
+    if kv_head_size != head_size || value_cache.shape() != key_cache.shape() {
         return Err(value_error(format!(
             "query {:?}, key_cache {:?} and value_cache {:?} must have one head_size",
             query.shape(),
@@ -387,9 +315,9 @@ fn attend_typed<'py, Q: Elem, E: Elem>(
     let cache = Cache {
         keys: slice(&key_cache, "key_cache")?,
         values: slice(&value_cache, "value_cache")?,
-        num_blocks: *num_blocks,
-        block_size: *block_size,
-        num_kv_heads: *num_kv_heads,
+        num_blocks,
+        block_size,
+        num_kv_heads,
         head_size,
     };
     let w = batch.table_width;
@@ -406,16 +334,20 @@ fn attend_typed<'py, Q: Elem, E: Elem>(
             mask,
         })
         .collect();
-    let c = <Q::Compute as crate::float::Float>::from_f64;
+    let c = Q::C::from_f64;
     let scoring = Scoring {
         scale: c(batch.scale),
         window: batch.sliding_window,
         soft_cap: batch.soft_cap.map(c),
         alibi: batch.alibi.map(|a| a.iter().map(|&x| c(x)).collect()),
     };
-    let view = query.as_array();
+    // a 3-D view: iterating it is much faster than iterating a dynamic-dimension one
+    let view = query
+        .as_array()
+        .into_dimensionality::<Ix3>()
+        .map_err(|e| value_error(e.to_string()))?;
     let out = detached(py, || -> Result<Vec<Q>, String> {
-        let data: Vec<Q::Compute> = view.iter().map(|&x| Q::Compute::from_elem(x)).collect();
+        let data: Vec<Q::C> = view.iter().map(|&x| x.load()).collect();
         let queries = Queries {
             data: &data,
             num_tokens,
@@ -423,7 +355,7 @@ fn attend_typed<'py, Q: Elem, E: Elem>(
         };
         check_batch(&cache, &queries, &requests, &scoring)?;
         let out = attention(&cache, &queries, &requests, &scoring);
-        Ok(out.into_iter().map(|x| x.to_elem::<Q>()).collect())
+        Ok(out.into_iter().map(Q::store).collect())
     })?
     .map_err(value_error)?;
     let out = Array3::from_shape_vec((num_tokens, num_heads, head_size), out)

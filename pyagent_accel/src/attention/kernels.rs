@@ -19,16 +19,16 @@
 //! Items run in parallel (rayon). Vectors are padded to a multiple of `LANES` so the
 //! dot products and weighted sums are fixed-width lane loops that the compiler
 //! vectorises; `attend_item` compiles them for AVX-512, AVX2 and baseline x86-64 and
-//! picks one at run time. As in `crate::float`, no build contracts `a * b + c` into
-//! an FMA, so every build gives the same bits.
+//! picks one at run time (`crate::float::multiversion`). As in `crate::float`, no build
+//! contracts `a * b + c` into an FMA, so every build gives the same bits.
 
-use std::any::TypeId;
 use std::ops::Range;
 
-use numpy::ndarray::ArrayView3;
+use numpy::ndarray::{ArrayView3, Axis};
 use rayon::prelude::*;
 
-use super::elem::{Compute, Elem};
+use crate::elem::{Compute, Elem};
+use crate::float::multiversion;
 
 /// Width of the vectorised loops (one AVX-512 vector of f32).
 const LANES: usize = 16;
@@ -234,48 +234,16 @@ pub fn attention<E: Elem, C: Compute>(
     out
 }
 
-/// `attend_item_imp` compiled for AVX-512, AVX2 and baseline x86-64, picked at run time.
-fn attend_item<E: Elem, C: Compute>(
-    cache: &Cache<'_, E>,
-    queries: &Queries<'_, C>,
-    req: &Request<'_>,
-    kv_head: usize,
-    tokens: Range<usize>,
-    scoring: &Scoring<C>,
-) -> Vec<C> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::float::{simd_level, Simd};
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-        unsafe fn v4<E: Elem, C: Compute>(
-            cache: &Cache<'_, E>,
-            queries: &Queries<'_, C>,
-            req: &Request<'_>,
-            kv_head: usize,
-            tokens: Range<usize>,
-            scoring: &Scoring<C>,
-        ) -> Vec<C> {
-            attend_item_imp(cache, queries, req, kv_head, tokens, scoring)
-        }
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn v3<E: Elem, C: Compute>(
-            cache: &Cache<'_, E>,
-            queries: &Queries<'_, C>,
-            req: &Request<'_>,
-            kv_head: usize,
-            tokens: Range<usize>,
-            scoring: &Scoring<C>,
-        ) -> Vec<C> {
-            attend_item_imp(cache, queries, req, kv_head, tokens, scoring)
-        }
-        match simd_level() {
-            // SAFETY: the level is only reported when the CPU has the features.
-            Simd::Avx512 => return unsafe { v4(cache, queries, req, kv_head, tokens, scoring) },
-            Simd::Avx2 => return unsafe { v3(cache, queries, req, kv_head, tokens, scoring) },
-            Simd::Baseline => {}
-        }
-    }
-    attend_item_imp(cache, queries, req, kv_head, tokens, scoring)
+multiversion! {
+    /// `attend_item_imp` compiled for AVX-512, AVX2 and baseline x86-64, picked at run time.
+    fn attend_item<E: Elem, C: Compute>(
+        cache: &Cache<'_, E>,
+        queries: &Queries<'_, C>,
+        req: &Request<'_>,
+        kv_head: usize,
+        tokens: Range<usize>,
+        scoring: &Scoring<C>,
+    ) -> Vec<C> = attend_item_imp;
 }
 
 /// One work item: query tokens `tokens` of `req` (indices within the request), with the
@@ -520,7 +488,8 @@ fn accumulate<C: Compute>(
 }
 
 /// Writes row t of `src` (num_tokens, num_kv_heads, head_size) into slot `slots[t]` of
-/// `cache` (num_slots rows of num_kv_heads * head_size), cast to the cache's type, for
+/// `cache` (num_slots rows of num_kv_heads * head_size), cast to the cache's type
+/// (`Elem::cast`), for
 /// every t with a slot >= 0, in token order (a repeated slot keeps the last token's).
 /// The caller checks that src has the cache's row shape and one token per slot, and
 /// that every slot is < num_slots.
@@ -531,18 +500,14 @@ pub fn write_slots<S: Elem, D: Elem>(src: ArrayView3<'_, S>, cache: &mut [D], sl
             continue;
         }
         let dst = &mut cache[slot as usize * row_len..][..row_len];
-        let row = src.index_axis(numpy::ndarray::Axis(0), t);
+        let row = src.index_axis(Axis(0), t);
         match row.as_slice() {
-            Some(s) if TypeId::of::<S>() == TypeId::of::<D>() => {
-                // SAFETY: S and D are the same type (checked just above).
-                let same = unsafe { std::slice::from_raw_parts(s.as_ptr() as *const D, s.len()) };
-                dst.copy_from_slice(same);
-            }
-            _ => {
-                for (o, &x) in dst.iter_mut().zip(row.iter()) {
-                    *o = D::from_f64(x.to_f64());
-                }
-            }
+            // a contiguous row: a loop over a slice (a copy when S is D)
+            Some(row) => dst.iter_mut().zip(row).for_each(|(o, &x)| *o = x.cast()),
+            None => dst
+                .iter_mut()
+                .zip(row.iter())
+                .for_each(|(o, &x)| *o = x.cast()),
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The attention kernel against a dense attention written position by position, in
 //! both key-tile layouts, and the checks that keep bad input away from the kernel.
 
-use super::elem::{Bf16, Compute, Elem};
 use super::kernels::{attention, check_batch, write_slots, Cache, Queries, Request, Scoring};
+use crate::elem::{Bf16, Elem};
 use numpy::ndarray::Array3;
 
 /// A deterministic value in [-1, 1).
@@ -147,7 +147,7 @@ fn write_slots_casts_and_skips_padding() {
     let src = Array3::from_shape_fn((3, 1, 2), |(t, _, c)| t as f32 + c as f32 / 4.0);
     let mut cache = vec![Bf16::default(); 4 * 2];
     write_slots(src.view(), &mut cache, &[2, -1, 0]);
-    let got: Vec<f32> = cache.iter().map(|x| x.to_f32()).collect();
+    let got: Vec<f32> = cache.iter().map(|x| x.load()).collect();
     assert_eq!(got, [2.0, 2.25, 0.0, 0.0, 0.0, 0.25, 0.0, 0.0]);
-    assert_eq!(f32::from_elem(Bf16::from_f32(1.0 / 3.0)), 0.333_984_38);
+    assert_eq!(Bf16::store(1.0 / 3.0).load(), 0.333_984_38);
 }

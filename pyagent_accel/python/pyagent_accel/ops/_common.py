@@ -1,7 +1,7 @@
 """The validation layer of the ops wrappers (private): arguments converted and checked
-as `pyagent_ref.ops` converts and checks them, the float-array helpers of the layer ops
-(`array_library`, `float_view`, `float_as`, `wrap_float`), and the builder of the
-sampling wrappers.
+as `pyagent_ref.ops` converts and checks them, the float-array helpers of layers, rope
+and attention (`FLOAT_KINDS`, `array_library`, `float_view`, `float_as`, `wrap_float`),
+and the builder of the sampling wrappers.
 
 The checks mirror `pyagent_ref.ops._arrays` and the ops step for step (same order,
 exception classes and messages) for the two array libraries pyagent_accel supports:
@@ -34,6 +34,7 @@ from .. import _native
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
+I16 = np.dtype(np.int16)
 I64 = np.dtype(np.int64)
 FLOAT_DTYPE_NAMES = ("float32", "float64")
 LOGITS_DTYPE = None  # `Rows` dtype: the dtype of the op's logits
@@ -107,6 +108,11 @@ def wrap(out: Any, torch_in: bool) -> Any:
 
 
 # --- float arrays of any float dtype (layers, rope, attention) ----------------------------
+#
+# Rust reads float16, float32 and float64 arrays as they are, and bfloat16 (which numpy
+# lacks) as its bits in an int16 array; a bfloat16 result comes back as int16 bits too.
+
+FLOAT_KINDS = ("float16", "bfloat16", "float32", "float64")
 
 
 def array_library(x: Any, name: str) -> bool:
@@ -120,11 +126,13 @@ def array_library(x: Any, name: str) -> bool:
 
 
 def float_view(x: Any, name: str, torch_in: bool) -> np.ndarray:
-    """The numpy array Rust reads for a float array (dtype already checked), zero-copy:
-    a numpy array as is, a CPU tensor through `.numpy()`, bfloat16 (which numpy lacks)
-    as its bits in an int16 array. TypeError for a tensor on another device."""
+    """The numpy array Rust reads for a float array (dtype already checked), zero-copy
+    and in its layout: a numpy array as is, a CPU tensor through `.numpy()`, bfloat16 (a
+    tensor, or a numpy array of ml_dtypes' bfloat16) as its bits in an int16 array.
+    TypeError for a tensor on another device."""
     if not torch_in:
-        return x if isinstance(x, np.ndarray) else np.asarray(x)
+        x = x if isinstance(x, np.ndarray) else np.asarray(x)
+        return x.view(I16) if dtype_name(x) == "bfloat16" else x
     if not x.is_cpu:
         check_cpu(x, name)
     if x.requires_grad:
@@ -152,14 +160,13 @@ def float_as(x: Any, kind: str) -> Any:
     return np.asarray(x).astype(kind)
 
 
-def wrap_float(out: np.ndarray, torch_in: bool, kind: str) -> Any:
-    """The inverse of `float_view` for a Rust result of dtype `kind`: numpy as is, else a
-    zero-copy tensor (bfloat16 reinterpreted from its int16 bits)."""
-    if not torch_in:
-        return out
-    torch = sys.modules["torch"]
-    t = torch.from_numpy(out)
-    return t.view(torch.bfloat16) if kind == "bfloat16" else t
+def wrap_float(out: np.ndarray, like: Any, torch_in: bool) -> Any:
+    """The inverse of `float_view` for a Rust result of `like`'s dtype: numpy as is, else
+    a zero-copy tensor; bfloat16 reinterpreted from its int16 bits as `like`'s dtype."""
+    if torch_in:
+        t = sys.modules["torch"].from_numpy(out)
+        return t.view(like.dtype) if out.dtype == I16 else t
+    return out.view(like.dtype) if out.dtype == I16 else out
 
 
 # --- main arrays: the checks the reference makes first ----------------------------------
@@ -436,48 +443,3 @@ def op(module: str, native: Any, *steps: Step, main: Main = LOGITS) -> Callable[
     call.__signature__ = signature  # type: ignore[attr-defined]
     call.__doc__ = f"{native.__doc__}\n\nContract: `{contract}.{name}` (its docstring)."
     return call
-
-
-# --- float arrays of any float dtype (attention) -----------------------------------------
-
-FLOAT_KINDS = ("float32", "float64", "float16", "bfloat16")
-
-
-def float_tensor(x: Any, name: str) -> tuple[np.ndarray, bool]:
-    """(zero-copy numpy view of a float array or CPU tensor, input was torch).
-
-    float32, float64 and float16 are passed as they are; bfloat16 (a torch tensor, or a
-    numpy array with an ml_dtypes bfloat16 dtype) as its uint16 bits, which is how Rust
-    receives it. TypeError for another library or dtype, or a tensor off the CPU. The
-    layout is kept: the caller decides what it accepts.
-    """
-    if isinstance(x, np.ndarray):
-        torch_in = False
-    elif is_torch(x):
-        check_cpu(x, name)
-        torch_in = True
-    elif isinstance(x, np.generic):
-        x, torch_in = np.asarray(x), False
-    else:
-        raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
-    kind = dtype_name(x)
-    if kind not in FLOAT_KINDS:
-        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got dtype {kind}")
-    if kind == "bfloat16":
-        bits = x.detach().view(torch_module().int16).numpy() if torch_in else x
-        return bits.view(np.uint16), torch_in
-    return (tensor_to_numpy(x) if torch_in else x), torch_in
-
-
-def wrap_float_like(out: np.ndarray, like: Any, torch_in: bool) -> Any:
-    """A float result from Rust in the library and dtype of `like` (zero-copy); a
-    bfloat16 result arrives as uint16 bits."""
-    bf16 = out.dtype == np.uint16
-    if torch_in:
-        torch = torch_module()
-        return (
-            torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
-            if bf16
-            else (torch.from_numpy(out))
-        )
-    return out.view(like.dtype) if bf16 else out

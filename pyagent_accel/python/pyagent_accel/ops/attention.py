@@ -50,13 +50,12 @@ _I64 = _np.dtype(_np.int64)
 
 
 def _library(x: Any, name: str) -> bool:
-    """`namespace` of the reference for the libraries accel supports; True for torch."""
-    if isinstance(x, _np.ndarray):
-        return False
-    if _c.is_torch(x):
+    """`namespace` of the reference for the libraries accel supports (True for torch),
+    then TypeError for a tensor off the CPU."""
+    torch_in = _c.array_library(x, name)
+    if torch_in:
         _c.check_cpu(x, name)
-        return True
-    raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
+    return torch_in
 
 
 def _check_cache(x: Any, name: str) -> None:
@@ -131,12 +130,22 @@ def _index(x: Any, name: str) -> _np.ndarray:
     return _np.ascontiguousarray(x, dtype=_I64)
 
 
+def _float_view(x: Any, name: str) -> _np.ndarray:
+    """`_c.float_view` of a float array of any layout; TypeError for another library, a
+    tensor off the CPU or a dtype that is not a float (the reference would cast it)."""
+    torch_in = _library(x, name)
+    kind = _c.dtype_name(x)
+    if kind not in _c.FLOAT_KINDS:
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16, got dtype {kind}")
+    return _c.float_view(x, name, torch_in)
+
+
 def _cache(
     x: Any, name: str, why: str = "to be read in place (pyagent_accel never copies it)"
 ) -> _np.ndarray:
     """A cache as a numpy view of the caller's memory; ValueError if not C-contiguous
     (`why`: the reference's words for the write)."""
-    arr, _ = _c.float_tensor(x, name)
+    arr = _float_view(x, name)
     if not (arr.flags.c_contiguous and arr.flags.aligned):
         raise ValueError(f"{name} must be C-contiguous {why}")
     return arr
@@ -144,7 +153,7 @@ def _cache(
 
 def _floats(x: Any, name: str) -> _np.ndarray:
     """Keys, values or queries: any layout (Rust reads strided views)."""
-    arr, _ = _c.float_tensor(x, name)
+    arr = _float_view(x, name)
     return arr if arr.flags.aligned else _np.array(arr, copy=True)
 
 
@@ -293,7 +302,7 @@ def paged_attention(
         slopes,
         masks,
     )
-    return _c.wrap_float_like(out, query, torch_in)
+    return _c.wrap_float(out, query, torch_in)
 
 
 def paged_decode_attention(
@@ -340,4 +349,4 @@ def paged_decode_attention(
         None if soft_cap is None else float(soft_cap),
         _slopes(alibi_slopes, query.shape[1]),
     )
-    return _c.wrap_float_like(out, query, torch_in)
+    return _c.wrap_float(out, query, torch_in)

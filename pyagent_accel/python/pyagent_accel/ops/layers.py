@@ -32,14 +32,12 @@ from . import _common as _c
 
 __all__ = ["rms_norm", "silu_and_mul"]
 
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
-
 
 def _float_input(x: Any, name: str) -> bool:
     """The reference's `_float_input`: returns whether x is a torch tensor."""
     torch_in = _c.array_library(x, name)
     kind = _c.dtype_name(x)
-    if kind not in _FLOATS:
+    if kind not in _c.FLOAT_KINDS:
         raise TypeError(f"{name} must be a float array, got dtype {kind}")
     if x.ndim < 1:
         raise ValueError(f"{name} must have at least one axis, got a scalar")
@@ -74,8 +72,8 @@ def rms_norm(x: Any, weight: Any, eps: float, residual: Any = None) -> Any | tup
     w = _c.float_view(w, "weight", _c.is_torch(w))
     out = _native.rms_norm(_c.float_view(x, "x", torch_in), w, float(eps), res)
     if res is None:
-        return _c.wrap_float(out, torch_in, kind)
-    return _c.wrap_float(out[0], torch_in, kind), _c.wrap_float(out[1], torch_in, kind)
+        return _c.wrap_float(out, x, torch_in)
+    return _c.wrap_float(out[0], x, torch_in), _c.wrap_float(out[1], x, torch_in)
 
 
 def silu_and_mul(x: Any) -> Any:
@@ -86,5 +84,4 @@ def silu_and_mul(x: Any) -> Any:
     torch_in = _float_input(x, "x")
     if x.shape[-1] % 2:
         raise ValueError(f"x's last axis must be even (gate and up halves), got {x.shape[-1]}")
-    kind = _c.dtype_name(x)
-    return _c.wrap_float(_native.silu_and_mul(_c.float_view(x, "x", torch_in)), torch_in, kind)
+    return _c.wrap_float(_native.silu_and_mul(_c.float_view(x, "x", torch_in)), x, torch_in)

@@ -148,7 +148,6 @@ def apply_rope(
             f"rotary dim {2 * half} must fit head_size {query.shape[-1]} "
             f"of query and key {key.shape[-1]}"
         )
-    q_kind, k_kind = _c.dtype_name(query), _c.dtype_name(key)
     q, k = _native.apply_rope(
         _positions(positions),
         _c.float_view(query, "query", torch_in),
@@ -157,7 +156,7 @@ def apply_rope(
         float(scale),
         bool(is_neox),
     )
-    return _c.wrap_float(q, torch_in, q_kind), _c.wrap_float(k, torch_in, k_kind)
+    return _c.wrap_float(q, query, torch_in), _c.wrap_float(k, key, torch_in)
 
 
 def _positions(positions: Any) -> _np.ndarray:
