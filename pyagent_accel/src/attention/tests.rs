@@ -105,7 +105,7 @@ fn prefill_rows_use_transposed_tiles_and_match_dense() {
 
 #[test]
 fn check_batch_rejects_what_the_kernel_cannot_read() {
-    let data = vec![0.0f32; 2 * 2 * 1 * 4];
+    let data = vec![0.0f32; 2 * 2 * 4]; // 2 blocks of 2 slots, 1 KV head of 4
     let cache = Cache {
         keys: &data,
         values: &data,
