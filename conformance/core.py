@@ -450,9 +450,9 @@ def run_property(
         why = "; ".join(r for r in reasons if r) or "not provided"
         return Outcome(prop, MISSING, f"{', '.join(missing)}: {why}")
     if prop.differential and impl.is_reference and array == "numpy":
-        return Outcome(
-            prop, SKIP, "the target is the reference (run with --array torch to compare)"
-        )
+        runs_on_torch = not (spec and spec.not_run_here and spec.not_run_here(prop.op, "torch"))
+        hint = " (run with --array torch to compare)" if runs_on_torch else ""
+        return Outcome(prop, SKIP, f"the target is the reference{hint}")
 
     known = divergences.lookup(impl.target, prop.qualified_op, prop.name)
     if known is not None:
