@@ -7,10 +7,12 @@ or a grammar. Issue 13 builds the whole path, each stage its own readable module
    ``pattern`` dialect and Python's common subset) into a syntax tree; `nfa.build_nfa`
    turns it into a Thompson NFA over UTF-8 bytes; `dfa.determinize` and `dfa.minimize`
    make the minimal DFA, bounded by a state limit. `compile_regex` runs all three.
-2. **JSON Schema → grammar** (to come): types, properties, items, formats, ``$ref``...,
-   with strings and numbers as regexes (lexemes) compiled by stage 1.
-3. **grammars** (to come): EBNF / GBNF / Lark rules parsed by an Earley parser whose
-   terminals are lexeme DFAs; ``choice`` (one of several strings).
+2. **grammars** (exists): `grammar.Grammar`, context-free rules whose terminals are
+   lexemes (`grammar.Terminal`, a regex compiled by stage 1); `earley.EarleyParser`
+   reads a grammar's sentences byte by byte with undo; ``choice`` (one of several
+   strings) is `grammar.choice_grammar`. EBNF / GBNF / Lark text frontends (to come).
+3. **JSON Schema → grammar** (to come): types, properties, items, formats, ``$ref``...,
+   with strings and numbers as lexemes.
 4. **token masks** (to come): a trie over the vocabulary's token bytes walked against the
    automata (`DFA.walk`, `DFA.can_reach_accept`) to fill the bitmask of allowed next
    tokens; a matcher with ``accept_token``, ``rollback`` and forced tokens.
@@ -21,20 +23,28 @@ character. docs/structured.md works through an example.
 """
 
 from .dfa import DEAD, DFA, MAX_DFA_STATES, compile_regex, determinize, minimize
+from .earley import EarleyParser
+from .grammar import Grammar, GrammarError, Terminal, choice_grammar, regex_escape
 from .nfa import MAX_NFA_STATES, NFA, build_nfa, utf8_sequences
 from .regex import RegexError, parse_regex
 
 __all__ = [
     "DEAD",
     "DFA",
+    "EarleyParser",
+    "Grammar",
+    "GrammarError",
     "MAX_DFA_STATES",
     "MAX_NFA_STATES",
     "NFA",
     "RegexError",
+    "Terminal",
     "build_nfa",
+    "choice_grammar",
     "compile_regex",
     "determinize",
     "minimize",
     "parse_regex",
+    "regex_escape",
     "utf8_sequences",
 ]
