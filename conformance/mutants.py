@@ -29,6 +29,7 @@ from pyagent_ref.ops import hashing as H
 from pyagent_ref.ops import layers as L
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
+from pyagent_ref.ops import structured as ST
 from pyagent_ref.tokenize import bpe as T
 
 from . import bpe_corpus, contract
@@ -1180,6 +1181,129 @@ def decode_ignores_window(*args: Any) -> Any:
     return A.paged_decode_attention(*args)
 
 
+# --- structured -----------------------------------------------------------------------------
+# Each mutant decides token i's fate from a wrong reading of the bitmask: `_masked_by` turns
+# a rule keep(words, i) -> bool (words: one row of the mask as Python ints) into the op.
+
+
+def _masked_by(keep: Callable[[list[int], int], bool]) -> Callable[[Any, Any], Any]:
+    def apply(logits: Any, bitmask: Any) -> Any:
+        ST.apply_token_bitmask(logits, bitmask)  # the reference's errors
+        x, m = _np(logits), _np(bitmask)
+        out = x.copy()
+        for b in range(x.shape[0]):
+            words = [int(w) for w in m[b]]
+            for i in range(x.shape[1]):
+                if not keep(words, i):
+                    out[b, i] = NEG_INF
+        return _back(logits, out)
+
+    return apply
+
+
+def _bit(words: list[int], i: int, word: int, bit: int) -> bool:
+    return word < len(words) and (words[word] >> bit) & 1 == 1
+
+
+@mutant("structured", "apply_token_bitmask", "reads the bits of a word most significant first")
+def bitmask_msb_first(logits: Any, bitmask: Any) -> Any:
+    return _masked_by(lambda w, i: _bit(w, i, i // 32, 31 - i % 32))(logits, bitmask)
+
+
+@mutant("structured", "apply_token_bitmask", "token 32w + 31 reads word w + 1 (rounds i / 32 up)")
+def bitmask_word_off_by_one(logits: Any, bitmask: Any) -> Any:
+    return _masked_by(lambda w, i: _bit(w, i, (i + 1) // 32, i % 32))(logits, bitmask)
+
+
+@mutant("structured", "apply_token_bitmask", "masks the tokens whose bit is set, keeps the others")
+def bitmask_inverted(logits: Any, bitmask: Any) -> Any:
+    return _masked_by(lambda w, i: not _bit(w, i, i // 32, i % 32))(logits, bitmask)
+
+
+@mutant(
+    "structured",
+    "apply_token_bitmask",
+    "tests a bit as (w >> j) % 2 == 1 with C's signed remainder: a negative word allows nothing",
+)
+def bitmask_signed_remainder(logits: Any, bitmask: Any) -> Any:
+    def keep(w: list[int], i: int) -> bool:
+        if i // 32 >= len(w):
+            return False
+        shifted = w[i // 32] >> (i % 32)
+        return int(math.fmod(shifted, 2)) == 1
+
+    return _masked_by(keep)(logits, bitmask)
+
+
+@mutant(
+    "structured",
+    "apply_token_bitmask",
+    "handles whole words only: the tokens of a last, partial word are left unchanged",
+)
+def bitmask_ignores_partial_word(logits: Any, bitmask: Any) -> Any:
+    vocab = _np(logits).shape[1]
+    full = vocab // 32 * 32
+    return _masked_by(lambda w, i: i >= full or _bit(w, i, i // 32, i % 32))(logits, bitmask)
+
+
+@mutant(
+    "structured",
+    "apply_token_bitmask",
+    "leaves the tokens past the mask's width unchanged (xgrammar's rule)",
+)
+def bitmask_keeps_tokens_past_the_mask(logits: Any, bitmask: Any) -> Any:
+    return _masked_by(lambda w, i: i >= 32 * len(w) or _bit(w, i, i // 32, i % 32))(logits, bitmask)
+
+
+@mutant("structured", "apply_token_bitmask", "applies the first row's mask to every row")
+def bitmask_first_row_for_all(logits: Any, bitmask: Any) -> Any:
+    m = _np(bitmask)
+    return ST.apply_token_bitmask(logits, _back(bitmask, np.repeat(m[:1], m.shape[0], axis=0)))
+
+
+@mutant(
+    "structured", "apply_token_bitmask", "rejects NaN and +inf logits (validates like sampling)"
+)
+def bitmask_rejects_non_finite(logits: Any, bitmask: Any) -> Any:
+    if not np.all(np.isfinite(_np(logits)) | np.isneginf(_np(logits))):
+        raise ValueError("logits contains NaN or +inf")
+    return ST.apply_token_bitmask(logits, bitmask)
+
+
+@mutant("structured", "apply_token_bitmask", "takes an int64 bitmask, one word per element")
+def bitmask_takes_int64(logits: Any, bitmask: Any) -> Any:
+    m = _np(bitmask)
+    if m.dtype == np.int64:
+        m = m.astype(np.int32)
+    return ST.apply_token_bitmask(logits, _back(bitmask, m) if m.ndim else bitmask)
+
+
+@mutant("structured", "apply_token_bitmask", "computes half-precision logits in float32")
+def bitmask_promotes_half(logits: Any, bitmask: Any) -> Any:
+    out = _np(ST.apply_token_bitmask(logits, bitmask))
+    return _back(logits, out.astype(np.float32) if out.dtype == np.float16 else out)
+
+
+@mutant("structured", "apply_token_bitmask", "masks the logits in place and returns them")
+def bitmask_in_place(logits: Any, bitmask: Any) -> Any:
+    out = ST.apply_token_bitmask(logits, bitmask)
+    logits[...] = out
+    return logits
+
+
+@mutant(
+    "structured", "apply_token_bitmask", "ignores the strides: reads the logits' memory as rows"
+)
+def bitmask_ignores_strides(logits: Any, bitmask: Any) -> Any:
+    ST.apply_token_bitmask(logits, bitmask)
+    if library_of(logits) == "torch":
+        flat = to_numpy(logits.as_strided((logits.numel(),), (1,)))
+    else:
+        flat = np.lib.stride_tricks.as_strided(logits, (logits.size,), (logits.itemsize,))
+    as_rows = np.array(flat, copy=True).reshape(logits.shape)
+    return ST.apply_token_bitmask(_back(logits, as_rows), bitmask)
+
+
 # --- tokenize -------------------------------------------------------------------------------
 # A tokenize mutant is a loader of the embedded vocabulary (`tokenize.embedded`): it returns
 # the reference's encoding of it as a subclass with one method changed.
@@ -1319,6 +1443,7 @@ def implementation(m: Mutant) -> Impl:
         ("layers", L),
         ("rope", R),
         ("attention", A),
+        ("structured", ST),
     ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:

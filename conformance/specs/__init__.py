@@ -1,7 +1,7 @@
 """One spec module per ops module of the reference (`pyagent_ref.ops.MODULES`):
 `specs.sampling`, `specs.hashing`, `specs.block_table`, `specs.layers`, `specs.rope`,
-`specs.attention`; and one per contract that is not an ops module (`OTHER_CONTRACTS`):
-`specs.tokenize`, byte-level BPE (`pyagent_ref.tokenize.bpe`).
+`specs.attention`, `specs.structured`; and one per contract that is not an ops module
+(`OTHER_CONTRACTS`): `specs.tokenize`, byte-level BPE (`pyagent_ref.tokenize.bpe`).
 
 Each defines `spec`, a `conformance.core.Spec` holding its properties in report order.
 A reference ops module without a spec module here is reported as unspecified.

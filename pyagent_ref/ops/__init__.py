@@ -13,9 +13,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from . import attention, block_table, hashing, layers, rope, sampling
+from . import attention, block_table, hashing, layers, rope, sampling, structured
 
-MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention")
+MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention", "structured")
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "load",
     "rope",
     "sampling",
+    "structured",
 ]
 
 
@@ -39,7 +40,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.attention`).
+    result has one attribute per ops module (`.sampling`, ..., `.structured`).
     """
     if name == "ref":
         return importlib.import_module(__name__)

@@ -12,6 +12,8 @@ from typing import Any
 from array_api_compat import array_namespace, device, is_torch_array, is_torch_namespace
 
 FLOAT_DTYPE_NAMES = ("float32", "float64")
+ANY_FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+"""The float dtypes of ops that only move or mask values (layers, structured)."""
 
 
 def dtype_name(x: Any) -> str:
@@ -51,6 +53,27 @@ def check_logits(x: Any, name: str = "logits", allow_all_masked: bool = False) -
         if bool(xp.any(dead)):
             row = int(xp.argmax(xp.astype(dead, xp.int8)))
             raise ValueError(f"{name} row {row} is entirely -inf")
+    return xp
+
+
+def check_token_bitmask(bitmask: Any, batch: int | None = None, name: str = "bitmask") -> Any:
+    """Validate a token bitmask in the shared layout; return its namespace.
+
+    The layout (llguidance, xgrammar, vLLM): int32 of shape (batch, words), bit j (least
+    significant first) of word w standing for token 32 * w + j. `batch`, if given, is the
+    number of rows the caller needs.
+    """
+    xp = namespace(bitmask, name)
+    if dtype_name(bitmask) != "int32":
+        raise TypeError(
+            f"{name} must be int32 (32 tokens per word), got dtype {dtype_name(bitmask)}"
+        )
+    if bitmask.ndim != 2:
+        raise ValueError(f"{name} must have shape (batch, words), got shape {tuple(bitmask.shape)}")
+    if batch is not None and bitmask.shape[0] != batch:
+        raise ValueError(
+            f"{name} must have {batch} rows (one per logits row), got shape {tuple(bitmask.shape)}"
+        )
     return xp
 
 

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._arrays import dtype_name, namespace
+from ._arrays import ANY_FLOAT_DTYPE_NAMES, dtype_name, namespace
 
 __all__ = ["rms_norm", "silu_and_mul"]
-
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def _float_input(x: Any, name: str) -> Any:
     xp = namespace(x, name)
-    if dtype_name(x) not in _FLOATS:
+    if dtype_name(x) not in ANY_FLOAT_DTYPE_NAMES:
         raise TypeError(f"{name} must be a float array, got dtype {dtype_name(x)}")
     if x.ndim < 1:
         raise ValueError(f"{name} must have at least one axis, got a scalar")
