@@ -159,10 +159,12 @@ class TokenTrie:
 
     Attributes:
         byte, depth, subtree_end, tokens: per node, as above (``byte[0]`` is -1).
-        vocab_size: the length of the `token_bytes` list the trie was built from.
+        token_bytes: the list the trie was built from (`token_bytes`): id -> bytes or None.
+        vocab_size: its length.
     """
 
     def __init__(self, token_bytes: Sequence[bytes | None]) -> None:
+        self.token_bytes = list(token_bytes)
         self.vocab_size = len(token_bytes)
         ids_of: dict[bytes, list[int]] = {}
         for token_id, spelled in enumerate(token_bytes):
