@@ -222,6 +222,7 @@ class _Lowering:
         self.inlined = self._regular_rules()
         self.out: dict[str, list[tuple[Symbol, ...]]] = {}
         self.queue: list[str] = []
+        self.used: set[str] = set()  # rules queued, lowered or being lowered
         self.size = 0
         self.helpers = 0
 
@@ -279,7 +280,8 @@ class _Lowering:
 
     def use(self, name: str) -> str:
         """``name`` as a nonterminal: queue its rule for lowering once."""
-        if name not in self.out and name not in self.queue:
+        if name not in self.used:
+            self.used.add(name)
             self.queue.append(name)
         return name
 

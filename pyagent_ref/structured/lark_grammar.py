@@ -105,6 +105,7 @@ any character but a newline; ``C_COMMENT``: ``/* ... */`` ending at the first ``
 _TOKEN = re.compile(
     r"""(?P<skip>(?:[ \t\r]|//[^\n]*|\#[^\n]*)+)
     | (?P<newline>\n)
+    | (?P<bad_embedded>%(?:json|lark|regex|llguidance|grammar_options)\b)
     | (?P<directive>%[A-Za-z_]+)
     | (?P<name>_*[A-Za-z][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)
     | (?P<string>"(?:[^"\\\n]|\\.)*"i?)
@@ -124,6 +125,8 @@ _TOKEN = re.compile(
 _PROBLEMS = {
     "bad_string": "unterminated string literal (a newline in a literal is written \\n)",
     "bad_regex": "unterminated regex (a '/' inside it is written \\/)",
+    "bad_embedded": "embedded grammars and options (%json, %lark, %regex, %llguidance, "
+    "%grammar_options) are not supported",
     "bad_template": "templates 'name{...}' are not supported",
     "bad_token": "special tokens (<|...|>, <[id]>) are not supported: a grammar of text is "
     "matched byte by byte",
@@ -347,7 +350,7 @@ class _Parser:
                 raise self.error(f"a terminal cannot use the rule {token.text!r}", token)
             return ref
         if token.kind == "directive":
-            raise self.error(f"{token.text} is not supported", token)
+            raise self.error(f"directive {token.text} cannot be used in an expression", token)
         raise self.error(f"unexpected {self.found_token(token)}", token)
 
     @staticmethod
@@ -412,7 +415,8 @@ class _Parser:
             raise self.error('a range \'"a".."z"\' needs two one-character strings', first)
         (lo, _), (hi, _) = low.ranges[0], high.ranges[0]
         if hi < lo:
-            raise self.error(f"bad range {first.text}..{last.text}: its start is after its end")
+            problem = f"bad range {first.text}..{last.text}: its start is after its end"
+            raise self.error(problem, first)
         return Chars(((lo, hi),))
 
     def regex(self, token: Token) -> Node:
