@@ -10,7 +10,10 @@ or a grammar. Issue 13 builds the whole path, each stage its own readable module
 2. **grammars** (exists): `grammar.Grammar`, context-free rules whose terminals are
    lexemes (`grammar.Terminal`, a regex compiled by stage 1); `earley.EarleyParser`
    reads a grammar's sentences byte by byte with undo; ``choice`` (one of several
-   strings) is `grammar.choice_grammar`. EBNF / GBNF / Lark text frontends (to come).
+   strings) is `grammar.choice_grammar`. Grammar texts: `ebnf.compile_grammar` reads
+   GBNF (`gbnf.parse_gbnf`, llama.cpp's format, XGrammar's "EBNF") or Lark
+   (`lark_grammar.parse_lark`); both parse into rule trees that `grammar_text` lowers to
+   rules over the largest regular lexemes.
 3. **JSON Schema → grammar** (to come): types, properties, items, formats, ``$ref``...,
    with strings and numbers as lexemes.
 4. **token masks** (to come): a trie over the vocabulary's token bytes walked against the
@@ -24,7 +27,10 @@ character. docs/structured.md works through an example.
 
 from .dfa import DEAD, DFA, MAX_DFA_STATES, compile_regex, determinize, minimize
 from .earley import EarleyParser
+from .ebnf import compile_grammar, detect_syntax
+from .gbnf import parse_gbnf
 from .grammar import Grammar, GrammarError, Terminal, choice_grammar, regex_escape
+from .lark_grammar import parse_lark
 from .nfa import MAX_NFA_STATES, NFA, build_nfa, utf8_sequences
 from .regex import RegexError, parse_regex
 
@@ -41,9 +47,13 @@ __all__ = [
     "Terminal",
     "build_nfa",
     "choice_grammar",
+    "compile_grammar",
     "compile_regex",
+    "detect_syntax",
     "determinize",
     "minimize",
+    "parse_gbnf",
+    "parse_lark",
     "parse_regex",
     "regex_escape",
     "utf8_sequences",
