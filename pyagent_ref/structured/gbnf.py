@@ -18,7 +18,7 @@ The accepted syntax, written in itself (``ws`` between tokens is implied)::
   ``|``; every grammar it reads means the same here). Rules may come in any order and
   recurse in any way (left recursion included); a rule defined twice is an error.
 * Strings and classes match code points, written as themselves or escaped: ``\\n \\r
-  \\t \\\\ \\" \\' \\[ \\] \\- \\/ \\b \\f \\v \\0``, ``\\xHH`` (exactly two digits, as
+  \\t \\\\ \\" \\' \\[ \\] \\- \\^ \\/ \\b \\f \\v \\0``, ``\\xHH`` (exactly two digits, as
   llama.cpp; XGrammar reads any number), ``\\uHHHH``, ``\\UHHHHHHHH``. In a class,
   ``a-z`` is a range, ``^`` first negates, ``[^]`` is any character and ``[]`` none.
   ``.`` is any character, newline included.
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 
-from .grammar import Grammar
+from .grammar import Grammar, GrammarError
 from .grammar_text import (
     MAX_NESTING,
     Expr,
@@ -109,18 +109,22 @@ class _Parser:
         self.tokens, self.pos, self.depth = tokens, 0, 0
 
     def peek(self, ahead: int = 0) -> Token | None:
+        """The token ``ahead`` of the next one, None past the end."""
         i = self.pos + ahead
         return self.tokens[i] if i < len(self.tokens) else None
 
-    def error(self, problem: str, token: Token | None = None):
+    def error(self, problem: str, token: Token | None = None) -> GrammarError:
+        """The error for ``problem`` at ``token`` (default: the next one, or the last)."""
         token = token or self.peek() or self.tokens[-1]
         return text_error("GBNF", token.line, token.column, problem)
 
     def found(self) -> str:
+        """The next token, as an error message quotes it."""
         token = self.peek()
         return "the end of the grammar" if token is None else repr(token.text)
 
     def rules(self) -> dict[str, Expr]:
+        """``grammar``: each rule's tree by name, in the order written."""
         rules: dict[str, Expr] = {}
         while (token := self.peek()) is not None:
             after = self.peek(1)
@@ -135,6 +139,7 @@ class _Parser:
         return rules
 
     def alternatives(self) -> Expr:
+        """``alternatives``: one tree, an `Alt` if there is a ``|``."""
         options = [self.sequence()]
         while (token := self.peek()) is not None and token.text == "|":
             self.pos += 1
@@ -142,6 +147,7 @@ class _Parser:
         return options[0] if len(options) == 1 else Alt(tuple(options))
 
     def sequence(self) -> Expr:
+        """``sequence``: up to a ``|``, a ``)``, the next ``name ::=`` or the end."""
         items: list[Expr] = []
         while (token := self.peek()) is not None and token.text not in ("|", ")"):
             after = self.peek(1)
@@ -156,6 +162,7 @@ class _Parser:
         return items[0] if len(items) == 1 else Concat(tuple(items))
 
     def atom(self) -> Expr:
+        """``atom``: a `Ref`, a literal, a class, ``.``, or a group's tree."""
         token = self.peek()
         self.pos += 1
         if token.kind == "name":

@@ -172,6 +172,7 @@ def _common() -> dict[str, Node]:
 
 
 def _is_terminal(name: str) -> bool:
+    """Whether ``name`` is a terminal's: its first letter (past ``_``) is uppercase."""
     return name.lstrip("_")[:1].isupper()
 
 
@@ -188,6 +189,7 @@ class _Parser:
         self.skips = any(t.kind == "directive" and t.text == "%ignore" for t in tokens)
 
     def peek(self, ahead: int = 0) -> Token | None:
+        """The token ``ahead`` of the next one (inside brackets, newlines are skipped)."""
         if self.depth:  # inside brackets a newline is a space
             while self.pos < len(self.tokens) and self.tokens[self.pos].kind == "newline":
                 self.pos += 1
@@ -195,20 +197,24 @@ class _Parser:
         return self.tokens[i] if i < len(self.tokens) else None
 
     def text(self) -> str | None:
+        """The next token's text (a newline's is ``"\\n"``), None at the end."""
         token = self.peek()
         return None if token is None else token.text
 
     def error(self, problem: str, token: Token | None = None) -> GrammarError:
+        """The error for ``problem`` at ``token`` (default: the next one, or the last)."""
         token = token or self.peek() or self.tokens[-1]
         return text_error(self.syntax, token.line, token.column, problem)
 
     def found(self) -> str:
+        """The next token, as an error message quotes it."""
         token = self.peek()
         if token is None:
             return "the end of the grammar"
         return "the end of the line" if token.kind == "newline" else repr(token.text)
 
     def expect(self, kind: str, what: str) -> Token:
+        """Read the next token, which must be of ``kind`` (or have that text)."""
         token = self.peek()
         if token is None or (token.kind != kind and token.text != kind):
             raise self.error(f"expected {what}, found {self.found()}")
@@ -216,6 +222,7 @@ class _Parser:
         return token
 
     def definitions(self) -> None:
+        """``start``: every definition and directive into ``rules``, then `IGNORE_RULE`."""
         while self.peek() is not None:
             if self.text() == "\n":
                 self.pos += 1
@@ -231,6 +238,7 @@ class _Parser:
             self.rules[IGNORE_RULE] = Repeat(ignored, 0, None)
 
     def definition(self) -> None:
+        """``definition``: one rule or terminal."""
         if self.text() in ("?", "!"):
             self.pos += 1
         name = self.expect("name", "a rule or terminal name")
@@ -246,17 +254,19 @@ class _Parser:
         self.rules[name.text] = self.expansions()
 
     def directive(self) -> None:
+        """``directive``: ``%ignore`` (collected) or ``%import``; others are errors."""
         token = self.peek()
         self.pos += 1
         if token.text == "%ignore":
             self.in_rule = False
             self.ignored.append(self.expansions())
         elif token.text == "%import":
-            self.import_common(token)
+            self.import_common()
         else:
             raise self.error(f"directive {token.text} is not supported", token)
 
-    def import_common(self, directive: Token) -> None:
+    def import_common(self) -> None:
+        """After ``%import``: define the named common terminals (or the alias)."""
         module = self.expect("name", "a module name after %import")
         if module.text != "common":
             raise self.error("only '%import common...' is supported", module)
@@ -285,6 +295,8 @@ class _Parser:
             self.rules[defined] = _common()[name.text]
 
     def expansions(self) -> Expr:
+        """``expansions``: one tree, an `Alt` if there is a ``|`` (at the top level, also
+        one that starts the next line)."""
         options = [self.alias()]
         while True:
             if self.text() == "\n" and not self.depth:  # a line starting with '|' goes on
@@ -300,6 +312,7 @@ class _Parser:
         return options[0] if len(options) == 1 else Alt(tuple(options))
 
     def alias(self) -> Expr:
+        """``alias``: a sequence (its ``-> name`` read and dropped)."""
         items = []
         while self.text() not in _ENDS:
             items.append(self.expr())
@@ -309,6 +322,7 @@ class _Parser:
         return items[0] if len(items) == 1 else Concat(tuple(items))
 
     def expr(self) -> Expr:
+        """``expr``: an atom and its repetition, if any."""
         item = self.atom()
         token = self.peek()
         if token is None:
@@ -330,6 +344,7 @@ class _Parser:
         return item
 
     def atom(self) -> Expr:
+        """``atom``: a group, a literal or range, a regex, or a name."""
         token = self.peek()
         if token.text in ("(", "["):
             return self.group(token)
@@ -351,11 +366,7 @@ class _Parser:
             return ref
         if token.kind == "directive":
             raise self.error(f"directive {token.text} cannot be used in an expression", token)
-        raise self.error(f"unexpected {self.found_token(token)}", token)
-
-    @staticmethod
-    def found_token(token: Token) -> str:
-        return "end of line" if token.kind == "newline" else repr(token.text)
+        raise self.error(f"unexpected {token.text!r}", token)
 
     def group(self, opening: Token) -> Expr:
         """``( expansions )``, or ``[ expansions ]``: the same, optional."""
@@ -407,6 +418,7 @@ class _Parser:
         return _fold_case(node) if folded else node
 
     def char_range(self, first: Token, low: Node, last: Token) -> Node:
+        """``"a".."z"``: one character from ``low`` to the one of string ``last``."""
         high = self.string(last)
         if not (isinstance(low, Chars) and isinstance(high, Chars)) or "i" in (
             first.text[-1],
