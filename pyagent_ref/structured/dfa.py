@@ -20,7 +20,10 @@ start (0), and byte classes are merged wherever their moves agree in every state
 numbered by their smallest byte. So two DFAs of one language from `minimize` are equal.
 
 `compile_regex` runs the whole pipeline: pattern → `parse_regex` → `build_nfa` →
-`determinize` → `minimize`, with a small cache.
+`determinize` → `minimize`, with a small cache. `intersect` and `subtract` combine two DFAs
+(the product construction), for languages no single regex of the dialect writes down: a
+JSON Schema string with both a ``pattern`` and a ``maxLength``, or the property names a
+schema does not list.
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ from dataclasses import dataclass
 from .nfa import MAX_NFA_STATES, NFA, build_nfa
 from .regex import RegexError, parse_regex
 
-__all__ = ["DEAD", "DFA", "MAX_DFA_STATES", "compile_regex", "determinize", "minimize"]
+__all__ = [
+    "DEAD",
+    "DFA",
+    "MAX_DFA_STATES",
+    "compile_regex",
+    "determinize",
+    "intersect",
+    "minimize",
+    "subtract",
+]
 
 DEAD = -1
 """The state after a byte string that is no prefix of any match."""
@@ -232,6 +244,56 @@ def minimize(dfa: DFA) -> DFA:
         rows.append([DEAD if b == dead_block else b for b in row])
         accepts.append(q in accepting)
     return _canonical(list(dfa.byte_class), rows, accepts, start=block_of[dfa.start])
+
+
+def intersect(a: DFA, b: DFA, max_states: int = MAX_DFA_STATES) -> DFA:
+    """The minimal DFA of the byte strings that both ``a`` and ``b`` accept.
+
+    Raises:
+        RegexError: the product has more than ``max_states`` states.
+    """
+    return _product(a, b, lambda in_a, in_b: in_a and in_b, max_states)
+
+
+def subtract(a: DFA, b: DFA, max_states: int = MAX_DFA_STATES) -> DFA:
+    """The minimal DFA of the byte strings that ``a`` accepts and ``b`` does not.
+
+    Raises:
+        RegexError: the product has more than ``max_states`` states.
+    """
+    return _product(a, b, lambda in_a, in_b: in_a and not in_b, max_states)
+
+
+def _product(a: DFA, b: DFA, keep, max_states: int) -> DFA:
+    """The product construction: a state is a pair (state of ``a``, state of ``b``), either
+    of which may be `DEAD`; it accepts when ``keep(a accepts, b accepts)``. Only pairs
+    reachable from the start pair are built; a pair whose ``a`` side is `DEAD` is `DEAD`
+    (both operations need ``a`` to accept), and `_canonical` trims the rest."""
+    if a.start == DEAD:
+        return a
+    classes = list(dict.fromkeys(zip(a.byte_class, b.byte_class, strict=True)))
+    class_of = {pair: i for i, pair in enumerate(classes)}
+    byte_class = [class_of[pair] for pair in zip(a.byte_class, b.byte_class, strict=True)]
+    pairs = [(a.start, b.start)]
+    index = {pairs[0]: 0}
+    rows: list[list[int]] = []
+    for qa, qb in pairs:  # a worklist: new pairs are appended while we iterate
+        row = []
+        for ca, cb in classes:
+            ta = a.transitions[qa][ca]
+            tb = DEAD if qb == DEAD else b.transitions[qb][cb]
+            if ta == DEAD:
+                row.append(DEAD)
+                continue
+            if (ta, tb) not in index:
+                if len(pairs) == max_states:
+                    raise RegexError(f"the product DFA has more than {max_states} states")
+                index[ta, tb] = len(pairs)
+                pairs.append((ta, tb))
+            row.append(index[ta, tb])
+        rows.append(row)
+    accepting = [keep(a.accepting[qa], qb != DEAD and b.accepting[qb]) for qa, qb in pairs]
+    return minimize(_canonical(byte_class, rows, accepting, start=0))
 
 
 def _canonical(

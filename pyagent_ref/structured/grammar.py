@@ -25,7 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .dfa import DEAD, DFA, compile_regex
+from .dfa import DEAD, DFA, compile_regex, determinize, minimize
+from .nfa import build_nfa
+from .regex import Node
 
 __all__ = ["Grammar", "GrammarError", "Symbol", "Terminal", "choice_grammar", "regex_escape"]
 
@@ -42,7 +44,10 @@ class Terminal:
     """A lexeme: the byte strings that match ``pattern`` (our regex dialect) as a whole.
 
     Terminals compare by identity; `Terminal.regex` and `Terminal.literal` return the one
-    terminal of a pattern, so equal patterns share one DFA and one parser run.
+    terminal of a pattern, so equal patterns share one DFA and one parser run. A terminal
+    built by a program rather than written as text (`from_node`: a syntax tree;
+    `from_dfa`: an automaton, such as the product of two) has a *label* in place of
+    ``pattern``: a name for people (shown by repr), never parsed.
     """
 
     pattern: str
@@ -58,6 +63,28 @@ class Terminal:
         """The terminal that matches exactly ``text``."""
         return _terminal(regex_escape(text))
 
+    @staticmethod
+    def from_node(node: Node, label: str) -> Terminal:
+        """The terminal of a regex syntax tree (`regex.Node`) built by a program.
+
+        Equal trees share one terminal (the first one's label is kept).
+
+        Raises:
+            RegexError: the automaton is over the NFA or DFA state limits.
+        """
+        terminal = _NODE_TERMINALS.get(node)
+        if terminal is None:
+            if len(_NODE_TERMINALS) > 4096:
+                _NODE_TERMINALS.clear()
+            dfa = minimize(determinize(build_nfa(node)))
+            terminal = _NODE_TERMINALS[node] = Terminal(label, dfa)
+        return terminal
+
+    @staticmethod
+    def from_dfa(dfa: DFA, label: str) -> Terminal:
+        """The terminal of an automaton built by a program (`dfa.intersect`, `dfa.subtract`)."""
+        return Terminal(label, dfa)
+
     @property
     def nullable(self) -> bool:
         """Whether the empty string is in the terminal's language."""
@@ -68,6 +95,7 @@ class Terminal:
 
 
 _TERMINALS: dict[str, Terminal] = {}
+_NODE_TERMINALS: dict[Node, Terminal] = {}
 
 
 def _terminal(pattern: str) -> Terminal:
