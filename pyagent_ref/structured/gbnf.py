@@ -18,8 +18,9 @@ The accepted syntax, written in itself (``ws`` between tokens is implied)::
   ``|``; every grammar it reads means the same here). Rules may come in any order and
   recurse in any way (left recursion included); a rule defined twice is an error.
 * Strings and classes match code points, written as themselves or escaped: ``\\n \\r
-  \\t \\\\ \\" \\' \\[ \\] \\- \\^ \\/ \\b \\f \\v \\0``, ``\\xHH`` (exactly two digits, as
-  llama.cpp; XGrammar reads any number), ``\\uHHHH``, ``\\UHHHHHHHH``. In a class,
+  \\t \\b \\f \\v \\a \\0 \\e`` (ESC), ``\\xHH`` (exactly two digits, as llama.cpp;
+  XGrammar reads any number), ``\\uHHHH``, ``\\UHHHHHHHH``, and a backslash before any of
+  ``\\ " ' [ ] - ^ / ? $ . * + ( ) { } |`` for the character itself. In a class,
   ``a-z`` is a range, ``^`` first negates, ``[^]`` is any character and ``[]`` none.
   ``.`` is any character, newline included.
 * ``x{m}``, ``x{m,}``, ``x{m,n}``, ``x{,n}`` repeat (counts up to `MAX_REPETITION`);
@@ -80,7 +81,7 @@ _PROBLEMS = {
 }
 _ESCAPES = {
     "n": "\n", "r": "\r", "t": "\t", "b": "\b", "f": "\f", "v": "\v", "0": "\0",
-    "\\": "\\", '"': '"', "'": "'", "[": "[", "]": "]", "-": "-", "/": "/", "^": "^",
+    "a": "\a", "e": "\x1b", **{c: c for c in "\\\"'[]-^/?$.*+(){}|"},
 }  # fmt: skip
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 _HEX = re.compile("[0-9a-fA-F]+")

@@ -137,6 +137,7 @@ def test_random_grammars_match_their_trees(rules, style):
     [
         (r'root ::= "\x41\u00e9\U0001F600\t\\\"\[\]"', ['Aé😀\t\\"[]'], ["A"]),
         (r"root ::= [^\n\x00-\x1f]", ["a", "é", " "], ["\n", "\x01", ""]),
+        (r'root ::= "\e\a\?\$" [\.\*\^]', ["\x1b\x07?$.", "\x1b\x07?$^"], ["\x1b\x07?$a"]),
         (r"root ::= [a-cx\-]+", ["abcx-", "-"], ["d", ""]),
         (r"root ::= [-a]", ["-", "a"], ["b"]),
         ("root ::= .", ["\n", "a", "😀"], ["", "ab"]),
