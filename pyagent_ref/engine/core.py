@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..kv_cache import (
@@ -412,6 +413,7 @@ class EngineCore:
             if self.asleep:
                 raise RuntimeError("the engine is asleep: call wake_up() first")
             sched = self.scheduler.schedule()
+            grammar_errors = self._fill_grammar_bitmasks(sched)
             try:
                 result = self.runner.execute(sched)
             except BaseException as exc:
@@ -419,9 +421,30 @@ class EngineCore:
                 if not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt: the next step reports the failed requests
                 result = ModelRunnerOutput({})
+            result.errors.update(grammar_errors)
             outputs = self.scheduler.update_from_output(sched, result)
             self.stats.add(outputs.stats)
             return outputs
+
+    def _fill_grammar_bitmasks(self, sched: SchedulerOutput) -> dict[str, str]:
+        """Structured outputs: the bitmask of the tokens each grammar allows next, for the
+        scheduled requests with a grammar that draw a token this step (their last known
+        token is computed in it). A grammar that raises fails its request alone: the
+        error is returned, and its row allows nothing."""
+        errors = {}
+        for rid in sched.num_scheduled_tokens:
+            request = self.scheduler.requests[rid]
+            if request.grammar is None or request.num_computed_tokens < request.num_tokens:
+                continue
+            bitmask = np.zeros((1, -(-self.limits.vocab_size // 32)), dtype=np.int32)
+            try:
+                request.grammar.fill_next_token_bitmask(bitmask, 0)
+            except Exception as exc:
+                logger.exception("the grammar of request %r failed", rid)
+                errors[rid] = f"its structured output failed: {type(exc).__name__}: {exc}"
+                bitmask[:] = 0
+            sched.grammar_bitmask[rid] = bitmask[0]
+        return errors
 
     def _fail_step(self, sched: SchedulerOutput, exc: BaseException) -> None:
         """Fail the requests of a step whose forward pass raised, taking the blocks the

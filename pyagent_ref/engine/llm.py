@@ -35,6 +35,7 @@ from .admission import check_n, prompt_token_ids
 from .core import EngineConfig, EngineCore
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
+from .structured import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class _Frontend:
             model_dir, self.config.tokenizer_backend, _bpe_encoding_class(self.config.ops)
         )
         self.processor = OutputProcessor(self.tokenizer)
+        self.structured = StructuredOutputs(self.tokenizer)
         self._extra_eos = self._generation_eos_ids(model_dir)
         self._ids = itertools.count()
         self._rng = random.Random()
@@ -106,6 +108,11 @@ class _Frontend:
             params = dataclasses.replace(params, stop_token_ids=stops)
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         max_tokens = params.max_tokens or self.core.max_model_len - len(ids)
+        constraint = params.structured_outputs
+        grammar = None if constraint is None else self.structured.grammar(constraint)
+        end_ids = [
+            t for t in (self.tokenizer.eos_token_id, *params.stop_token_ids) if t is not None
+        ]
         children = [
             Request(
                 rid if params.n == 1 else f"{rid}#{i}",
@@ -114,6 +121,7 @@ class _Frontend:
                 seed=(base_seed + i) % 2**64,
                 eos_token_id=self.tokenizer.eos_token_id,
                 max_tokens=max_tokens,
+                grammar=None if grammar is None else self.structured.matcher(grammar, end_ids),
             )
             for i in range(params.n)
         ]
@@ -306,6 +314,12 @@ class AsyncLLM(_Frontend):
         """Stream the deltas of one request. Raises ValueError/TypeError at the first
         iteration for a request that admission rejects (nothing is queued then)."""
         params = SamplingParams() if params is None else params
+        if isinstance(params, SamplingParams) and params.structured_outputs is not None:
+            # compiled on a worker thread while the engine steps the other requests
+            # (waited for, not awaited: an error is raised, named, by _validate below)
+            await asyncio.wait(
+                [asyncio.wrap_future(self.structured.compile(params.structured_outputs))]
+            )
         async with self._lock:  # the engine is not touched while a step runs
             rid = self._admit([self._validate(prompt, params, request_id, True)])[0]
             queue: asyncio.Queue = asyncio.Queue()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # The sampler computes in float32: a parameter must round to a finite float32, and one
@@ -12,6 +13,92 @@ from typing import Any
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38
 GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on the whole output text (vLLM's ``StructuredOutputsParams``).
+
+    Exactly one of:
+        json: a JSON Schema (a dict, or its JSON text): the output is a JSON text valid
+            under it;
+        regex: the output matches the pattern as a whole (`pyagent_ref.structured.regex`);
+        choice: the output is one of these strings;
+        grammar: a grammar in GBNF / EBNF or Lark syntax (`structured.ebnf`);
+        json_object: True: the output is any JSON object (OpenAI's JSON mode).
+    Options of the JSON kinds:
+        whitespace_pattern: a regex for the whitespace allowed between JSON tokens (None:
+            a line break at most, then up to 16 spaces or tabs,
+            `structured.constraints.GENERATION_WHITESPACE`);
+        disable_any_whitespace: no whitespace at all between JSON tokens;
+        disable_additional_properties: objects have only the properties a schema names
+            (as if ``additionalProperties: false`` where the schema does not say).
+
+    Raises TypeError / ValueError naming the field and the value; the constraint itself
+    (a malformed pattern, schema or grammar) is checked when it is compiled, at admission.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = [k for k in _CONSTRAINT_KINDS if getattr(self, k) not in (None, False)]
+        if len(kinds) != 1:
+            raise ValueError(
+                f"structured_outputs needs exactly one of {_CONSTRAINT_KINDS}, got "
+                f"{kinds or 'none'}"
+            )
+        for name, types in (
+            ("json", (str, dict)),
+            ("regex", str),
+            ("grammar", str),
+            ("json_object", bool),
+            ("whitespace_pattern", str),
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, types):
+                raise TypeError(f"structured_outputs.{name} has the wrong type: {value!r}")
+        if self.choice is not None:
+            choice = self.choice
+            if not isinstance(choice, (list, tuple)) or not all(isinstance(c, str) for c in choice):
+                raise TypeError(f"structured_outputs.choice must be a list of str, got {choice!r}")
+            if not choice:
+                raise ValueError("structured_outputs.choice must name at least one string, got []")
+            object.__setattr__(self, "choice", list(choice))
+        for name in ("disable_any_whitespace", "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"structured_outputs.{name} must be a bool, got {getattr(self, name)!r}"
+                )
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: one of ``json, regex, choice, grammar, json_object``."""
+        return next(k for k in _CONSTRAINT_KINDS if getattr(self, k) not in (None, False))
+
+    def key(self) -> tuple:
+        """A hashable key: equal keys compile to the same grammar (the compile cache's key)."""
+        value = getattr(self, self.kind)
+        if isinstance(value, dict):
+            value = json.dumps(value, sort_keys=True)
+        elif isinstance(value, list):
+            value = tuple(value)
+        return (
+            self.kind,
+            value,
+            self.whitespace_pattern,
+            self.disable_any_whitespace,
+            self.disable_additional_properties,
+        )
+
+
+_CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 @dataclass
@@ -35,6 +122,8 @@ class SamplingParams:
         ignore_eos: keep going past EOS. include_stop_str_in_output: keep the stop string.
         logprobs: how many top log-probabilities to return per generated token (None: none).
         skip_special_tokens, spaces_between_special_tokens: detokenization options.
+        structured_outputs: a constraint on the output (`StructuredOutputsParams`, or a
+            dict of its fields): JSON Schema, regex, choice, grammar or JSON object.
 
     Float parameters must be numbers that float32 (the sampler's dtype) holds.
     Raises ValueError for a value out of range and TypeError for a container of the
@@ -60,8 +149,22 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, Mapping):
+            known = [f.name for f in fields(StructuredOutputsParams)]
+            unknown = sorted(set(self.structured_outputs) - set(known))
+            if unknown:
+                raise ValueError(
+                    f"structured_outputs has unknown keys {unknown}; its keys are {known}"
+                )
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if not isinstance(self.structured_outputs, StructuredOutputsParams | None):
+            raise TypeError(
+                "structured_outputs must be None, a StructuredOutputsParams or a dict of its "
+                f"fields, got {self.structured_outputs!r}"
+            )
         self.stop = _string_list("stop", self.stop)
         self.stop_token_ids = _int_list("stop_token_ids", self.stop_token_ids)
         if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):

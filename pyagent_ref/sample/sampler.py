@@ -1,7 +1,8 @@
 """The sampler: one step's logits and per-request parameters in, one token per request out.
 
 The pipeline, in vLLM's order, every stage an op of the chosen ops namespace:
-    penalties -> logit bias -> min_tokens mask -> (log-probabilities of these logits)
+    grammar bitmask (structured outputs) -> penalties -> logit bias -> min_tokens mask
+    -> (log-probabilities of these logits)
     -> temperature -> min_p -> top_k -> top_p -> sample
 A stage is skipped when no row of the batch uses it; a disabled stage is the identity
 per row, so skipping never changes a row's token and sampling stays batch-invariant.
@@ -30,6 +31,7 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     stop_ids: Sequence[int] = ()  # masked while len(output) < params.min_tokens
+    bitmask: np.ndarray | None = None  # int32 words: the tokens its grammar allows next
 
     @property
     def position(self) -> int:
@@ -58,10 +60,11 @@ class Sampler:
 
     def __init__(self, ops: ModuleType) -> None:
         self.ops = ops.sampling
+        self.all_ops = ops
 
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         s, p = self.ops, [r.params for r in rows]
-        x = logits.float()
+        x = self._mask_by_grammar(logits.float(), rows)
         if any(q.repetition_penalty != 1 or q.frequency_penalty or q.presence_penalty for q in p):
             x = s.apply_penalties(
                 x,
@@ -93,6 +96,17 @@ class Sampler:
         tokens = s.sample(x, temperature, torch.from_numpy(seeds), torch.from_numpy(positions))
         token_list = [int(t) for t in tokens]
         return SamplerOutput(token_list, self._with_sampled(logprobs, token_list, rows))
+
+    def _mask_by_grammar(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """Structured outputs: a token its row's grammar does not allow next is masked
+        (rows without a grammar get a mask of all ones)."""
+        if all(r.bitmask is None for r in rows):
+            return x
+        bitmask = np.full((len(rows), -(-x.shape[1] // 32)), -1, dtype=np.int32)
+        for i, r in enumerate(rows):
+            if r.bitmask is not None:
+                bitmask[i] = r.bitmask
+        return self.all_ops.structured.apply_token_bitmask(x, bitmask)
 
     @staticmethod
     def _mask_early_stops(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..sample.logprobs import Logprobs
 from ..sample.params import SamplingParams
 
@@ -47,6 +49,9 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
     num_lookahead_tokens: int = 0
+    # request id -> the int32 bitmask row of the tokens its grammar allows next, for the
+    # requests with structured outputs that draw a token this step
+    grammar_bitmask: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..sample.params import SamplingParams
 
@@ -99,6 +100,8 @@ class Request:
             value runs first; deadline is a time.monotonic() instant).
         status, times, stop_reason: the state machine above and its timestamps.
         error: why it finished with FINISHED_ERROR (its own failure, not another's).
+        grammar: the `structured.matcher.GrammarMatcher` of a request with structured
+            outputs: it masks each next token and follows the tokens drawn.
     """
 
     request_id: str
@@ -121,6 +124,7 @@ class Request:
     times: RequestTimes = field(default_factory=RequestTimes)
     stop_reason: int | str | None = None
     error: str | None = None
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -273,6 +273,10 @@ class Scheduler:
             token = sampled.get(rid)
             if token is None:
                 continue
+            if request.grammar is not None and not request.grammar.accept_token(token):
+                self.running.remove(request)  # a mask was not applied: never silently go on
+                self._fail(request, f"token {token} breaks the request's structured output")
+                continue
             request.output_token_ids.append(token)
             times = request.times
             if times.first_token is None:
@@ -298,6 +302,8 @@ class Scheduler:
     def _check_stop(self, request: Request, token: int) -> tuple[RequestStatus | None, int | None]:
         params = request.sampling_params
         n = request.num_output_tokens
+        if request.grammar is not None and request.grammar.is_terminated():
+            return RequestStatus.FINISHED_STOPPED, None  # the constraint allows no more
         if n >= params.min_tokens:
             if request.eos_token_id == token and not params.ignore_eos:
                 return RequestStatus.FINISHED_STOPPED, None

@@ -8,13 +8,16 @@ once, then fragments of its arguments. When a parser is active the text is decod
 special tokens kept (their markers may be special tokens), unless the request sets
 ``skip_special_tokens`` itself.
 
-Not implemented yet: structured output. ``response_format`` json_object / json_schema and
-``tool_choice`` required / named need it (the model must be constrained to emit valid
-JSON or a call), so they are a 400 that says so.
+Structured outputs (`structured_outputs`): ``response_format`` json_object / json_schema
+constrains the answer to JSON; ``tool_choice`` "required" or a named function constrains it
+to calls of the request's tools and reads them back with the forced-call parsers
+(`parsers.tools.forced`), whatever the model's own call format; vLLM's
+``structured_outputs`` field (regex, choice, grammar, json...) is passed on as it is.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +29,13 @@ from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
 from ..parsers import DeltaMessage, ReasoningParser, ToolParser
+from ..parsers.tools import check_tools
+from ..parsers.tools.forced import (
+    NamedToolParser,
+    RequiredToolParser,
+    named_call_schema,
+    required_calls_schema,
+)
 from .engine import merge, open_streams
 from .errors import APIError, bad_request
 from .protocol import (
@@ -160,25 +170,48 @@ def _finish_reason(reason: str | None, parsing: ChatParsing) -> str | None:
 # --- the request -> a prompt and parsers ----------------------------------------------------
 
 
-def _check_unsupported(req: ChatCompletionRequest) -> str:
-    """400 for what needs structured output; returns the effective tool_choice."""
-    if req.response_format is not None and req.response_format.type != "text":
-        raise APIError(
-            400,
-            f"response_format {req.response_format.type!r} needs structured output, which "
-            "this server does not have yet; use 'text'",
-            "response_format",
-        )
-    choice = req.tool_choice or ("auto" if req.tools else "none")
+def structured_outputs(req: ChatCompletionRequest) -> tuple[str, dict] | None:
+    """The request's constraint on the answer, as `StructuredOutputsParams` fields, and
+    the request field it comes from: ``response_format``, a forced ``tool_choice`` or
+    vLLM's ``structured_outputs`` (at most one of them; 400 otherwise)."""
+    given = []
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        given.append(("response_format", {"json_object": True}))
+    elif fmt is not None and fmt.type == "json_schema":
+        spec = fmt.json_schema or fmt.model_extra  # chat nests it, the Responses API does not
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError(
+                400, "response_format json_schema needs a 'schema' object", "response_format"
+            )
+        given.append(("response_format", {"json": schema}))
+    choice = req.tool_choice
     if choice == "required" or isinstance(choice, NamedToolChoice):
-        shown = choice if isinstance(choice, str) else choice.model_dump()
-        raise APIError(
-            400,
-            f"tool_choice {shown!r} needs structured output to force a call, which this "
-            "server does not have yet; use 'auto' or 'none'",
-            "tool_choice",
-        )
-    return choice
+        schemas = _tool_schemas(req)
+        if choice == "required":
+            schema = required_calls_schema(schemas, req.parallel_tool_calls)
+        else:
+            try:
+                schema = named_call_schema(schemas, choice.function.get("name"))
+            except ValueError as exc:
+                raise APIError(400, str(exc), "tool_choice") from None
+        given.append(("tool_choice", {"json": schema}))
+    if req.structured_outputs is not None:
+        given.append(("structured_outputs", req.structured_outputs))
+    if len(given) > 1:
+        names = [name for name, _ in given]
+        raise APIError(400, f"{names[0]} and {names[1]} both constrain the answer", names[1])
+    return given[0] if given else None
+
+
+def _tool_schemas(req: ChatCompletionRequest) -> dict[str, dict]:
+    if not req.tools:
+        raise APIError(400, f"tool_choice {req.tool_choice!r} needs tools", "tool_choice")
+    try:
+        return check_tools([t.model_dump(exclude_none=True) for t in req.tools])
+    except (TypeError, ValueError) as exc:
+        raise APIError(400, str(exc), "tools") from None
 
 
 def _text_messages(messages: list[dict]) -> list[dict]:
@@ -222,10 +255,15 @@ def _render(state: ServerState, req: ChatCompletionRequest) -> list[int]:
         ) from None
 
 
-def _parsing_factory(state: ServerState, req: ChatCompletionRequest, tool_choice: str):
+def _parsing_factory(state: ServerState, req: ChatCompletionRequest):
     """A function making one `ChatParsing` per completion, and whether a parser runs."""
+    tool_choice = req.tool_choice or ("auto" if req.tools else "none")
     tools_cls = None
-    if req.tools and tool_choice == "auto":
+    if tool_choice == "required":
+        tools_cls = RequiredToolParser
+    elif isinstance(tool_choice, NamedToolChoice):
+        tools_cls = functools.partial(NamedToolParser, function=tool_choice.function["name"])
+    elif req.tools and tool_choice == "auto":
         if state.tool_parser is None:
             raise APIError(
                 400,
@@ -268,10 +306,11 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
     """Validate ``req``, render its prompt and add it to the engine (400s on the way)."""
     state.check_model(req.model)
     state.check_serving()
-    tool_choice = _check_unsupported(req)
-    make_parsing, parsing_active = _parsing_factory(state, req, tool_choice)
+    constraint = structured_outputs(req)
+    make_parsing, parsing_active = _parsing_factory(state, req)
     parsings = [make_parsing() for _ in range(max(req.n, 1))]
-    params = chat_params(req, skip_special_tokens=not parsing_active)
+    params = chat_params(req, not parsing_active, constraint and constraint[1])
+    fields = CHAT_FIELDS | {"structured_outputs": constraint[0] if constraint else ""}
     prompt = _render(state, req)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     try:
@@ -280,7 +319,7 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
             open_streams(state.engine, [prompt], params, rid, state.seats, state.metrics.observe),
         )
     except (ValueError, TypeError) as exc:
-        raise bad_request(exc, CHAT_FIELDS) from None
+        raise bad_request(exc, fields) from None
     return ChatRun(req, rid, state.config.served_model_name, streams, parsings)
 
 

@@ -95,6 +95,7 @@ _KNOWN = {
     "include_stop_str_in_output",
     "skip_special_tokens",
     "spaces_between_special_tokens",
+    "structured_outputs",
 }
 
 

@@ -53,6 +53,7 @@ class SamplingFields(Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool = True
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -89,6 +90,7 @@ class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None  # chat's {"name", "schema", "strict"}
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -88,14 +88,21 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
             "echo",
         )
     kwargs = _common(req, skip_special_tokens=True)
-    kwargs.update(max_tokens=req.max_tokens, logprobs=req.logprobs)
+    kwargs.update(
+        max_tokens=req.max_tokens,
+        logprobs=req.logprobs,
+        structured_outputs=req.structured_outputs,
+    )
     return _build(kwargs)
 
 
-def chat_params(req: ChatCompletionRequest, skip_special_tokens: bool) -> SamplingParams:
+def chat_params(
+    req: ChatCompletionRequest, skip_special_tokens: bool, structured_outputs: dict | None
+) -> SamplingParams:
     """/v1/chat/completions: ``max_completion_tokens`` (or the older ``max_tokens``)
     defaults to the rest of the context; ``logprobs: true`` returns the sampled token's
-    log-probability and ``top_logprobs`` the most likely ones besides."""
+    log-probability and ``top_logprobs`` the most likely ones besides;
+    ``structured_outputs`` is the constraint `chat.structured_outputs` found."""
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true, got logprobs false", "top_logprobs")
     kwargs = _common(req, skip_special_tokens)
@@ -103,6 +110,7 @@ def chat_params(req: ChatCompletionRequest, skip_special_tokens: bool) -> Sampli
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     kwargs["logprobs"] = (req.top_logprobs or 0) if req.logprobs else None
+    kwargs["structured_outputs"] = structured_outputs
     fields = dict(CHAT_FIELDS)
     if req.max_completion_tokens is None:
         del fields["max_tokens"]  # the request used the older name

@@ -215,6 +215,8 @@ class ModelRunner:
             index = torch.from_numpy(prep.logits_indices[rows]).to(self.device)
             logits = self.model.compute_logits(hidden[index]).cpu()
             sampling_rows = [self.batch.sampling_row(prep.req_ids[i]) for i in rows]
+            for row in sampling_rows:
+                row.bitmask = sched.grammar_bitmask.get(row.request_id)
             for row, token, top, error in self._sample(logits, sampling_rows):
                 if error is None:
                     sampled[row.request_id], logprobs[row.request_id] = token, top

@@ -173,8 +173,8 @@ def test_a_finished_response_is_completed(client):
     "extra, param",
     [
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"tool_choice": "required", "tools": [{"type": "function", "name": "f"}]}, "tool_choice"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"tool_choice": {"type": "function", "name": "g"}, "tools": []}, "tool_choice"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"temperature": -1.0}, "temperature"),
     ],

@@ -1,0 +1,78 @@
+"""Structured outputs in the engine: constraints compiled off the step loop, a matcher per request.
+
+The path of a request with ``SamplingParams.structured_outputs``:
+
+1. admission (`_Frontend._validate`): `StructuredOutputs.compile` turns the constraint
+   into a `Grammar` on a worker thread, cached by the constraint's key, so a schema sent
+   again is not compiled again. `LLM` waits for it; `AsyncLLM` awaits it, so the engine
+   goes on stepping the other requests meanwhile. A malformed constraint is a ValueError
+   there, before anything is queued.
+2. each child request gets its own `GrammarMatcher` (`StructuredOutputs.matcher`):
+   parser state, the vocabulary's token trie and the ids that end the output.
+3. each step, `EngineCore` asks every matcher whose request draws a token for the
+   bitmask of the tokens allowed next; the sampler masks the others out first.
+4. `Scheduler.update_from_output` feeds the drawn token to the matcher; a request whose
+   grammar can take nothing more finishes with finish_reason "stop".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from ..sample.params import StructuredOutputsParams
+from ..structured.constraints import constraint_grammar
+from ..structured.earley import EarleyParser
+from ..structured.grammar import Grammar
+from ..structured.matcher import GrammarMatcher
+from ..structured.vocab import TokenTrie, token_bytes
+
+
+class StructuredOutputs:
+    """Compiles constraints (cached, on ``max_workers`` threads) and makes matchers over
+    one tokenizer's vocabulary (its token trie is built on first use)."""
+
+    def __init__(self, tokenizer, max_workers: int = 1, cache_size: int = 256) -> None:
+        self.tokenizer = tokenizer
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="pyagent-grammar")
+        self._cache: OrderedDict[tuple, Future[Grammar]] = OrderedDict()
+        self._cache_size = cache_size
+        self._trie: TokenTrie | None = None
+        self._lock = threading.Lock()
+
+    def compile(self, params: StructuredOutputsParams) -> Future[Grammar]:
+        """The future grammar of a constraint; its exception is the constraint's error."""
+        key = params.key()
+        with self._lock:
+            future = self._cache.get(key)
+            if future is None:
+                future = self._pool.submit(constraint_grammar, params)
+                self._cache[key] = future
+                if len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(key)
+            return future
+
+    def grammar(self, params: StructuredOutputsParams) -> Grammar:
+        """The grammar of a constraint, waiting for it; ValueError names what is wrong."""
+        try:
+            return self.compile(params).result()
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"structured_outputs.{params.kind} cannot be used: {exc}") from None
+
+    def matcher(self, grammar: Grammar, end_token_ids: Sequence[int]) -> GrammarMatcher:
+        """A fresh matcher of ``grammar``; ``end_token_ids`` (EOS, stop ids) are allowed
+        exactly where the grammar's output may end."""
+        return GrammarMatcher(EarleyParser(grammar), self.trie, list(end_token_ids))
+
+    @property
+    def trie(self) -> TokenTrie:
+        with self._lock:
+            if self._trie is None:
+                self._trie = TokenTrie(token_bytes(self.tokenizer))
+            return self._trie
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
