@@ -413,6 +413,56 @@ _TOKENIZER_DIVERGENCES = (
 )
 
 
+XGRAMMAR = "conformance.adapters.xgrammar"
+LLGUIDANCE = "conformance.adapters.llguidance"
+
+# Why xgrammar's and llguidance's bitmask functions differ (xgrammar/kernels/, llguidance/numpy.py
+# and torch.py).
+_XG_FLOAT64 = (
+    "apply_token_bitmask_inplace takes float32, float16 and bfloat16 logits only: float64 logits "
+    "raise ValueError"
+)
+_XG_PAST_THE_MASK = (
+    "xgrammar masks only min(vocab, 32 * words) tokens and leaves the logits past the mask's width "
+    "unchanged (with a UserWarning), where the specification masks them (llguidance's rule: a "
+    "mask allows only the tokens it describes)"
+)
+_XG_OVERRUN = (
+    "xgrammar 0.2.8's CPU kernel writes -inf for the clear bits of a row's last word past the "
+    "vocabulary, into the first tokens of the next row (and past the tensor after the last row: "
+    "the adapter leaves spare memory there): a row is masked by its neighbour's mask"
+)
+_XG_STRIDES = (
+    "the CPU kernel takes each row's stride but reads a row as contiguous: a bitmask (or logits) "
+    "with a column stride, e.g. every other column, is read at the wrong words"
+)
+_XG_ERRORS = (
+    "every bad argument raises ValueError (non-float logits, a non-int32 mask, wrong dimensions), "
+    "where the specification raises TypeError for a wrong type or dtype"
+)
+_LLG_ERRORS = (
+    "llguidance checks with assert statements (AssertionError, or nothing under python -O) and "
+    "does not check the logits' dtype: integer logits fail while -inf is written (OverflowError "
+    "from numpy, RuntimeError from torch)"
+)
+
+
+def _xg(prop: str, *reasons: str) -> Divergence:
+    return Divergence(XGRAMMAR, "structured.apply_token_bitmask", prop, "; ".join(reasons))
+
+
+_STRUCTURED_DIVERGENCES = (
+    _xg("keeps_exactly_the_allowed_tokens", _XG_FLOAT64, _XG_PAST_THE_MASK, _XG_OVERRUN),
+    _xg("masks_tokens_past_the_mask", _XG_PAST_THE_MASK),
+    _xg("ignores_bits_past_the_vocab", _XG_OVERRUN),
+    _xg("accepts_strided_input", _XG_STRIDES),
+    _xg("returns_array_like_logits", _XG_FLOAT64),
+    _xg("rejects_invalid_input", _XG_ERRORS),
+    _xg("matches_reference", _XG_FLOAT64, _XG_PAST_THE_MASK, _XG_OVERRUN),
+    Divergence(LLGUIDANCE, "structured.apply_token_bitmask", "rejects_invalid_input", _LLG_ERRORS),
+)
+
+
 DIVERGENCES: tuple[Divergence, ...] = (
     _hf("apply_temperature", "zero_temperature_rows_unchanged", _HF_T0),
     _hf("apply_temperature", "matches_reference", _HF_T0),
@@ -485,6 +535,7 @@ DIVERGENCES: tuple[Divergence, ...] = (
     ),
     *_VLLM_DIVERGENCES,
     *_TOKENIZER_DIVERGENCES,
+    *_STRUCTURED_DIVERGENCES,
 )
 
 

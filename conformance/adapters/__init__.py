@@ -13,6 +13,7 @@ differs from the specification, record it in `conformance.divergences`.
   (`nox -s vllm`).
 - `hf_tokenizers`: the `tokenizers` library on the tokenizer.json vocabularies.
 - `tiktoken`: tiktoken on cl100k_base and on the tokenizer.json vocabularies' ranks.
+- `xgrammar`, `llguidance`: their functions applying a token bitmask (`ops.structured`).
 """
 
 from __future__ import annotations
