@@ -1,5 +1,5 @@
-"""Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling, hashing,
-layers, rope and attention).
+"""Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling, structured,
+hashing, layers, rope and attention).
 
     python benchmarks/bench_ops.py            # full grid (a few minutes)
     python benchmarks/bench_ops.py --quick    # smoke run for CI (seconds)
@@ -8,6 +8,9 @@ For every sampling op and shape it times, in one run and on the same inputs: the
 reference on numpy arrays, the reference on torch CPU tensors, and pyagent_accel (on
 numpy arrays; torch CPU input is a zero-copy view of the same memory). It prints the
 median wall time of each and the ratios ref_numpy / accel and ref_torch / accel.
+`apply_token_bitmask` (`bench_structured`) is timed the same way on float32 logits and
+a mask whose words are a mix of all-allowed, none-allowed and random ones (a grammar
+inside a string allows almost everything, between JSON values almost nothing).
 Hashing compares the reference (pure Python) with accel for token lists and arrays.
 Layers and rope (`bench_layers_rope`) time rms_norm, silu_and_mul and apply_rope at two
 models' shapes, for decode and prefill token counts, in bfloat16 and float32: the
@@ -41,6 +44,7 @@ from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
 from pyagent_ref.ops import layers as ref_layers  # noqa: E402
 from pyagent_ref.ops import rope as ref_rope  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
+from pyagent_ref.ops import structured as ref_structured  # noqa: E402
 
 try:
     import torch
@@ -54,6 +58,7 @@ try:
     from pyagent_accel.ops import layers as accel_layers
     from pyagent_accel.ops import rope as accel_rope
     from pyagent_accel.ops import sampling as accel_sampling
+    from pyagent_accel.ops import structured as accel_structured
 except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(f"pyagent_accel is not installed ({exc}); build it with: pip install ./pyagent_accel")
 
@@ -136,6 +141,43 @@ def bench_sampling(shapes: list[tuple[int, int]], budget: float, min_reps: int) 
                 f"{fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} {fmt_ratio(t_torch, t_acc):>11}",
                 flush=True,
             )
+    return rows
+
+
+def bench_structured(shapes: list[tuple[int, int]], budget: float, min_reps: int) -> list[dict]:
+    """apply_token_bitmask on float32 logits (batch, vocab), columns as in `bench_sampling`."""
+    rows = []
+    rng = np.random.default_rng(0)
+    for batch, vocab in shapes:
+        logits = rng.normal(0.0, 3.0, (batch, vocab)).astype(np.float32)
+        words = -(-vocab // 32)
+        kind = rng.integers(0, 3, (batch, words))
+        random = rng.integers(-(2**31), 2**31, (batch, words)).astype(np.int32)
+        mask = np.where(kind == 0, 0, np.where(kind == 1, -1, random)).astype(np.int32)
+        args = (logits, mask)
+        ref_fn, acc_fn = ref_structured.apply_token_bitmask, accel_structured.apply_token_bitmask
+        assert np.array_equal(ref_fn(*args), acc_fn(*args), equal_nan=True)
+        t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
+        t_torch = None
+        if torch is not None:
+            t_torch = timeit(functools.partial(ref_fn, *to_torch(args)), budget, min_reps, 50)
+        t_acc = timeit(functools.partial(acc_fn, *args), budget, min_reps, 200)
+        rows.append(
+            dict(
+                op="apply_token_bitmask",
+                batch=batch,
+                vocab=vocab,
+                np=t_np,
+                torch=t_torch,
+                accel=t_acc,
+            )
+        )
+        print(
+            f"{'apply_token_bitmask':<18} {batch:>5} {vocab:>7} {fmt_ms(t_np):>13} "
+            f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
+            f"{fmt_ratio(t_torch, t_acc):>11}",
+            flush=True,
+        )
     return rows
 
 
@@ -455,6 +497,7 @@ def main() -> None:
         layer_tokens = [64, 512]
     t0 = time.perf_counter()
     srows = bench_sampling(shapes, budget, min_reps)
+    bench_structured(shapes if args.quick else [(1, 128256), (64, 128256)], budget, min_reps)
     print()
     hrows = bench_hashing(lengths, budget, min_reps)
     summary(srows, hrows)

@@ -22,6 +22,7 @@ pub mod philox;
 pub mod py_util;
 pub mod rope;
 pub mod sampling;
+pub mod structured;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -32,6 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layers::register(m)?;
     rope::register(m)?;
     attention::register(m)?;
+    structured::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())
 }

@@ -6,8 +6,17 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import attention, block_table, hashing, layers, rope, sampling
+from . import attention, block_table, hashing, layers, rope, sampling, structured
 
-MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention")
+MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention", "structured")
 
-__all__ = ["MODULES", "attention", "block_table", "hashing", "layers", "rope", "sampling"]
+__all__ = [
+    "MODULES",
+    "attention",
+    "block_table",
+    "hashing",
+    "layers",
+    "rope",
+    "sampling",
+    "structured",
+]

@@ -4,7 +4,17 @@ from . import hashing as hashing
 from . import layers as layers
 from . import rope as rope
 from . import sampling as sampling
+from . import structured as structured
 
 MODULES: tuple[str, ...]
 
-__all__ = ["MODULES", "attention", "block_table", "hashing", "layers", "rope", "sampling"]
+__all__ = [
+    "MODULES",
+    "attention",
+    "block_table",
+    "hashing",
+    "layers",
+    "rope",
+    "sampling",
+    "structured",
+]

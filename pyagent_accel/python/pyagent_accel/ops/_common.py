@@ -1,6 +1,6 @@
 """The validation layer of the ops wrappers (private): arguments converted and checked
-as `pyagent_ref.ops` converts and checks them, the float-array helpers of layers, rope
-and attention (`FLOAT_KINDS`, `array_library`, `float_view`, `float_as`, `wrap_float`),
+as `pyagent_ref.ops` converts and checks them, the float-array helpers of layers, rope,
+attention and structured (`FLOAT_KINDS`, `array_library`, `float_view`, `float_as`, `wrap_float`),
 and the builder of the sampling wrappers.
 
 The checks mirror `pyagent_ref.ops._arrays` and the ops step for step (same order,
@@ -107,7 +107,7 @@ def wrap(out: Any, torch_in: bool) -> Any:
     return out
 
 
-# --- float arrays of any float dtype (layers, rope, attention) ----------------------------
+# --- float arrays of any float dtype (layers, rope, attention, structured) ----------------
 #
 # Rust reads float16, float32 and float64 arrays as they are, and bfloat16 (which numpy
 # lacks) as its bits in an int16 array; a bfloat16 result comes back as int16 bits too.
