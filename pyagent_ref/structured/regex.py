@@ -27,8 +27,9 @@ this module accepts it:
   they change nothing; anywhere else they are an error.
 
 Everything else (backreferences, lookaround, ``\\b``, inline flags, ``\\p{...}``, octal
-escapes, possessive quantifiers) and every malformed pattern raise `RegexError`, whose
-message names the problem and its position.
+escapes, possessive quantifiers), groups nested more than `MAX_GROUP_NESTING` deep and
+every malformed pattern raise `RegexError`, whose message names the problem and its
+position.
 
 `parse_regex` is a recursive-descent parser of the grammar::
 
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 __all__ = [
     "DIGIT",
     "MAX_CODE_POINT",
+    "MAX_GROUP_NESTING",
     "SPACE",
     "WORD",
     "Alt",
@@ -64,6 +66,9 @@ __all__ = [
 ]
 
 MAX_CODE_POINT = 0x10FFFF
+MAX_GROUP_NESTING = 100
+"""The deepest nesting of groups a pattern may have (the parser and every pass over the
+tree recurse once per level)."""
 
 Ranges = tuple[tuple[int, int], ...]
 """Inclusive code-point ranges ``(lo, hi)``, sorted, disjoint and not adjacent."""
@@ -187,6 +192,7 @@ class _Parser:
 
     def __init__(self, pattern: str):
         self.pattern, self.pos = pattern, 0
+        self.open_groups = 0
 
     def error(self, problem: str, position: int | None = None) -> RegexError:
         return RegexError(problem, self.pattern, self.pos if position is None else position)
@@ -288,10 +294,14 @@ class _Parser:
 
     def group(self) -> Node:
         open_at = self.pos
+        if self.open_groups == MAX_GROUP_NESTING:
+            raise self.error(f"groups nest more than {MAX_GROUP_NESTING} deep", open_at)
         self.pos += 1
         if self.peek() == "?":
             self.group_kind(open_at)
+        self.open_groups += 1
         node = self.alternation(depth=1)
+        self.open_groups -= 1
         if self.peek() != ")":
             raise self.error("missing ')' to close the group", open_at)
         self.pos += 1

@@ -104,6 +104,7 @@ def test_class_escapes_are_the_ascii_ecma_sets():
         ("a{1,9999999999}", 1, "at most 9 digits"),
         ("a{" + "9" * 5000 + "}", 1, "at most 9 digits"),
         ("(ab", 0, "missing ')'"),
+        ("(" * 300 + "a" + ")" * 300, 100, "groups nest more than 100 deep"),
         ("a(b(c)", 1, "missing ')'"),
         ("ab)", 2, "unbalanced ')'"),
         ("[ab", 0, "missing ']'"),
