@@ -428,17 +428,17 @@ leaf_schemas = st.one_of(
     st.fixed_dictionaries(
         {"type": st.just("string")},
         optional={
-            "minLength": st.integers(0, 2),
-            "maxLength": st.integers(0, 4),
+            "minLength": st.integers(1, 2),
+            "maxLength": st.integers(0, 2),
             "pattern": st.sampled_from(["^a", "b$", "^[a-c]*$", "ab", "^(ab|c)*$"]),
         },
     ),
     st.fixed_dictionaries(
         {"type": st.just("integer")},
         optional={
-            "minimum": st.integers(-20, 20),
-            "exclusiveMaximum": st.integers(-20, 40),
-            "multipleOf": st.integers(1, 4),
+            "minimum": st.integers(-3, 3),
+            "exclusiveMaximum": st.integers(-3, 4),
+            "multipleOf": st.integers(2, 4),
         },
     ),
     st.fixed_dictionaries(
@@ -465,24 +465,24 @@ def _extend(children):
             "additionalProperties": False,
             **({"patternProperties": {KEY_PATTERN: patterns}} if patterns is not None else {}),
         },
-        st.dictionaries(st.sampled_from(NAMES), children, max_size=3).map(
+        st.dictionaries(st.sampled_from(NAMES), children, min_size=1, max_size=3).map(
             lambda d: dict(sorted(d.items()))
         ),
-        st.sets(st.sampled_from(NAMES)),
+        st.sets(st.sampled_from(NAMES), min_size=1),
         st.none() | children,
     )
-    open_objects = children.map(lambda c: {"type": "object", "additionalProperties": c})
     arrays = st.fixed_dictionaries(
         {"items": children},
         optional={
-            "prefixItems": st.lists(children, max_size=2),
+            "prefixItems": st.lists(children, min_size=1, max_size=2),
             "minItems": st.integers(0, 2),
             "maxItems": st.integers(0, 3),
         },
     )
-    any_of = st.lists(children, min_size=1, max_size=3).map(lambda options: {"anyOf": options})
+    any_of = st.lists(children, min_size=2, max_size=3).map(lambda options: {"anyOf": options})
     all_of = st.tuples(children, leaf_schemas).map(lambda pair: {"allOf": list(pair)})
-    return st.one_of(objects, open_objects, arrays, any_of, all_of)
+    open_objects = children.map(lambda c: {"type": "object", "additionalProperties": c})
+    return st.one_of(objects, arrays, any_of, all_of, open_objects)
 
 
 schemas = st.recursive(leaf_schemas, _extend, max_leaves=6)
@@ -538,8 +538,10 @@ json_values = st.recursive(
     max_leaves=6,
 )
 
-SLOW = settings(
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much], deadline=None
+SLOW = settings(  # more examples than the profile's: each is cheap and the space is large
+    max_examples=200,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    deadline=None,
 )
 
 
@@ -623,3 +625,37 @@ def test_maskbench_slice():
     assert agreeing >= 0.97 * instances
     # an invalid instance accepted is a bug unless a registered superset explains it
     assert all(expected for _, expected in disagreements), disagreements
+
+
+LEAVES = [None, True, 0, 3, -1, 2.5, "a", "ab", "abc", "x", [], {}]
+
+
+def _mutate(value, rng: random.Random):
+    """``value`` with one random change deep inside: a key or item removed or added, or a
+    node replaced by a small value."""
+    if isinstance(value, dict | list) and value and rng.random() < 0.7:
+        place = rng.choice(list(value) if isinstance(value, dict) else range(len(value)))
+        roll = rng.random()
+        if roll < 0.25:
+            del value[place]
+        elif roll < 0.45 and isinstance(value, dict):
+            value[rng.choice([*NAMES, "x", "y"])] = rng.choice(LEAVES)
+        elif roll < 0.45:
+            value.insert(rng.randrange(len(value) + 1), rng.choice(LEAVES))
+        else:
+            value[place] = _mutate(value[place], rng)
+        return value
+    return rng.choice(LEAVES)
+
+
+@SLOW
+@given(schemas, st.randoms(use_true_random=False))
+def test_near_valid_instances_are_accepted_exactly_when_valid(schema, rng):
+    """Random sentences with one random change: the instances that tell apart a grammar
+    slightly too loose or too strict."""
+    grammar = _compile(schema)
+    sentence = random_sentence(grammar, rng)
+    assume(sentence is not None)
+    instance = _canonical(_mutate(json.loads(sentence), rng))
+    assume(_inside_the_exact_part(instance))
+    assert accepts(grammar, json.dumps(instance, ensure_ascii=False)) == valid(schema, instance)
