@@ -175,3 +175,18 @@ def test_async_requests_run_while_a_grammar_compiles():
     fast, slow = asyncio.run(main())
     assert fast[1] == "length"
     assert re.fullmatch("[0-9]{4}", slow[0]) and slow[1] == "stop"
+
+
+def test_accel_ops_draw_the_same_constrained_tokens(llm):
+    pytest.importorskip("pyagent_accel")
+    accel = LLM(ops="accel", max_num_batched_tokens=64)
+    params = [
+        constrained(regex=r"[0-9]{3}-[a-z]{2,4}\."),
+        constrained(choice=["yes", "no"]),
+        SamplingParams(
+            temperature=0.9, seed=5, max_tokens=24, structured_outputs={"regex": "(ab|c)+"}
+        ),
+    ]
+    prompts = [PROMPT, "Is it?", "import os\n"]
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in accel.generate(prompts, params)] == expected
