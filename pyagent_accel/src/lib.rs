@@ -16,6 +16,7 @@ pub mod block_table;
 pub mod bpe;
 pub mod elem;
 pub mod float;
+pub mod grammar;
 pub mod hashing;
 pub mod layers;
 pub mod philox;
@@ -34,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     rope::register(m)?;
     attention::register(m)?;
     structured::register(m)?;
+    grammar::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())
 }

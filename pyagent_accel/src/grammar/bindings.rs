@@ -1,0 +1,256 @@
+//! The `_native` classes behind `pyagent_accel.structured`.
+//!
+//! The Python layer (`python/pyagent_accel/structured/`) flattens a reference `Grammar`
+//! into tables and checks arguments as the reference does; these classes check again
+//! what the Rust code relies on (table indices, id ranges, the bitmask's dtype, shape
+//! and row), so no input reachable from Python panics. Masks are computed with the GIL
+//! released.
+
+use numpy::{PyArray2, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::Arc;
+
+use super::earley::{Parser, TooManyItems};
+use super::matcher::Matcher;
+use super::tables::{Dfa, Grammar};
+use super::trie::Trie;
+use crate::py_util::{detached, value_error, writable};
+
+fn too_many_items(err: TooManyItems) -> PyErr {
+    PyValueError::new_err(err.to_string())
+}
+
+/// A grammar as flat tables, shared (read-only) by every parser of it.
+#[pyclass(frozen, module = "pyagent_accel._native")]
+pub struct CompiledGrammarCore(Arc<Grammar>);
+
+#[pymethods]
+impl CompiledGrammarCore {
+    /// `rules[r]`: rule r's alternatives, each a list of symbols (`s >= 0`: rule s;
+    /// `s < 0`: terminal `-s - 1`); `terminals[t]`: (byte_class as 256 bytes, transitions
+    /// row by row, accepting, start) of terminal t's DFA.
+    #[new]
+    fn new(
+        rules: Vec<Vec<Vec<i64>>>,
+        start: i64,
+        terminals: Vec<(Vec<u8>, Vec<i32>, Vec<bool>, i32)>,
+    ) -> PyResult<Self> {
+        let dfas = terminals
+            .into_iter()
+            .enumerate()
+            .map(|(t, (byte_class, transitions, accepting, start))| {
+                Dfa::new(&byte_class, transitions, accepting, start)
+                    .map_err(|msg| value_error(format!("terminal {t}: {msg}")))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Grammar::new(&rules, start, dfas)
+            .map(|g| CompiledGrammarCore(Arc::new(g)))
+            .map_err(|e| value_error(e.0))
+    }
+
+    /// Which rules derive the empty string.
+    fn nullable(&self) -> Vec<bool> {
+        self.0.nullable.clone()
+    }
+}
+
+/// A byte-level Earley parser (`earley::Parser`).
+#[pyclass(module = "pyagent_accel._native")]
+pub struct EarleyCore(Parser);
+
+#[pymethods]
+impl EarleyCore {
+    #[new]
+    fn new(grammar: &CompiledGrammarCore) -> PyResult<Self> {
+        Parser::new(grammar.0.clone())
+            .map(EarleyCore)
+            .map_err(too_many_items)
+    }
+
+    /// Read one byte (0..255): False, and no change, if no sentence continues this way.
+    fn push(&mut self, byte: i64) -> PyResult<bool> {
+        let byte = u8::try_from(byte)
+            .map_err(|_| value_error(format!("byte must be in [0, 255], got {byte}")))?;
+        self.0.push(byte).map_err(too_many_items)
+    }
+
+    /// Undo the last `n` pushed bytes.
+    fn pop(&mut self, n: i64) -> PyResult<()> {
+        let pushed = self.0.num_bytes();
+        match usize::try_from(n) {
+            Ok(n) if n <= pushed => {
+                self.0.pop(n);
+                Ok(())
+            }
+            _ => Err(value_error(format!(
+                "n must be in [0, {pushed}] (bytes pushed), got {n}"
+            ))),
+        }
+    }
+
+    fn is_accepting(&self) -> bool {
+        self.0.is_accepting()
+    }
+
+    fn num_bytes(&self) -> usize {
+        self.0.num_bytes()
+    }
+
+    fn copy(&self) -> EarleyCore {
+        EarleyCore(self.0.clone())
+    }
+}
+
+/// A vocabulary's token trie, shared (read-only, with its mask cache) by every matcher.
+#[pyclass(frozen, module = "pyagent_accel._native")]
+pub struct TokenTrieCore(Arc<Trie>);
+
+#[pymethods]
+impl TokenTrieCore {
+    /// `token_bytes[i]`: the bytes of token i, or None.
+    #[new]
+    fn new(py: Python<'_>, token_bytes: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let mut table = Vec::new();
+        for (i, item) in token_bytes.try_iter()?.enumerate() {
+            let item = item?;
+            if item.is_none() {
+                table.push(None);
+            } else if let Ok(bytes) = item.cast::<PyBytes>() {
+                table.push(Some(bytes.as_bytes().to_vec()));
+            } else {
+                return Err(PyTypeError::new_err(format!(
+                    "token_bytes[{i}] must be bytes or None, got {}",
+                    item.get_type().name()?
+                )));
+            }
+        }
+        if table.len() > u32::MAX as usize / 2 {
+            return Err(value_error("token_bytes is too long"));
+        }
+        detached(py, || TokenTrieCore(Arc::new(Trie::new(table))))
+    }
+
+    fn __len__(&self) -> usize {
+        self.0.len()
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+}
+
+/// One output's matcher (`matcher::Matcher`).
+#[pyclass(module = "pyagent_accel._native")]
+pub struct MatcherCore(Matcher);
+
+impl MatcherCore {
+    fn check_token(&self, token_id: i64) -> PyResult<u32> {
+        let vocab = self.0.trie().vocab_size();
+        match usize::try_from(token_id) {
+            Ok(id) if id < vocab => Ok(id as u32),
+            _ => Err(value_error(format!(
+                "token_id must be in [0, {vocab}), got {token_id}"
+            ))),
+        }
+    }
+}
+
+#[pymethods]
+impl MatcherCore {
+    /// A matcher that owns a copy of `parser`'s state.
+    #[new]
+    fn new(parser: &EarleyCore, trie: &TokenTrieCore, eos_token_ids: Vec<i64>) -> PyResult<Self> {
+        let vocab = trie.0.vocab_size();
+        let eos = eos_token_ids
+            .iter()
+            .map(|&id| match usize::try_from(id) {
+                Ok(i) if i < vocab => Ok(i as u32),
+                _ => Err(value_error(format!(
+                    "eos_token_ids holds {id}, outside the vocab of {vocab}"
+                ))),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(MatcherCore(Matcher::new(
+            parser.0.clone(),
+            trie.0.clone(),
+            &eos,
+        )))
+    }
+
+    fn accept_token(&mut self, token_id: i64) -> PyResult<bool> {
+        let token = self.check_token(token_id)?;
+        self.0.accept_token(token).map_err(too_many_items)
+    }
+
+    fn rollback(&mut self, num_tokens: i64) -> PyResult<()> {
+        let accepted = self.0.num_accepted_tokens();
+        match usize::try_from(num_tokens) {
+            Ok(n) if n <= accepted => {
+                self.0.rollback(n);
+                Ok(())
+            }
+            _ => Err(value_error(format!(
+                "num_tokens must be in [0, {accepted}] (tokens accepted), got {num_tokens}"
+            ))),
+        }
+    }
+
+    fn is_terminated(&self) -> bool {
+        self.0.is_terminated()
+    }
+
+    fn num_accepted_tokens(&self) -> usize {
+        self.0.num_accepted_tokens()
+    }
+
+    fn allowed_tokens(&mut self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        detached(py, || self.0.allowed_tokens())?.map_err(too_many_items)
+    }
+
+    /// Write row `index` of the int32 `bitmask` (batch, words >= ceil(vocab / 32)).
+    fn fill_next_token_bitmask(
+        &mut self,
+        py: Python<'_>,
+        bitmask: &Bound<'_, PyAny>,
+        index: usize,
+    ) -> PyResult<()> {
+        let bitmask = bitmask
+            .cast::<PyArray2<i32>>()
+            .map_err(|_| PyTypeError::new_err("bitmask must be a 2-D int32 numpy array"))?;
+        let (batch, width) = (bitmask.shape()[0], bitmask.shape()[1]);
+        let need = self.0.trie().vocab_size().div_ceil(32);
+        if width < need || index >= batch {
+            return Err(value_error(format!(
+                "bitmask of shape ({batch}, {width}) has no row {index} of {need} words"
+            )));
+        }
+        let mut words = vec![0u32; width];
+        detached(py, || self.0.fill_bitmask(&mut words))?.map_err(too_many_items)?;
+        let mut bitmask = writable(bitmask, "bitmask")?;
+        let mut view = bitmask.as_array_mut();
+        for (out, &word) in view.row_mut(index).iter_mut().zip(&words) {
+            *out = word as i32;
+        }
+        Ok(())
+    }
+
+    fn find_jump_forward_bytes<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let forced = detached(py, || self.0.jump_forward_bytes())?.map_err(too_many_items)?;
+        Ok(PyBytes::new(py, &forced))
+    }
+
+    fn copy(&self) -> MatcherCore {
+        MatcherCore(self.0.clone())
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CompiledGrammarCore>()?;
+    m.add_class::<EarleyCore>()?;
+    m.add_class::<TokenTrieCore>()?;
+    m.add_class::<MatcherCore>()?;
+    Ok(())
+}

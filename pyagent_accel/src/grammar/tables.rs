@@ -1,0 +1,267 @@
+//! A grammar as flat tables: the form `earley::Parser` reads (contract: the reference's
+//! `pyagent_ref.structured.grammar.Grammar` and `dfa.DFA`).
+//!
+//! Every alternative of every rule is laid out in one array of symbols, followed by an
+//! `End(rule)` marker, so an Earley item's "dot" is a single index into that array and
+//! moving the dot past a symbol is `pos + 1`. A terminal is a lexeme given by its
+//! minimal byte DFA (`Dfa`), stepped with two table reads per byte.
+
+use std::fmt;
+
+/// The state after a byte string that is no prefix of any match (`dfa.DEAD`).
+pub const DEAD: i32 = -1;
+
+/// A grammar that cannot be used; the message names the rule or terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableError(pub String);
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A trimmed byte DFA (the reference's `DFA`): `transitions[q * num_classes + c]` is the
+/// state after a byte of class `c = byte_class[b]` in state `q`, `DEAD` if no match can
+/// follow; every live state can still reach an accepting one.
+#[derive(Debug, Clone)]
+pub struct Dfa {
+    byte_class: [u8; 256],
+    num_classes: usize,
+    transitions: Vec<i32>,
+    accepting: Vec<bool>,
+    start: i32,
+    /// A 128-bit hash of the tables: equal minimal DFAs (one language) have equal
+    /// fingerprints, so work cached for one grammar's lexeme serves another's.
+    fingerprint: u128,
+}
+
+impl Dfa {
+    /// Checks every index the stepping relies on, so no table read can go out of bounds.
+    pub fn new(
+        byte_class: &[u8],
+        transitions: Vec<i32>,
+        accepting: Vec<bool>,
+        start: i32,
+    ) -> Result<Dfa, String> {
+        let byte_class: [u8; 256] = byte_class
+            .try_into()
+            .map_err(|_| format!("byte_class has {} entries, not 256", byte_class.len()))?;
+        let num_classes = byte_class.iter().map(|&c| c as usize + 1).max().unwrap_or(1);
+        let num_states = accepting.len();
+        if transitions.len() != num_states * num_classes {
+            return Err(format!(
+                "{} transitions for {num_states} states of {num_classes} byte classes",
+                transitions.len()
+            ));
+        }
+        if let Some(&bad) = transitions
+            .iter()
+            .find(|&&t| t < DEAD || t >= num_states as i32)
+        {
+            return Err(format!("a transition to state {bad} of {num_states}"));
+        }
+        if start == DEAD || start < 0 || start >= num_states as i32 {
+            return Err(format!(
+                "start state {start} of {num_states} (an empty language?)"
+            ));
+        }
+        let mut hashed = Vec::with_capacity(260 + 4 * transitions.len() + accepting.len());
+        hashed.extend_from_slice(&byte_class);
+        hashed.extend_from_slice(&start.to_le_bytes());
+        hashed.extend(transitions.iter().flat_map(|t| t.to_le_bytes()));
+        hashed.extend(accepting.iter().map(|&a| a as u8));
+        Ok(Dfa {
+            byte_class,
+            num_classes,
+            transitions,
+            accepting,
+            start,
+            fingerprint: xxhash_rust::xxh3::xxh3_128(&hashed),
+        })
+    }
+
+    /// The state after `byte` in the live state `state` (`DEAD` if none).
+    #[inline(always)]
+    pub fn step(&self, state: i32, byte: u8) -> i32 {
+        self.transitions[state as usize * self.num_classes + self.byte_class[byte as usize] as usize]
+    }
+
+    /// Whether the live state `state` is accepting.
+    #[inline(always)]
+    pub fn accepts(&self, state: i32) -> bool {
+        self.accepting[state as usize]
+    }
+
+    pub fn start(&self) -> i32 {
+        self.start
+    }
+
+    /// Whether the empty string is in the language.
+    pub fn nullable(&self) -> bool {
+        self.accepts(self.start)
+    }
+
+    pub fn fingerprint(&self) -> u128 {
+        self.fingerprint
+    }
+}
+
+/// One symbol of the flat alternative array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sym {
+    /// A nonterminal (rule id).
+    Rule(u32),
+    /// A terminal (index into `Grammar::terminals`).
+    Term(u32),
+    /// The end of an alternative of this rule.
+    End(u32),
+}
+
+/// A checked grammar: rules over lexemes, with the nullable set computed.
+#[derive(Debug)]
+pub struct Grammar {
+    /// Each alternative's symbols then `End(rule)`, alternatives grouped by rule.
+    pub syms: Vec<Sym>,
+    /// Where each alternative starts in `syms`; rule r's are `alts[rule_alts[r]..rule_alts[r + 1]]`.
+    pub alts: Vec<u32>,
+    pub rule_alts: Vec<u32>,
+    pub nullable: Vec<bool>,
+    pub terminals: Vec<Dfa>,
+    pub start: u32,
+}
+
+impl Grammar {
+    /// `rules[r]` lists rule r's alternatives, each a list of symbols: `s >= 0` is rule
+    /// `s`, `s < 0` is terminal `-s - 1`. Errors name an out-of-range symbol or start.
+    pub fn new(rules: &[Vec<Vec<i64>>], start: i64, terminals: Vec<Dfa>) -> Result<Grammar, TableError> {
+        let (num_rules, num_terms) = (rules.len() as i64, terminals.len() as i64);
+        if !(0..num_rules).contains(&start) {
+            return Err(TableError(format!("start rule {start} of {num_rules}")));
+        }
+        let (mut syms, mut alts, mut rule_alts) = (Vec::new(), Vec::new(), vec![0u32]);
+        for (r, rule) in rules.iter().enumerate() {
+            for alt in rule {
+                alts.push(syms.len() as u32);
+                for &s in alt {
+                    syms.push(match s {
+                        s if (0..num_rules).contains(&s) => Sym::Rule(s as u32),
+                        s if (-num_terms..0).contains(&s) => Sym::Term((-s - 1) as u32),
+                        s => {
+                            return Err(TableError(format!("rule {r} uses an unknown symbol {s}")))
+                        }
+                    });
+                }
+                syms.push(Sym::End(r as u32));
+            }
+            rule_alts.push(alts.len() as u32);
+        }
+        if syms.len() >= u32::MAX as usize / 2 {
+            return Err(TableError("grammar too large".into()));
+        }
+        let mut grammar = Grammar {
+            syms,
+            alts,
+            rule_alts,
+            nullable: vec![false; rules.len()],
+            terminals,
+            start: start as u32,
+        };
+        grammar.nullable = grammar.nullable_rules();
+        Ok(grammar)
+    }
+
+    /// The start positions of rule `r`'s alternatives.
+    #[inline]
+    pub fn alternatives(&self, r: u32) -> &[u32] {
+        &self.alts[self.rule_alts[r as usize] as usize..self.rule_alts[r as usize + 1] as usize]
+    }
+
+    /// The rules that derive the empty string (a fixpoint, as `Grammar.nullable`).
+    fn nullable_rules(&self) -> Vec<bool> {
+        let mut nullable = vec![false; self.rule_alts.len() - 1];
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for r in 0..nullable.len() {
+                if nullable[r] {
+                    continue;
+                }
+                let empty = self.alternatives(r as u32).iter().any(|&start| {
+                    self.syms[start as usize..]
+                        .iter()
+                        .take_while(|s| !matches!(s, Sym::End(_)))
+                        .all(|s| match *s {
+                            Sym::Rule(q) => nullable[q as usize],
+                            Sym::Term(t) => self.terminals[t as usize].nullable(),
+                            Sym::End(_) => unreachable!(),
+                        })
+                });
+                if empty {
+                    nullable[r] = true;
+                    changed = true;
+                }
+            }
+        }
+        nullable
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    /// The DFA of exactly `text` (one class per distinct byte, plus the rest).
+    pub fn literal(text: &[u8]) -> Dfa {
+        let mut byte_class = [0u8; 256];
+        let mut next = 1u8;
+        for &b in text {
+            if byte_class[b as usize] == 0 {
+                byte_class[b as usize] = next;
+                next += 1;
+            }
+        }
+        let classes = next as usize;
+        let states = text.len() + 1;
+        let mut transitions = vec![DEAD; states * classes];
+        for (q, &b) in text.iter().enumerate() {
+            transitions[q * classes + byte_class[b as usize] as usize] = q as i32 + 1;
+        }
+        let accepting = (0..states).map(|q| q == text.len()).collect();
+        Dfa::new(&byte_class, transitions, accepting, 0).unwrap()
+    }
+
+    /// The DFA of `[set]*` for a set of bytes.
+    pub fn star(set: &[u8]) -> Dfa {
+        let mut byte_class = [0u8; 256];
+        for &b in set {
+            byte_class[b as usize] = 1;
+        }
+        Dfa::new(&byte_class, vec![DEAD, 0], vec![true], 0).unwrap()
+    }
+
+    #[test]
+    fn nullable_is_a_fixpoint() {
+        // 0: A -> B a | ε-free;  1: B -> C C;  2: C -> "" (a nullable terminal) | "x"
+        let terms = vec![literal(b"a"), star(b""), literal(b"x")];
+        let rules = vec![vec![vec![1, -1]], vec![vec![2, 2]], vec![vec![-2], vec![-3]]];
+        let g = Grammar::new(&rules, 0, terms).unwrap();
+        assert_eq!(g.nullable, vec![false, true, true]);
+        assert_eq!(g.alternatives(2).len(), 2);
+    }
+
+    #[test]
+    fn bad_tables_are_errors() {
+        assert!(Dfa::new(&[0; 255], vec![], vec![], 0).is_err());
+        assert!(Dfa::new(&[0; 256], vec![1], vec![true], 0).is_err());
+        assert!(Dfa::new(&[0; 256], vec![DEAD], vec![true], DEAD).is_err());
+        assert!(Grammar::new(&[vec![vec![5]]], 0, vec![]).is_err());
+        assert!(Grammar::new(&[vec![vec![]]], 1, vec![]).is_err());
+    }
+
+    #[test]
+    fn equal_dfas_share_a_fingerprint() {
+        assert_eq!(literal(b"ab").fingerprint(), literal(b"ab").fingerprint());
+        assert_ne!(literal(b"ab").fingerprint(), literal(b"ba").fingerprint());
+    }
+}
