@@ -7,7 +7,7 @@
 //! released.
 
 use numpy::{PyArray2, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Arc;
@@ -20,6 +20,13 @@ use crate::py_util::{detached, value_error, writable};
 
 fn too_many_items(err: TooManyItems) -> PyErr {
     PyValueError::new_err(err.to_string())
+}
+
+/// Run `f` with the GIL held, a panic (a bug) turned into RuntimeError as `detached` does.
+fn guarded<R>(f: impl FnOnce() -> R) -> PyResult<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
+        PyRuntimeError::new_err("internal error in pyagent_accel (a Rust panic); please report it")
+    })
 }
 
 /// A grammar as flat tables, shared (read-only) by every parser of it.
@@ -64,7 +71,7 @@ pub struct EarleyCore(Parser);
 impl EarleyCore {
     #[new]
     fn new(grammar: &CompiledGrammarCore) -> PyResult<Self> {
-        Parser::new(grammar.0.clone())
+        guarded(|| Parser::new(grammar.0.clone()))?
             .map(EarleyCore)
             .map_err(too_many_items)
     }
@@ -73,7 +80,7 @@ impl EarleyCore {
     fn push(&mut self, byte: i64) -> PyResult<bool> {
         let byte = u8::try_from(byte)
             .map_err(|_| value_error(format!("byte must be in [0, 255], got {byte}")))?;
-        self.0.push(byte).map_err(too_many_items)
+        guarded(|| self.0.push(byte))?.map_err(too_many_items)
     }
 
     /// Undo the last `n` pushed bytes.
@@ -182,16 +189,13 @@ impl MatcherCore {
 
     fn accept_token(&mut self, token_id: i64) -> PyResult<bool> {
         let token = self.check_token(token_id)?;
-        self.0.accept_token(token).map_err(too_many_items)
+        guarded(|| self.0.accept_token(token))?.map_err(too_many_items)
     }
 
     fn rollback(&mut self, num_tokens: i64) -> PyResult<()> {
         let accepted = self.0.num_accepted_tokens();
         match usize::try_from(num_tokens) {
-            Ok(n) if n <= accepted => {
-                self.0.rollback(n);
-                Ok(())
-            }
+            Ok(n) if n <= accepted => guarded(|| self.0.rollback(n)),
             _ => Err(value_error(format!(
                 "num_tokens must be in [0, {accepted}] (tokens accepted), got {num_tokens}"
             ))),

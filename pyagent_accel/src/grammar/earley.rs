@@ -336,7 +336,9 @@ impl Parser {
 impl Scratch {
     /// A fresh epoch for the `started` / `predicted` stamps (reset on wrap-around).
     fn next_epoch(&mut self, grammar: &Grammar) {
-        if self.started.len() != grammar.terminals.len() {
+        if self.started.len() != grammar.terminals.len()
+            || self.predicted.len() != grammar.nullable.len()
+        {
             self.started = vec![0; grammar.terminals.len()];
             self.predicted = vec![0; grammar.nullable.len()];
         }
