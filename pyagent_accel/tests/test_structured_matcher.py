@@ -38,12 +38,12 @@ from pyagent_ref.structured.vocab import TokenTrie as RefTrie
 
 ALPHABET = "ab"
 EOS = 0
-# id 0: EOS, id 1: a special token, then every string over "ab" of length 1-3, then a
+# id 0: EOS, id 1: a special token, then every string over "ab" of length 1-4, then a
 # duplicate spelling and multi-byte tokens ("é" alone, its two bytes apart, and glued)
 VOCAB: list[bytes | None] = [
     None,
     None,
-    *("".join(p).encode() for n in (1, 2, 3) for p in itertools.product(ALPHABET, repeat=n)),
+    *("".join(p).encode() for n in (1, 2, 3, 4) for p in itertools.product(ALPHABET, repeat=n)),
     b"ab",
     "é".encode(),
     b"\xc3",
@@ -54,6 +54,10 @@ VOCAB: list[bytes | None] = [
     b'":',
     b"0",
     b"12",
+    b"axc",
+    b"axd",
+    b"bxc",
+    b"bxd",
 ]
 REF_TRIE, ACCEL_TRIE = RefTrie(VOCAB), TokenTrie(VOCAB)
 WORDS = -(-len(VOCAB) // 32) + 1  # one word more than needed: it must be cleared
@@ -186,6 +190,17 @@ def test_a_grammar_is_compiled_once_for_many_parsers():
     assert first.compiled is second.compiled and first.grammar is grammar
     assert first.push(ord("a")) and not second.push(ord("b"))
     assert first.num_bytes() == 1 and second.num_bytes() == 0
+
+
+def test_lexemes_ending_inside_a_token_on_different_paths():
+    """In "axc" and "bxd" the lexeme x ends inside the token, begun after a lexeme that
+    also ended inside it: what may follow x depends on the first byte (its column), not
+    only on x's run, so work shared between the two paths would give a wrong mask."""
+    a, b, c, d, x = (Terminal.literal(ch) for ch in "abcdx")
+    grammar = Grammar({"S": ((a, "X", c), (b, "X", d)), "X": ((x,),)}, "S")
+    ref, accel = both(grammar)
+    assert_same_state(ref, accel)
+    assert sorted(VOCAB[t] for t in accel.allowed_tokens()) == [b"a", b"axc", b"b", b"bxd"]
 
 
 def test_an_eos_with_bytes_and_repeated_eos_ids():

@@ -136,7 +136,8 @@ impl TokenTrieCore {
         if table.len() > u32::MAX as usize / 2 {
             return Err(value_error("token_bytes is too long"));
         }
-        detached(py, || TokenTrieCore(Arc::new(Trie::new(table))))
+        let trie = detached(py, || Trie::new(table))?.map_err(value_error)?;
+        Ok(TokenTrieCore(Arc::new(trie)))
     }
 
     fn __len__(&self) -> usize {

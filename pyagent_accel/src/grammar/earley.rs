@@ -43,7 +43,7 @@ impl Item {
 }
 
 /// A lexeme in progress: `term`'s DFA is in `state` after the bytes since column `origin`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Run {
     pub term: u32,
     pub origin: u32,
@@ -156,6 +156,21 @@ impl Parser {
     /// The runs of the last column (what the next byte is matched against).
     pub fn runs(&self) -> &[Run] {
         &self.runs[self.column_start(self.columns.len() - 1).0..]
+    }
+
+    /// The runs pushing `byte` would scan into the next column, sorted, into `out`
+    /// (changes nothing). With the columns so far, they decide everything the push does.
+    pub fn scanned_runs(&self, byte: u8, out: &mut Vec<Run>) {
+        let terms = &self.grammar.terminals;
+        out.clear();
+        for run in self.runs() {
+            let state = terms[run.term as usize].step(run.state, byte);
+            if state != DEAD {
+                out.push(Run { state, ..*run });
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
     }
 
     /// Whether pushing `byte` would succeed (some run survives it); changes nothing.

@@ -11,6 +11,11 @@ use std::fmt;
 /// The state after a byte string that is no prefix of any match (`dfa.DEAD`).
 pub const DEAD: i32 = -1;
 
+/// A move of a DFA packed in one word (`Dfa::step_move`): the next state, with `ACCEPTS`
+/// set if it is accepting, or `DEAD_MOVE`.
+pub const ACCEPTS: u32 = 1 << 31;
+pub const DEAD_MOVE: u32 = u32::MAX;
+
 /// A grammar that cannot be used; the message names the rule or terminal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableError(pub String);
@@ -30,6 +35,9 @@ pub struct Dfa {
     num_classes: usize,
     transitions: Vec<i32>,
     accepting: Vec<bool>,
+    /// `transitions` as packed moves, so one read tells the next state and whether it
+    /// accepts (the light walk's inner loop).
+    moves: Vec<u32>,
     start: i32,
     /// A 128-bit hash of the tables: equal minimal DFAs (one language) have equal
     /// fingerprints, so work cached for one grammar's lexeme serves another's.
@@ -49,6 +57,9 @@ impl Dfa {
             .map_err(|_| format!("byte_class has {} entries, not 256", byte_class.len()))?;
         let num_classes = byte_class.iter().map(|&c| c as usize + 1).max().unwrap_or(1);
         let num_states = accepting.len();
+        if num_states >= ACCEPTS as usize {
+            return Err(format!("{num_states} states"));
+        }
         if transitions.len() != num_states * num_classes {
             return Err(format!(
                 "{} transitions for {num_states} states of {num_classes} byte classes",
@@ -71,11 +82,20 @@ impl Dfa {
         hashed.extend_from_slice(&start.to_le_bytes());
         hashed.extend(transitions.iter().flat_map(|t| t.to_le_bytes()));
         hashed.extend(accepting.iter().map(|&a| a as u8));
+        let moves = transitions
+            .iter()
+            .map(|&t| match t {
+                DEAD => DEAD_MOVE,
+                t if accepting[t as usize] => t as u32 | ACCEPTS,
+                t => t as u32,
+            })
+            .collect();
         Ok(Dfa {
             byte_class,
             num_classes,
             transitions,
             accepting,
+            moves,
             start,
             fingerprint: xxhash_rust::xxh3::xxh3_128(&hashed),
         })
@@ -85,6 +105,12 @@ impl Dfa {
     #[inline(always)]
     pub fn step(&self, state: i32, byte: u8) -> i32 {
         self.transitions[state as usize * self.num_classes + self.byte_class[byte as usize] as usize]
+    }
+
+    /// The packed move from the live state `state` on `byte` (see `ACCEPTS`).
+    #[inline(always)]
+    pub fn step_move(&self, state: u32, byte: u8) -> u32 {
+        self.moves[state as usize * self.num_classes + self.byte_class[byte as usize] as usize]
     }
 
     /// Whether the live state `state` is accepting.

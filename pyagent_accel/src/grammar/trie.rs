@@ -18,13 +18,23 @@ use super::walk::{Slice, SliceKey};
 /// How many bytes of slices the cache may hold before it is emptied.
 const SLICE_CACHE_BYTES: usize = 256 << 20;
 
+/// One trie node: its byte, depth and subtree end, and where its token ids start (they
+/// end where the next node's start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    pub subtree_end: u32,
+    pub token_start: u32,
+    pub depth: u16,
+    pub byte: u8,
+}
+
+/// The longest token the trie takes (depths are 16-bit).
+pub const MAX_TOKEN_BYTES: usize = u16::MAX as usize;
+
 #[derive(Debug)]
 pub struct Trie {
-    pub byte: Vec<u8>,
-    pub depth: Vec<u32>,
-    pub subtree_end: Vec<u32>,
-    /// Node i's token ids are `token_ids[token_start[i]..token_start[i + 1]]`.
-    token_start: Vec<u32>,
+    /// The nodes in preorder, then a sentinel that only ends the last node's ids.
+    nodes: Vec<Node>,
     token_ids: Vec<u32>,
     /// id -> bytes (`None`: a special token or no token).
     pub token_bytes: Vec<Option<Vec<u8>>>,
@@ -40,20 +50,26 @@ struct SliceCache {
 
 impl Trie {
     /// The trie of `token_bytes` (id -> bytes); ids whose bytes are `None` or empty are in
-    /// no node.
-    pub fn new(token_bytes: Vec<Option<Vec<u8>>>) -> Trie {
-        let mut spelled: Vec<(&[u8], u32)> = token_bytes
-            .iter()
-            .enumerate()
-            .filter_map(|(id, b)| match b {
-                Some(b) if !b.is_empty() => Some((b.as_slice(), id as u32)),
-                _ => None,
-            })
-            .collect();
+    /// no node. Err names a token over `MAX_TOKEN_BYTES`.
+    pub fn new(token_bytes: Vec<Option<Vec<u8>>>) -> Result<Trie, String> {
+        let mut spelled: Vec<(&[u8], u32)> = Vec::new();
+        for (id, bytes) in token_bytes.iter().enumerate() {
+            match bytes {
+                Some(b) if b.len() > MAX_TOKEN_BYTES => {
+                    return Err(format!("token {id} has over {MAX_TOKEN_BYTES} bytes"))
+                }
+                Some(b) if !b.is_empty() => spelled.push((b.as_slice(), id as u32)),
+                _ => {}
+            }
+        }
         spelled.sort_unstable(); // by bytes, then id: ids sharing bytes in id order
-        let mut byte = vec![0u8];
-        let mut depth = vec![0u32];
-        let mut token_start = vec![0u32];
+        let root = Node {
+            subtree_end: 0,
+            token_start: 0,
+            depth: 0,
+            byte: 0,
+        };
+        let mut nodes = vec![root];
         let mut token_ids = Vec::with_capacity(spelled.len());
         let mut previous: &[u8] = &[];
         for &(bytes, id) in &spelled {
@@ -63,35 +79,48 @@ impl Trie {
                     .zip(previous)
                     .take_while(|(a, b)| a == b)
                     .count();
-                for (d, &b) in bytes.iter().enumerate().skip(shared) {
-                    byte.push(b);
-                    depth.push(d as u32 + 1);
-                    token_start.push(token_ids.len() as u32);
+                // the new nodes' ids start here: a node's ids are pushed while it is last
+                for (d, &byte) in bytes.iter().enumerate().skip(shared) {
+                    nodes.push(Node {
+                        subtree_end: 0,
+                        token_start: token_ids.len() as u32,
+                        depth: d as u16 + 1,
+                        byte,
+                    });
                 }
                 previous = bytes;
             }
             token_ids.push(id);
         }
-        token_start.push(token_ids.len() as u32);
-        // token_start[i] is where node i's ids begin: a node's ids were pushed while it
-        // was the last node, so each node's range ends where the next node's begins
-        let subtree_end = subtree_ends(&depth);
-        let max_depth = depth.iter().copied().max().unwrap_or(0) as usize;
-        Trie {
-            byte,
-            depth,
-            subtree_end,
-            token_start,
+        let ends = subtree_ends(nodes.iter().map(|n| n.depth));
+        for (node, end) in nodes.iter_mut().zip(ends) {
+            node.subtree_end = end;
+        }
+        let max_depth = nodes.iter().map(|n| n.depth as usize).max().unwrap_or(0);
+        nodes.push(Node {
+            subtree_end: 0,
+            token_start: token_ids.len() as u32,
+            depth: 0,
+            byte: 0,
+        });
+        Ok(Trie {
+            nodes,
             token_ids,
             token_bytes,
             max_depth,
             slices: Mutex::default(),
-        }
+        })
+    }
+
+    /// Node `i` (`i < len()`).
+    #[inline(always)]
+    pub fn node(&self, i: usize) -> Node {
+        self.nodes[i]
     }
 
     /// The number of nodes, the root included.
     pub fn len(&self) -> usize {
-        self.depth.len()
+        self.nodes.len() - 1
     }
 
     pub fn is_empty(&self) -> bool {
@@ -103,9 +132,10 @@ impl Trie {
     }
 
     /// The ids whose bytes are exactly node `node`'s prefix.
-    #[inline]
+    #[inline(always)]
     pub fn tokens(&self, node: usize) -> &[u32] {
-        &self.token_ids[self.token_start[node] as usize..self.token_start[node + 1] as usize]
+        let end = self.nodes[node + 1].token_start as usize;
+        &self.token_ids[self.nodes[node].token_start as usize..end]
     }
 
     /// The cached slice for `key`, if any.
@@ -127,20 +157,21 @@ impl Trie {
     }
 }
 
-/// For each node, the first node after its subtree: the next node no deeper.
-fn subtree_ends(depth: &[u32]) -> Vec<u32> {
-    let n = depth.len();
+/// For each node (given by its depth, in preorder), the first node after its subtree:
+/// the next node no deeper.
+fn subtree_ends(depths: impl ExactSizeIterator<Item = u16>) -> Vec<u32> {
+    let n = depths.len();
     let mut end = vec![n as u32; n];
-    let mut open: Vec<usize> = Vec::new();
-    for (i, &d) in depth.iter().enumerate() {
-        while let Some(&top) = open.last() {
-            if depth[top] < d {
+    let mut open: Vec<(usize, u16)> = Vec::new();
+    for (i, d) in depths.enumerate() {
+        while let Some(&(top, top_depth)) = open.last() {
+            if top_depth < d {
                 break;
             }
             end[top] = i as u32;
             open.pop();
         }
-        open.push(i);
+        open.push((i, d));
     }
     end
 }
@@ -151,10 +182,10 @@ mod tests {
 
     fn prefix(t: &Trie, node: usize) -> Vec<u8> {
         let mut out = Vec::new();
-        let mut d = t.depth[node];
+        let mut d = t.node(node).depth;
         for i in (1..=node).rev() {
-            if t.depth[i] == d {
-                out.push(t.byte[i]);
+            if t.node(i).depth == d {
+                out.push(t.node(i).byte);
                 d -= 1;
             }
         }
@@ -173,15 +204,20 @@ mod tests {
             Some(Vec::new()),
             Some(b"abc".to_vec()),
         ];
-        let t = Trie::new(words);
+        let t = Trie::new(words).unwrap();
         assert_eq!(t.len(), 5); // root, a, ab, abc, b
-        assert_eq!(t.byte[1..], *b"abcb");
-        assert_eq!(t.depth, vec![0, 1, 2, 3, 1]);
-        assert_eq!(t.subtree_end, vec![5, 4, 4, 4, 5]);
+        let nodes: Vec<_> = (0..5).map(|i| t.node(i)).collect();
+        assert_eq!(nodes[1..].iter().map(|n| n.byte).collect::<Vec<_>>(), b"abcb");
+        assert_eq!(nodes.iter().map(|n| n.depth).collect::<Vec<_>>(), [0, 1, 2, 3, 1]);
+        assert_eq!(
+            nodes.iter().map(|n| n.subtree_end).collect::<Vec<_>>(),
+            [5, 4, 4, 4, 5]
+        );
         assert_eq!(t.tokens(2), &[0, 4]);
         assert_eq!(t.tokens(1), &[2]);
         assert_eq!(t.tokens(0), &[] as &[u32]);
         assert_eq!(prefix(&t, 3), b"abc");
         assert_eq!(t.max_depth, 3);
+        assert!(Trie::new(vec![Some(vec![0; MAX_TOKEN_BYTES + 1])]).is_err());
     }
 }
