@@ -158,6 +158,35 @@ impl Parser {
         &self.runs[self.column_start(self.columns.len() - 1).0..]
     }
 
+    /// The terminals whose runs a column would start if the runs `ended` (terminal,
+    /// origin; each origin a column of this parser) reached accepting states in it: the
+    /// lexemes that may follow them. Changes nothing. Errors as `push` does.
+    pub fn started_after(&mut self, ended: &[(u32, u32)], out: &mut Vec<u32>) -> Result<(), TooManyItems> {
+        out.clear();
+        let last = self.columns.len() - 1;
+        let (runs_end, waiting_end) = (self.runs.len(), self.waiting.len());
+        for &(term, origin) in ended {
+            let origin = origin as usize;
+            let (_, start) = self.column_start(origin);
+            let waiting = waiting_for(
+                &self.waiting,
+                start,
+                self.columns[origin].waiting_end as usize,
+                waiting_key(Sym::Term(term)),
+            );
+            let agenda = &mut self.scratch.agenda;
+            agenda.extend(waiting.iter().map(|&(_, item)| item.advanced()));
+        }
+        let closed = self.close();
+        if closed.is_ok() {
+            out.extend(self.runs[runs_end..].iter().map(|r| r.term));
+            self.columns.truncate(last + 1);
+        }
+        self.runs.truncate(runs_end);
+        self.waiting.truncate(waiting_end);
+        closed
+    }
+
     /// The runs pushing `byte` would scan into the next column, sorted, into `out`
     /// (changes nothing). With the columns so far, they decide everything the push does.
     pub fn scanned_runs(&self, byte: u8, out: &mut Vec<Run>) {

@@ -11,8 +11,10 @@ use std::fmt;
 /// The state after a byte string that is no prefix of any match (`dfa.DEAD`).
 pub const DEAD: i32 = -1;
 
-/// A move of a DFA packed in one word (`Dfa::step_move`): the next state, with `ACCEPTS`
-/// set if it is accepting, or `DEAD_MOVE`.
+/// A move of a DFA packed in one word (`Dfa::step_move`): the next state's row (its
+/// first entry in the move table, `state * num_classes`), with `ACCEPTS` set if it is
+/// accepting, or `DEAD_MOVE`. Walks keep rows rather than states: a move is then one
+/// table read after the last, which is what bounds a trie walk.
 pub const ACCEPTS: u32 = 1 << 31;
 pub const DEAD_MOVE: u32 = u32::MAX;
 
@@ -35,8 +37,7 @@ pub struct Dfa {
     num_classes: usize,
     transitions: Vec<i32>,
     accepting: Vec<bool>,
-    /// `transitions` as packed moves, so one read tells the next state and whether it
-    /// accepts (the light walk's inner loop).
+    /// `transitions` as packed moves (see `ACCEPTS`).
     moves: Vec<u32>,
     start: i32,
     /// A 128-bit hash of the tables: equal minimal DFAs (one language) have equal
@@ -57,8 +58,8 @@ impl Dfa {
             .map_err(|_| format!("byte_class has {} entries, not 256", byte_class.len()))?;
         let num_classes = byte_class.iter().map(|&c| c as usize + 1).max().unwrap_or(1);
         let num_states = accepting.len();
-        if num_states >= ACCEPTS as usize {
-            return Err(format!("{num_states} states"));
+        if num_states * num_classes >= ACCEPTS as usize {
+            return Err(format!("{num_states} states of {num_classes} byte classes"));
         }
         if transitions.len() != num_states * num_classes {
             return Err(format!(
@@ -86,8 +87,8 @@ impl Dfa {
             .iter()
             .map(|&t| match t {
                 DEAD => DEAD_MOVE,
-                t if accepting[t as usize] => t as u32 | ACCEPTS,
-                t => t as u32,
+                t if accepting[t as usize] => (t as usize * num_classes) as u32 | ACCEPTS,
+                t => (t as usize * num_classes) as u32,
             })
             .collect();
         Ok(Dfa {
@@ -107,10 +108,22 @@ impl Dfa {
         self.transitions[state as usize * self.num_classes + self.byte_class[byte as usize] as usize]
     }
 
-    /// The packed move from the live state `state` on `byte` (see `ACCEPTS`).
+    /// The packed move (see `ACCEPTS`) on `byte` from the state whose row is `row`.
     #[inline(always)]
-    pub fn step_move(&self, state: u32, byte: u8) -> u32 {
-        self.moves[state as usize * self.num_classes + self.byte_class[byte as usize] as usize]
+    pub fn step_move(&self, row: u32, byte: u8) -> u32 {
+        self.moves[row as usize + self.byte_class[byte as usize] as usize]
+    }
+
+    /// The row of the live state `state` (what `step_move` takes).
+    #[inline(always)]
+    pub fn row(&self, state: i32) -> u32 {
+        (state as usize * self.num_classes) as u32
+    }
+
+    /// The state of a row (a packed move without its `ACCEPTS` bit).
+    #[inline(always)]
+    pub fn state_of_row(&self, row: u32) -> i32 {
+        (row as usize / self.num_classes) as i32
     }
 
     /// Whether the live state `state` is accepting.
@@ -283,6 +296,23 @@ pub mod tests {
         assert!(Dfa::new(&[0; 256], vec![DEAD], vec![true], DEAD).is_err());
         assert!(Grammar::new(&[vec![vec![5]]], 0, vec![]).is_err());
         assert!(Grammar::new(&[vec![vec![]]], 1, vec![]).is_err());
+    }
+
+    #[test]
+    fn packed_moves_agree_with_steps() {
+        let dfa = literal(b"aba");
+        for state in 0..3 {
+            for byte in [b'a', b'b', b'c'] {
+                let (next, packed) = (dfa.step(state, byte), dfa.step_move(dfa.row(state), byte));
+                match next {
+                    DEAD => assert_eq!(packed, DEAD_MOVE),
+                    q => {
+                        assert_eq!(dfa.state_of_row(packed & !ACCEPTS), q);
+                        assert_eq!(packed & ACCEPTS != 0, dfa.accepts(q));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,43 +1,55 @@
-//! The allowed next tokens: a walk of the token trie against the parser, in two speeds.
+//! The allowed next tokens: a walk of the token trie that runs the Earley parser only
+//! where it must.
 //!
-//! The reference pushes every trie node's byte into the Earley parser. Most of those
-//! pushes complete no terminal: inside a string or a number the next column is just the
-//! runs of the last one, each stepped by one DFA transition. So the walk here follows
-//! the trie with the *lexemes in progress* only, a small set of `(terminal, DFA state)`
-//! pairs per depth (the *light* walk), and hands a node to the Earley parser only where
-//! some lexeme reaches an accepting state, the one place the grammar can take over:
+//! The reference pushes every trie node's byte into the parser. Here the walk follows
+//! the trie with the parser's *runs* (a terminal's DFA state and the column it began
+//! in): a node's byte steps each run, a node where every run is `DEAD` is refused with
+//! its subtree, and a node where some run lives allows its tokens (the parser's column
+//! would hold those runs, so it would take the byte). Only where a run *accepts* does
+//! the grammar act: its terminal may end, moving the items that wait for it, which may
+//! start new runs. Which terminals start depends only on the ended runs' terminals and
+//! origin columns, not on the bytes in between, so while those origins are columns the
+//! parser really holds, the walk asks the parser once (`Parser::started_after`,
+//! memoised per mask) and goes on *virtually*, with the new runs begun at the node.
+//! When a run begun on the walk's own path ends, its items live in a column the parser
+//! never built: that node is a *frontier*, and after the walk the parser reads its
+//! prefix for real and the walk of its subtree starts again from there (rare: tokens
+//! like `"},` that close one lexeme after another).
 //!
-//! * a node where every lexeme is `DEAD` is refused with its whole subtree;
-//! * a node where some lexeme lives and none accepts allows its tokens, and the walk goes
-//!   on into its children with the stepped lexemes (this is exact: the parser's column
-//!   would hold those runs and nothing else, so it would take the same bytes);
-//! * a node where some lexeme accepts allows its tokens (the column has runs) and is a
-//!   *frontier*: its children depend on the grammar around the lexeme, so the parser
-//!   reads the node's prefix (closing the lexeme, predicting what follows) and the walk
-//!   of the node's subtree starts again from the parser's new lexemes, one level down.
+//! Two fast paths:
 //!
-//! The light walk from the root depends on nothing but the lexemes' DFAs and states and
-//! the vocabulary. Its result, a `Slice` (the tokens it allows, and its frontier nodes
-//! with their prefixes), is cached in the `Trie` under the lexemes' DFA fingerprints and
-//! states, so it is shared by every matcher of the vocabulary, whatever their grammar:
-//! a JSON string's body, once walked, costs a copy of its mask words plus the frontier
-//! (the tokens that close the string) at every later step of every request.
-
-use std::sync::Arc;
+//! * one run (inside a string, a number, a key): a tight loop of one packed DFA move
+//!   per node (`Walk::one_run`); an accepting node that starts nothing (a regex whose
+//!   lexeme may end anywhere) does not even leave the loop;
+//! * *slices*: the walk of one lexeme from the root, stopping where it accepts, depends
+//!   only on its DFA and state. Such a walk (the tokens it allows and its frontier, the
+//!   nodes where it accepts) is cached in the `Trie` under the DFA's fingerprint, shared
+//!   by every matcher of the vocabulary whatever its grammar: inside a JSON string a
+//!   mask is the cached words plus the walks below the nodes that close the string.
+//!
+//! A mask is the union of its runs' walks, one lexeme at a time (the parser's columns
+//! are unions of what each run leads to), so every lexeme of the last column takes
+//! whichever path suits it: its slice, or the virtual walk from the root when its slice
+//! would be mostly frontier (a lexeme that may end after any byte).
 
 use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
 use super::earley::{Parser, Run, TooManyItems};
 use super::tables::{Dfa, Grammar, ACCEPTS, DEAD_MOVE};
 use super::trie::Trie;
 
-/// A lexeme in progress as a cache key: its DFA's fingerprint and its state.
+/// A lexeme as a slice cache key: its DFA's fingerprint and its state.
 pub type SliceKey = (u128, i32);
 
-/// A light walk from the root visiting at least this many nodes is worth caching.
+/// A lexeme walk from the root visiting at least this many nodes is worth caching.
 const CACHE_MIN_VISITS: usize = 2048;
 
-/// A frontier node and its prefix below the walk's starting depth.
+/// A slice whose frontier is more than this part of its nodes is not used: the lexeme
+/// is walked from the root with its runs instead.
+const MAX_FRONTIER_SHARE: usize = 16;
+
+/// A node to walk again from, with its prefix below the walk's starting depth.
 #[derive(Debug, Clone, Copy)]
 struct Frontier {
     node: u32,
@@ -45,22 +57,15 @@ struct Frontier {
     bytes_end: u32,
 }
 
-/// The frontier nodes a light walk found, with their prefixes, and how many nodes it
-/// visited.
+/// Frontier nodes with their prefixes, and how many nodes the walk visited.
 #[derive(Debug, Default)]
-pub struct Frontiers {
+struct Frontiers {
     nodes: Vec<Frontier>,
     bytes: Vec<u8>,
     visited: usize,
 }
 
 impl Frontiers {
-    fn clear(&mut self) {
-        self.nodes.clear();
-        self.bytes.clear();
-        self.visited = 0;
-    }
-
     fn push(&mut self, node: usize, prefix: &[u8]) {
         let bytes_start = self.bytes.len() as u32;
         self.bytes.extend_from_slice(prefix);
@@ -71,253 +76,128 @@ impl Frontiers {
         });
     }
 
-    /// Append `other`'s frontier nodes.
-    fn extend(&mut self, other: &Frontiers) {
-        for f in &other.nodes {
-            self.push(f.node as usize, other.prefix(f));
-        }
-    }
-
-    /// Sort the nodes and drop repeats and nodes inside another's subtree (each is
-    /// decided with its outermost frontier ancestor).
-    fn outermost(&mut self, trie: &Trie) {
-        self.nodes.sort_unstable_by_key(|f| f.node);
-        let mut end = 0;
-        self.nodes.retain(|f| {
-            let keep = f.node >= end;
-            if keep {
-                end = trie.node(f.node as usize).subtree_end;
-            }
-            keep
-        });
-    }
-
     fn prefix(&self, f: &Frontier) -> &[u8] {
         &self.bytes[f.bytes_start as usize..f.bytes_end as usize]
     }
 }
 
-/// The light walk from the root for some lexemes: the tokens it allows (a bit per token
-/// id) and its frontier.
+/// One lexeme's walk from the root, stopping where it accepts: the tokens it allows and
+/// its frontier (the accepting nodes that have children).
+#[derive(Debug)]
+struct LexemeWalk {
+    ids: Vec<u32>,
+    frontiers: Frontiers,
+}
+
+impl LexemeWalk {
+    /// Whether the walk saves work: false when the lexeme accepts at a large part of the
+    /// nodes it visits (each frontier node costs more than a node walked).
+    fn pays(&self) -> bool {
+        self.frontiers.nodes.len() * MAX_FRONTIER_SHARE <= self.frontiers.visited
+    }
+}
+
+/// A `LexemeWalk` as the trie caches it, its tokens as mask words.
 #[derive(Debug)]
 pub struct Slice {
     words: Vec<u32>,
-    frontiers: Frontiers,
+    walk: LexemeWalk,
 }
 
 impl Slice {
     pub fn size_bytes(&self) -> usize {
-        let f = &self.frontiers;
+        let f = &self.walk.frontiers;
         4 * self.words.len() + 12 * f.nodes.len() + f.bytes.len() + 64
     }
 }
 
-/// Working memory of the walks, reused between masks: one light stack per level of
-/// frontier nesting.
-#[derive(Debug, Default)]
-pub struct Walker {
-    levels: Vec<Level>,
-    /// The frontier of all the lexemes' walks from the root.
-    merged: Frontiers,
-    memo: Memo,
-}
-
-/// The lexemes after a frontier's last byte, by the runs that byte scans (one mask's
-/// worth: run origins are column numbers).
-#[derive(Debug, Default)]
-struct Memo {
-    index: FxHashMap<Vec<Run>, usize>,
-    lexemes: Vec<Vec<(u32, i32)>>,
-    /// The bytes the parser held when the mask began.
-    base: usize,
-}
-
-impl Memo {
-    fn clear(&mut self, base: usize) {
-        self.index.clear();
-        self.lexemes.clear();
-        self.base = base;
-    }
-
-    fn get(&self, runs: &[Run]) -> Option<&usize> {
-        self.index.get(runs)
-    }
-
-    /// Keep `lexemes` (under `runs` if given); their index.
-    fn insert(&mut self, runs: Option<Vec<Run>>, lexemes: Vec<(u32, i32)>) -> usize {
-        self.lexemes.push(lexemes);
-        let index = self.lexemes.len() - 1;
-        if let Some(runs) = runs {
-            self.index.insert(runs, index);
+/// The walk of `dfa` from `state` over the whole trie, one DFA move per node.
+fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie) -> LexemeWalk {
+    let mut ids = Vec::new();
+    let mut frontiers = Frontiers::default();
+    let mut rows = vec![0u32; trie.max_depth + 1]; // the state's row after each depth
+    let mut path = vec![0u8; trie.max_depth];
+    rows[0] = dfa.row(state);
+    // the last node's depth and row: a child's parent, without a store and a load
+    let (mut last_depth, mut last_row) = (0, rows[0]);
+    let mut node = 1;
+    while node < trie.len() {
+        frontiers.visited += 1;
+        let n = trie.node(node);
+        let k = n.depth as usize;
+        let parent = if k == last_depth + 1 { last_row } else { rows[k - 1] };
+        let next = dfa.step_move(parent, n.byte);
+        if next == DEAD_MOVE {
+            node = n.subtree_end as usize;
+            continue;
         }
-        index
+        (last_depth, last_row) = (k, next & !ACCEPTS);
+        rows[k] = last_row;
+        path[k - 1] = n.byte;
+        ids.extend_from_slice(trie.tokens(node));
+        if next & ACCEPTS != 0 {
+            if node + 1 < n.subtree_end as usize {
+                frontiers.push(node, &path[..k]);
+            }
+            node = n.subtree_end as usize;
+        } else {
+            node += 1;
+        }
     }
-
-    fn lexemes(&self, index: usize) -> &[(u32, i32)] {
-        &self.lexemes[index]
-    }
-}
-
-/// One level's working memory: the lexemes after each depth of the current branch
-/// (depth k's, relative to the walk's start, are `lexemes[end[k - 1]..end[k]]`), the
-/// branch's bytes, and the frontier found.
-#[derive(Debug, Default)]
-struct Level {
-    lexemes: Vec<(u32, i32)>,
-    end: Vec<usize>,
-    path: Vec<u8>,
-    /// The single lexeme's state after each depth (`OneLexeme`).
-    states: Vec<u32>,
-    frontiers: Frontiers,
+    LexemeWalk { ids, frontiers }
 }
 
 /// Set the bits of `ids` in `words`.
-#[inline]
+#[inline(always)]
 fn allow(words: &mut [u32], ids: &[u32]) {
     for &id in ids {
         words[(id >> 5) as usize] |= 1 << (id & 31);
     }
 }
 
-/// The parser's lexemes in progress: its runs' `(terminal, state)`, without repeats.
-fn lexemes_of(parser: &Parser) -> Vec<(u32, i32)> {
-    let mut lexemes: Vec<(u32, i32)> = parser.runs().iter().map(|r| (r.term, r.state)).collect();
-    lexemes.sort_unstable();
-    lexemes.dedup();
-    lexemes
+/// Which terminals start where some runs end, by the ended runs' (terminal, origin),
+/// sorted; kept for one mask (the origins are that mask's columns).
+#[derive(Debug, Default)]
+struct Memo {
+    started: FxHashMap<Vec<(u32, u32)>, Vec<u32>>,
 }
 
-/// The light walk over the trie nodes `lo..hi` (a node's subtree without the node, all
-/// deeper than `depth0`), starting from the lexemes `start`. Allowed tokens are ORed
-/// into `words` (`vocab_size` bits), frontier nodes go to `level.frontiers` with their
-/// bytes below `depth0`.
-fn light_walk(
-    grammar: &Grammar,
-    trie: &Trie,
-    start: &[(u32, i32)],
-    (lo, hi, depth0): (usize, usize, usize),
-    level: &mut Level,
-    words: &mut [u32],
-) {
-    let terms = &grammar.terminals;
-    let Level {
-        lexemes,
-        end,
-        path,
-        states,
-        frontiers,
-    } = level;
-    frontiers.clear();
-    path.clear();
-    path.resize(trie.max_depth - depth0, 0);
-    if let [(t, q)] = *start {
-        let walk = OneLexeme {
-            dfa: &terms[t as usize],
-            trie,
-        };
-        walk.run(q as u32, (lo, hi, depth0), 0, path, states, words, frontiers);
-        return;
-    }
-    lexemes.clear();
-    lexemes.extend_from_slice(start);
-    end.clear();
-    end.resize(trie.max_depth - depth0 + 1, 0);
-    end[0] = start.len();
-    let mut node = lo;
-    while node < hi {
-        frontiers.visited += 1;
-        let n = trie.node(node);
-        let k = n.depth as usize - depth0; // >= 1
-        let parent = if k == 1 { 0 } else { end[k - 2] }..end[k - 1];
-        lexemes.truncate(parent.end);
-        let mut accepting = false;
-        for i in parent {
-            let (t, q) = lexemes[i];
-            let next = terms[t as usize].step_move(q as u32, n.byte);
-            if next != DEAD_MOVE {
-                let state = (next & !ACCEPTS) as i32;
-                if !lexemes[end[k - 1]..].contains(&(t, state)) {
-                    lexemes.push((t, state));
-                }
-                accepting |= next & ACCEPTS != 0;
-            }
-        }
-        let subtree_end = n.subtree_end as usize;
-        if lexemes.len() == end[k - 1] {
-            node = subtree_end; // every lexeme died: skip the subtree
-            continue;
-        }
-        end[k] = lexemes.len();
-        path[k - 1] = n.byte;
-        allow(words, trie.tokens(node));
-        if accepting {
-            if node + 1 < subtree_end {
-                frontiers.push(node, &path[..k]);
-            }
-            node = subtree_end;
-        } else if let [(t, q)] = lexemes[end[k - 1]..] {
-            // one lexeme left: the subtree is a plain DFA walk
-            let walk = OneLexeme {
-                dfa: &terms[t as usize],
-                trie,
-            };
-            let range = (node + 1, subtree_end, n.depth as usize);
-            walk.run(q as u32, range, k, path, states, words, frontiers);
-            node = subtree_end;
-        } else {
-            node += 1;
-        }
-    }
+/// Working memory of the walks, reused between masks.
+#[derive(Debug, Default)]
+pub struct Walker {
+    memo: Memo,
+    /// One per level of recursion of `Walk::runs` / `Walk::one_run`.
+    levels: Vec<Level>,
+    /// The bytes from the mask's root to the node being visited.
+    path: Vec<u8>,
 }
 
-/// The light walk with a single lexeme: one packed DFA move per node.
-struct OneLexeme<'a> {
-    dfa: &'a Dfa,
+/// One recursion level's memory: the runs after each depth of the current branch
+/// (those of relative depth k are `runs[end[k - 1]..end[k]]`), or the single run's
+/// state after each depth.
+#[derive(Debug, Default)]
+struct Level {
+    runs: Vec<Run>,
+    end: Vec<usize>,
+    states: Vec<u32>,
+}
+
+/// One walk: the borrowed state of a mask being computed.
+struct Walk<'a> {
+    grammar: &'a Grammar,
     trie: &'a Trie,
-}
-
-impl OneLexeme<'_> {
-    /// The light walk over the nodes `lo..hi` (deeper than `depth0`) from the DFA state
-    /// `q`. `path[..prefix]` holds the bytes from the enclosing walk's start down to
-    /// `depth0`; frontier prefixes are recorded from there.
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &self,
-        q: u32,
-        (lo, hi, depth0): (usize, usize, usize),
-        prefix: usize,
-        path: &mut [u8],
-        states: &mut Vec<u32>,
-        words: &mut [u32],
-        frontiers: &mut Frontiers,
-    ) {
-        let (dfa, trie) = (self.dfa, self.trie);
-        states.clear();
-        states.resize(trie.max_depth - depth0 + 1, 0);
-        states[0] = q;
-        let mut node = lo;
-        while node < hi {
-            frontiers.visited += 1;
-            let n = trie.node(node);
-            let k = n.depth as usize - depth0; // >= 1
-            let next = dfa.step_move(states[k - 1], n.byte);
-            if next == DEAD_MOVE {
-                node = n.subtree_end as usize;
-                continue;
-            }
-            states[k] = next & !ACCEPTS;
-            path[prefix + k - 1] = n.byte;
-            allow(words, trie.tokens(node));
-            if next & ACCEPTS != 0 {
-                if node + 1 < n.subtree_end as usize {
-                    frontiers.push(node, &path[..prefix + k]);
-                }
-                node = n.subtree_end as usize;
-            } else {
-                node += 1;
-            }
-        }
-    }
+    parser: &'a mut Parser,
+    words: &'a mut [u32],
+    memo: &'a mut Memo,
+    levels: &'a mut Vec<Level>,
+    path: &'a mut Vec<u8>,
+    /// Frontier nodes for the parser (a run begun on the path ended there).
+    frontiers: Frontiers,
+    /// The parser's bytes when the mask began: columns up to this one are the same on
+    /// every path (a memo key names only those).
+    root: usize,
+    /// The parser's bytes now: runs begun in a column up to this one can end virtually.
+    real: usize,
 }
 
 impl Walker {
@@ -329,138 +209,317 @@ impl Walker {
         trie: &Trie,
         words: &mut [u32],
     ) -> Result<(), TooManyItems> {
-        let base = parser.num_bytes();
-        self.memo.clear(base);
-        let result = self.fill_from_root(parser, trie, words);
-        parser.truncate(base);
-        result
-    }
-
-    /// The light walk from the root, one lexeme at a time: a token is allowed if some
-    /// lexeme takes it without ending before its last byte, and the frontier nodes of
-    /// all lexemes are left to the parser. A lexeme's walk is cached in the trie when it
-    /// is long.
-    fn fill_from_root(
-        &mut self,
-        parser: &mut Parser,
-        trie: &Trie,
-        words: &mut [u32],
-    ) -> Result<(), TooManyItems> {
+        let root = parser.num_bytes();
+        self.memo.started.clear();
+        self.path.resize(trie.max_depth, 0);
         let grammar = parser.grammar().clone();
-        let mut merged = std::mem::take(&mut self.merged);
-        merged.clear();
-        for (t, q) in lexemes_of(parser) {
-            let key = (grammar.terminals[t as usize].fingerprint(), q);
-            if let Some(slice) = trie.cached_slice(&key) {
-                for (w, s) in words.iter_mut().zip(&slice.words) {
-                    *w |= s;
-                }
-                merged.extend(&slice.frontiers);
-                continue;
-            }
-            let level = self.level(0);
-            let mut slice_words = vec![0; words.len()];
-            light_walk(&grammar, trie, &[(t, q)], (1, trie.len(), 0), level, &mut slice_words);
-            for (w, s) in words.iter_mut().zip(&slice_words) {
-                *w |= s;
-            }
-            merged.extend(&level.frontiers);
-            if level.frontiers.visited >= CACHE_MIN_VISITS {
-                let frontiers = std::mem::take(&mut level.frontiers);
-                let slice = Slice {
-                    words: slice_words,
-                    frontiers,
-                };
-                trie.cache_slice(key, Arc::new(slice));
-            }
-        }
-        merged.outermost(trie);
-        let result = self.frontiers(parser, trie, &merged, 0, words, 1);
-        self.merged = merged;
+        let mut walk = Walk {
+            grammar: &grammar,
+            trie,
+            parser,
+            words,
+            memo: &mut self.memo,
+            levels: &mut self.levels,
+            path: &mut self.path,
+            frontiers: Frontiers::default(),
+            root,
+            real: root,
+        };
+        let result = walk.from_root();
+        walk.parser.truncate(root);
         result
-    }
-
-    /// Decide the subtrees of the frontier nodes (prefixes below `depth0`, where the
-    /// parser stands; none inside another's subtree) ORing their tokens into `words`; the
-    /// parser ends where it started.
-    ///
-    /// The parser reads each prefix but its last byte (a lexeme's inner bytes: runs only,
-    /// no closure). What the last byte leads to depends only on the runs it scans, so
-    /// the lexemes after it are memoised by those runs: the frontier nodes of a string
-    /// (its closing quote in many tokens) share one closure. The subtree is then a light
-    /// walk from those lexemes; only a frontier inside it needs the last byte pushed.
-    fn frontiers(
-        &mut self,
-        parser: &mut Parser,
-        trie: &Trie,
-        frontiers: &Frontiers,
-        depth0: usize,
-        words: &mut [u32],
-        level: usize,
-    ) -> Result<(), TooManyItems> {
-        let grammar = parser.grammar().clone();
-        let base = parser.num_bytes();
-        let mut previous: &[u8] = &[];
-        let mut scanned = Vec::new();
-        for f in &frontiers.nodes {
-            let (inner, last) = match frontiers.prefix(f) {
-                [inner @ .., last] => (inner, *last),
-                [] => continue,
-            };
-            // the parser holds the previous frontier's inner bytes: keep what they share
-            let shared = inner.iter().zip(previous).take_while(|(a, b)| a == b).count();
-            parser.truncate(base + shared);
-            for &byte in &inner[shared..] {
-                // the light walk saw a lexeme live through them, so the parser takes them
-                let taken = parser.push(byte)?;
-                debug_assert!(taken, "the parser refuses a frontier's prefix");
-            }
-            previous = inner;
-            if parser.num_bytes() != base + inner.len() {
-                previous = &[];
-                continue;
-            }
-            parser.scanned_runs(last, &mut scanned);
-            // a run begun inside this walk's path has an origin column that differs from
-            // path to path: only runs begun before the mask's first byte key the memo
-            let stable = scanned.iter().all(|r| r.origin as usize <= self.memo.base);
-            let after = match self.memo.get(&scanned) {
-                Some(&index) if stable => index,
-                _ => {
-                    parser.push(last)?;
-                    let lexemes = lexemes_of(parser);
-                    parser.pop(1);
-                    self.memo.insert(stable.then(|| scanned.clone()), lexemes)
-                }
-            };
-            let node = f.node as usize;
-            let range = (node + 1, trie.node(node).subtree_end as usize, depth0 + inner.len() + 1);
-            let stack = level_in(&mut self.levels, level);
-            light_walk(&grammar, trie, self.memo.lexemes(after), range, stack, words);
-            if stack.frontiers.nodes.is_empty() {
-                continue;
-            }
-            // a lexeme ends inside the subtree: the parser must read the last byte
-            let nested = std::mem::take(&mut stack.frontiers);
-            parser.push(last)?;
-            let result = self.frontiers(parser, trie, &nested, range.2, words, level + 1);
-            parser.pop(1);
-            self.level(level).frontiers = nested;
-            result?;
-        }
-        parser.truncate(base);
-        Ok(())
-    }
-
-    fn level(&mut self, level: usize) -> &mut Level {
-        level_in(&mut self.levels, level)
     }
 }
 
-/// The working memory of `level`, made on first use.
-fn level_in(levels: &mut Vec<Level>, level: usize) -> &mut Level {
-    if levels.len() <= level {
-        levels.resize_with(level + 1, Level::default);
+impl Walk<'_> {
+    /// The whole mask: each lexeme of the last column by its slice or its runs, then the
+    /// frontier left for the parser.
+    fn from_root(&mut self) -> Result<(), TooManyItems> {
+        let mut runs: Vec<Run> = self.parser.runs().to_vec();
+        runs.sort_unstable_by_key(|r| (r.term, r.state, r.origin));
+        let mut unsliced = Vec::new();
+        for lexeme in runs.chunk_by(|a, b| (a.term, a.state) == (b.term, b.state)) {
+            let (term, state) = (lexeme[0].term, lexeme[0].state);
+            let dfa = &self.grammar.terminals[term as usize];
+            let key = (dfa.fingerprint(), state);
+            let (cached, fresh) = match self.trie.cached_slice(&key) {
+                Some(slice) => (Some(slice), None),
+                None => {
+                    let walk = walk_lexeme(dfa, state, self.trie);
+                    if walk.frontiers.visited >= CACHE_MIN_VISITS {
+                        let mut words = vec![0; self.words.len()];
+                        allow(&mut words, &walk.ids);
+                        let slice = Arc::new(Slice { words, walk });
+                        self.trie.cache_slice(key, slice.clone());
+                        (Some(slice), None)
+                    } else {
+                        (None, Some(walk))
+                    }
+                }
+            };
+            let walk = match (&cached, &fresh) {
+                (Some(slice), _) => &slice.walk,
+                (None, Some(walk)) => walk,
+                (None, None) => unreachable!(),
+            };
+            if !walk.pays() {
+                unsliced.extend_from_slice(lexeme);
+                continue;
+            }
+            match &cached {
+                Some(slice) => {
+                    for (w, s) in self.words.iter_mut().zip(&slice.words) {
+                        *w |= s;
+                    }
+                }
+                None => allow(self.words, &walk.ids),
+            }
+            // each frontier node: the lexeme's runs accept there, having read its prefix
+            for f in &walk.frontiers.nodes {
+                let prefix = walk.frontiers.prefix(f);
+                let mut q = state;
+                for &byte in prefix {
+                    q = dfa.step(q, byte);
+                }
+                let ended: Vec<Run> = lexeme.iter().map(|r| Run { state: q, ..*r }).collect();
+                self.path[..prefix.len()].copy_from_slice(prefix);
+                self.below(f.node as usize, &ended, 0)?;
+            }
+        }
+        if !unsliced.is_empty() {
+            self.runs(&unsliced, (1, self.trie.len(), 0), 0)?;
+        }
+        self.parser_frontiers(0)
     }
-    &mut levels[level]
+
+    /// The subtree below `node` (its tokens already allowed), where `scanned` are the
+    /// runs after its byte and some of them accept.
+    fn below(&mut self, node: usize, scanned: &[Run], level: usize) -> Result<(), TooManyItems> {
+        let n = self.trie.node(node);
+        if node + 1 >= n.subtree_end as usize {
+            return Ok(());
+        }
+        let depth = n.depth as usize;
+        let mut runs = scanned.to_vec();
+        let terms = &self.grammar.terminals;
+        let mut ended: Vec<(u32, u32)> = scanned
+            .iter()
+            .filter(|r| terms[r.term as usize].accepts(r.state))
+            .map(|r| (r.term, r.origin))
+            .collect();
+        ended.sort_unstable();
+        ended.dedup();
+        match self.started_after(ended)? {
+            Some(started) => {
+                let here = (self.root + depth) as u32;
+                for &term in &started {
+                    let state = terms[term as usize].start();
+                    runs.push(Run {
+                        term,
+                        origin: here,
+                        state,
+                    });
+                }
+                self.runs(&runs, (node + 1, n.subtree_end as usize, depth), level)
+            }
+            None => {
+                let prefix = &self.path[self.real - self.root..depth];
+                self.frontiers.push(node, prefix);
+                Ok(())
+            }
+        }
+    }
+
+    /// The terminals started where the runs `ended` (terminal, origin) end; None if an
+    /// origin is a column the parser does not hold (the node is a frontier).
+    fn started_after(&mut self, ended: Vec<(u32, u32)>) -> Result<Option<Vec<u32>>, TooManyItems> {
+        if ended.iter().any(|&(_, o)| o as usize > self.real) {
+            return Ok(None);
+        }
+        if let Some(started) = self.memo.started.get(&ended) {
+            return Ok(Some(started.clone()));
+        }
+        let mut started = Vec::new();
+        self.parser.started_after(&ended, &mut started)?;
+        if ended.iter().all(|&(_, o)| o as usize <= self.root) {
+            self.memo.started.insert(ended, started.clone());
+        }
+        Ok(Some(started))
+    }
+
+    /// The walk of the nodes `lo..hi` (deeper than `depth0`) from the runs `start`.
+    fn runs(
+        &mut self,
+        start: &[Run],
+        (lo, hi, depth0): (usize, usize, usize),
+        level: usize,
+    ) -> Result<(), TooManyItems> {
+        if let [run] = *start {
+            return self.one_run(run, (lo, hi, depth0), level);
+        }
+        let mut lv = self.take_level(level);
+        lv.runs.clear();
+        lv.runs.extend_from_slice(start);
+        lv.end.clear();
+        lv.end.resize(self.trie.max_depth - depth0 + 1, 0);
+        lv.end[0] = start.len();
+        let terms = &self.grammar.terminals;
+        let mut result = Ok(());
+        let mut node = lo;
+        while node < hi {
+            let n = self.trie.node(node);
+            let k = n.depth as usize - depth0; // >= 1
+            let parent = if k == 1 { 0 } else { lv.end[k - 2] }..lv.end[k - 1];
+            lv.runs.truncate(parent.end);
+            let mut accepting = false;
+            for i in parent {
+                let run = lv.runs[i];
+                let dfa = &terms[run.term as usize];
+                let packed = dfa.step_move(dfa.row(run.state), n.byte);
+                if packed != DEAD_MOVE {
+                    accepting |= packed & ACCEPTS != 0;
+                    let next = Run {
+                        state: dfa.state_of_row(packed & !ACCEPTS),
+                        ..run
+                    };
+                    if !lv.runs[lv.end[k - 1]..].contains(&next) {
+                        lv.runs.push(next);
+                    }
+                }
+            }
+            let subtree_end = n.subtree_end as usize;
+            let scanned = lv.end[k - 1]..lv.runs.len();
+            if scanned.is_empty() {
+                node = subtree_end; // every run died: skip the subtree
+                continue;
+            }
+            lv.end[k] = lv.runs.len();
+            self.path[n.depth as usize - 1] = n.byte;
+            allow(self.words, self.trie.tokens(node));
+            if accepting {
+                let scanned = lv.runs[scanned].to_vec();
+                result = self.below(node, &scanned, level + 1);
+                if result.is_err() {
+                    break;
+                }
+                node = subtree_end;
+            } else if scanned.len() == 1 && node + 1 < subtree_end {
+                let run = lv.runs[scanned.start];
+                result = self.one_run(run, (node + 1, subtree_end, n.depth as usize), level + 1);
+                if result.is_err() {
+                    break;
+                }
+                node = subtree_end;
+            } else {
+                node += 1;
+            }
+        }
+        self.levels[level] = lv;
+        result
+    }
+
+    /// `runs` for a single run: one packed DFA move per node. An accepting node is left
+    /// to `below`, unless the run's ending starts nothing: then the node is like any
+    /// other (the column would hold the same runs).
+    fn one_run(
+        &mut self,
+        run: Run,
+        (lo, hi, depth0): (usize, usize, usize),
+        level: usize,
+    ) -> Result<(), TooManyItems> {
+        let dfa = &self.grammar.terminals[run.term as usize];
+        let mut lv = self.take_level(level);
+        lv.states.clear();
+        lv.states.resize(self.trie.max_depth - depth0 + 1, 0);
+        lv.states[0] = dfa.row(run.state);
+        let (mut last_depth, mut last_row) = (0, lv.states[0]);
+        let mut ends_with_nothing: Option<bool> = None;
+        let mut result = Ok(());
+        let mut node = lo;
+        while node < hi {
+            let n = self.trie.node(node);
+            let k = n.depth as usize - depth0; // >= 1
+            let parent = if k == last_depth + 1 { last_row } else { lv.states[k - 1] };
+            let next = dfa.step_move(parent, n.byte);
+            if next == DEAD_MOVE {
+                node = n.subtree_end as usize;
+                continue;
+            }
+            (last_depth, last_row) = (k, next & !ACCEPTS);
+            lv.states[k] = last_row;
+            self.path[n.depth as usize - 1] = n.byte;
+            allow(self.words, self.trie.tokens(node));
+            if next & ACCEPTS == 0 {
+                node += 1;
+                continue;
+            }
+            let transparent = match ends_with_nothing {
+                Some(known) => known,
+                None => {
+                    let started = self.started_after(vec![(run.term, run.origin)]);
+                    let known = matches!(started, Ok(Some(ref s)) if s.is_empty());
+                    if let Err(err) = started {
+                        result = Err(err);
+                        break;
+                    }
+                    ends_with_nothing = Some(known);
+                    known
+                }
+            };
+            if transparent {
+                node += 1;
+                continue;
+            }
+            let scanned = Run {
+                state: dfa.state_of_row(last_row),
+                ..run
+            };
+            result = self.below(node, &[scanned], level + 1);
+            if result.is_err() {
+                break;
+            }
+            node = n.subtree_end as usize;
+        }
+        self.levels[level] = lv;
+        result
+    }
+
+    /// Level `level`'s memory, taken out (put it back when done).
+    fn take_level(&mut self, level: usize) -> Level {
+        if self.levels.len() <= level {
+            self.levels.resize_with(level + 1, Level::default);
+        }
+        std::mem::take(&mut self.levels[level])
+    }
+
+    /// Walk below each frontier node with the parser reading its prefix for real
+    /// (nodes where a run begun on the path ended); the parser ends where it started.
+    fn parser_frontiers(&mut self, level: usize) -> Result<(), TooManyItems> {
+        let frontiers = std::mem::take(&mut self.frontiers);
+        let real = self.real;
+        for f in &frontiers.nodes {
+            let prefix = frontiers.prefix(f);
+            self.parser.truncate(real);
+            let mut taken = true;
+            for &byte in prefix {
+                taken = self.parser.push(byte)?;
+                if !taken {
+                    break; // cannot happen: the walk saw a run live through the prefix
+                }
+            }
+            debug_assert!(taken, "the parser refuses a frontier's prefix");
+            if !taken {
+                continue;
+            }
+            let node = f.node as usize;
+            let n = self.trie.node(node);
+            self.real = self.parser.num_bytes();
+            let runs = self.parser.runs().to_vec();
+            self.runs(&runs, (node + 1, n.subtree_end as usize, n.depth as usize), level)?;
+            self.parser_frontiers(level)?;
+            self.real = real;
+        }
+        self.parser.truncate(real);
+        Ok(())
+    }
 }
