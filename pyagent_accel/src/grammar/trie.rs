@@ -97,9 +97,10 @@ impl Trie {
             node.subtree_end = end;
         }
         let max_depth = nodes.iter().map(|n| n.depth as usize).max().unwrap_or(0);
+        token_ids.push(0); // a sentinel: `allow_tokens` reads a node's first id unchecked
         nodes.push(Node {
             subtree_end: 0,
-            token_start: token_ids.len() as u32,
+            token_start: token_ids.len() as u32 - 1,
             depth: 0,
             byte: 0,
         });
@@ -136,6 +137,37 @@ impl Trie {
     pub fn tokens(&self, node: usize) -> &[u32] {
         let end = self.nodes[node + 1].token_start as usize;
         &self.token_ids[self.nodes[node].token_start as usize..end]
+    }
+
+    /// Set the bits of node `node`'s ids in `words`. Most nodes have no id or one: that
+    /// case sets a bit (or none) without a branch, since a walk meets both at random.
+    #[inline(always)]
+    pub fn allow_tokens(&self, node: usize, words: &mut [u32]) {
+        let (start, end) = (
+            self.nodes[node].token_start as usize,
+            self.nodes[node + 1].token_start as usize,
+        );
+        let id = self.token_ids[start]; // the sentinel when the node has none
+        words[(id >> 5) as usize] |= ((end > start) as u32) << (id & 31);
+        if end > start + 1 {
+            for &id in &self.token_ids[start + 1..end] {
+                words[(id >> 5) as usize] |= 1 << (id & 31);
+            }
+        }
+    }
+
+    /// The number of nodes in the subtrees of the root's children that `live` keeps
+    /// (`live(byte)`: whether a walk goes on after that first byte).
+    pub fn live_nodes(&self, live: impl Fn(u8) -> bool) -> usize {
+        let (mut child, mut total) = (1, 0);
+        while child < self.len() {
+            let n = self.nodes[child];
+            if live(n.byte) {
+                total += n.subtree_end as usize - child;
+            }
+            child = n.subtree_end as usize;
+        }
+        total
     }
 
     /// The cached slice for `key`, if any.
@@ -216,6 +248,12 @@ mod tests {
         assert_eq!(t.tokens(2), &[0, 4]);
         assert_eq!(t.tokens(1), &[2]);
         assert_eq!(t.tokens(0), &[] as &[u32]);
+        let mut words = [0u32; 1];
+        for node in 0..t.len() {
+            t.allow_tokens(node, &mut words);
+        }
+        assert_eq!(words[0], 0b1_1101); // ids 0, 2, 3, 4, 6 (not 1 or 5)
+        assert_eq!(t.live_nodes(|b| b == b'a'), 3);
         assert_eq!(prefix(&t, 3), b"abc");
         assert_eq!(t.max_depth, 3);
         assert!(Trie::new(vec![Some(vec![0; MAX_TOKEN_BYTES + 1])]).is_err());

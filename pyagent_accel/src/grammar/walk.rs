@@ -42,7 +42,8 @@ use super::trie::Trie;
 /// A lexeme as a slice cache key: its DFA's fingerprint and its state.
 pub type SliceKey = (u128, i32);
 
-/// A lexeme walk from the root visiting at least this many nodes is worth caching.
+/// A lexeme whose first bytes lead into at least this many trie nodes is walked into
+/// mask words and cached; a smaller walk lists its tokens and is not kept.
 const CACHE_MIN_VISITS: usize = 2048;
 
 /// A slice whose frontier is more than this part of its nodes is not used: the lexeme
@@ -81,10 +82,12 @@ impl Frontiers {
     }
 }
 
-/// One lexeme's walk from the root, stopping where it accepts: the tokens it allows and
-/// its frontier (the accepting nodes that have children).
+/// One lexeme's walk from the root, stopping where it accepts: the tokens it allows (as
+/// mask words when the walk is cached, else as ids) and its frontier (the accepting
+/// nodes that have children).
 #[derive(Debug)]
 struct LexemeWalk {
+    words: Vec<u32>,
     ids: Vec<u32>,
     frontiers: Frontiers,
 }
@@ -95,56 +98,69 @@ impl LexemeWalk {
     fn pays(&self) -> bool {
         self.frontiers.nodes.len() * MAX_FRONTIER_SHARE <= self.frontiers.visited
     }
+
+    /// OR the tokens into `words`.
+    fn allow(&self, words: &mut [u32]) {
+        for (w, s) in words.iter_mut().zip(&self.words) {
+            *w |= s;
+        }
+        allow(words, &self.ids);
+    }
 }
 
-/// A `LexemeWalk` as the trie caches it, its tokens as mask words.
+/// A `LexemeWalk` as the trie caches it.
 #[derive(Debug)]
 pub struct Slice {
-    words: Vec<u32>,
     walk: LexemeWalk,
 }
 
 impl Slice {
     pub fn size_bytes(&self) -> usize {
-        let f = &self.walk.frontiers;
-        4 * self.words.len() + 12 * f.nodes.len() + f.bytes.len() + 64
+        let (w, f) = (&self.walk, &self.walk.frontiers);
+        4 * (w.words.len() + w.ids.len()) + 12 * f.nodes.len() + f.bytes.len() + 64
     }
 }
 
-/// The walk of `dfa` from `state` over the whole trie, one DFA move per node.
-fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie) -> LexemeWalk {
-    let mut ids = Vec::new();
-    let mut frontiers = Frontiers::default();
+/// The walk of `dfa` from `state` over the whole trie, one DFA move per node; into
+/// `num_words` mask words if `dense`, else as a list of ids.
+fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize) -> LexemeWalk {
+    let mut walk = LexemeWalk {
+        words: vec![0; if dense { num_words } else { 0 }],
+        ids: Vec::new(),
+        frontiers: Frontiers::default(),
+    };
     let mut rows = vec![0u32; trie.max_depth + 1]; // the state's row after each depth
     let mut path = vec![0u8; trie.max_depth];
     rows[0] = dfa.row(state);
-    // the last node's depth and row: a child's parent, without a store and a load
-    let (mut last_depth, mut last_row) = (0, rows[0]);
     let mut node = 1;
+    let mut visited = 0;
     while node < trie.len() {
-        frontiers.visited += 1;
+        visited += 1;
         let n = trie.node(node);
         let k = n.depth as usize;
-        let parent = if k == last_depth + 1 { last_row } else { rows[k - 1] };
-        let next = dfa.step_move(parent, n.byte);
+        let next = dfa.step_move(rows[k - 1], n.byte);
         if next == DEAD_MOVE {
             node = n.subtree_end as usize;
             continue;
         }
-        (last_depth, last_row) = (k, next & !ACCEPTS);
-        rows[k] = last_row;
+        rows[k] = next & !ACCEPTS;
         path[k - 1] = n.byte;
-        ids.extend_from_slice(trie.tokens(node));
+        if dense {
+            trie.allow_tokens(node, &mut walk.words);
+        } else {
+            walk.ids.extend_from_slice(trie.tokens(node));
+        }
         if next & ACCEPTS != 0 {
             if node + 1 < n.subtree_end as usize {
-                frontiers.push(node, &path[..k]);
+                walk.frontiers.push(node, &path[..k]);
             }
             node = n.subtree_end as usize;
         } else {
             node += 1;
         }
     }
-    LexemeWalk { ids, frontiers }
+    walk.frontiers.visited = visited;
+    walk
 }
 
 /// Set the bits of `ids` in `words`.
@@ -245,11 +261,12 @@ impl Walk<'_> {
             let (cached, fresh) = match self.trie.cached_slice(&key) {
                 Some(slice) => (Some(slice), None),
                 None => {
-                    let walk = walk_lexeme(dfa, state, self.trie);
-                    if walk.frontiers.visited >= CACHE_MIN_VISITS {
-                        let mut words = vec![0; self.words.len()];
-                        allow(&mut words, &walk.ids);
-                        let slice = Arc::new(Slice { words, walk });
+                    let row = dfa.row(state);
+                    let size = self.trie.live_nodes(|b| dfa.step_move(row, b) != DEAD_MOVE);
+                    let dense = size >= CACHE_MIN_VISITS;
+                    let walk = walk_lexeme(dfa, state, self.trie, dense, self.words.len());
+                    if dense {
+                        let slice = Arc::new(Slice { walk });
                         self.trie.cache_slice(key, slice.clone());
                         (Some(slice), None)
                     } else {
@@ -266,14 +283,7 @@ impl Walk<'_> {
                 unsliced.extend_from_slice(lexeme);
                 continue;
             }
-            match &cached {
-                Some(slice) => {
-                    for (w, s) in self.words.iter_mut().zip(&slice.words) {
-                        *w |= s;
-                    }
-                }
-                None => allow(self.words, &walk.ids),
-            }
+            walk.allow(self.words);
             // each frontier node: the lexeme's runs accept there, having read its prefix
             for f in &walk.frontiers.nodes {
                 let prefix = walk.frontiers.prefix(f);
@@ -395,7 +405,7 @@ impl Walk<'_> {
             }
             lv.end[k] = lv.runs.len();
             self.path[n.depth as usize - 1] = n.byte;
-            allow(self.words, self.trie.tokens(node));
+            self.trie.allow_tokens(node, self.words);
             if accepting {
                 let scanned = lv.runs[scanned].to_vec();
                 result = self.below(node, &scanned, level + 1);
@@ -432,23 +442,20 @@ impl Walk<'_> {
         lv.states.clear();
         lv.states.resize(self.trie.max_depth - depth0 + 1, 0);
         lv.states[0] = dfa.row(run.state);
-        let (mut last_depth, mut last_row) = (0, lv.states[0]);
         let mut ends_with_nothing: Option<bool> = None;
         let mut result = Ok(());
         let mut node = lo;
         while node < hi {
             let n = self.trie.node(node);
             let k = n.depth as usize - depth0; // >= 1
-            let parent = if k == last_depth + 1 { last_row } else { lv.states[k - 1] };
-            let next = dfa.step_move(parent, n.byte);
+            let next = dfa.step_move(lv.states[k - 1], n.byte);
             if next == DEAD_MOVE {
                 node = n.subtree_end as usize;
                 continue;
             }
-            (last_depth, last_row) = (k, next & !ACCEPTS);
-            lv.states[k] = last_row;
+            lv.states[k] = next & !ACCEPTS;
             self.path[n.depth as usize - 1] = n.byte;
-            allow(self.words, self.trie.tokens(node));
+            self.trie.allow_tokens(node, self.words);
             if next & ACCEPTS == 0 {
                 node += 1;
                 continue;
@@ -471,7 +478,7 @@ impl Walk<'_> {
                 continue;
             }
             let scanned = Run {
-                state: dfa.state_of_row(last_row),
+                state: dfa.state_of_row(next & !ACCEPTS),
                 ..run
             };
             result = self.below(node, &[scanned], level + 1);
