@@ -94,6 +94,7 @@ from .regex import (
     RegexError,
     Repeat,
     complement,
+    map_chars,
     normalize_ranges,
     parse_regex,
 )
@@ -659,17 +660,7 @@ def _intersect_ranges(a, b) -> tuple[tuple[int, int], ...]:
 def json_string_tree(node: Node) -> Node:
     """The regex tree of the JSON string texts (quotes included) of the strings ``node``
     matches: every set of characters becomes their JSON spellings (`_json_chars`)."""
-    return Concat((_char(_QUOTE), _encode(node), _char(_QUOTE)))
-
-
-def _encode(node: Node) -> Node:
-    if isinstance(node, Chars):
-        return _json_chars(node)
-    if isinstance(node, Concat):
-        return Concat(tuple(_encode(item) for item in node.items))
-    if isinstance(node, Alt):
-        return Alt(tuple(_encode(option) for option in node.options))
-    return Repeat(_encode(node.item), node.min, node.max)
+    return Concat((_char(_QUOTE), map_chars(node, _json_chars), _char(_QUOTE)))
 
 
 def _search_tree(pattern: str) -> Node:
