@@ -123,7 +123,9 @@ def maskbench_constraint(path: Path) -> Constraint:
 
 
 def maskbench_files(directory: Path = MASKBENCH_SLICE, limit: int | None = None) -> list[Path]:
-    """The ``*.json`` files of a MaskBench directory, sorted by name, the first `limit`.
+    """The ``*.json`` files of a MaskBench directory, sorted by name; with `limit`, that
+    many spread evenly over them (the files are named by source, so every source is
+    sampled, not only the first by name).
 
     Raises:
         ValueError: `directory` is not a directory, or holds no ``*.json`` file.
@@ -133,7 +135,9 @@ def maskbench_files(directory: Path = MASKBENCH_SLICE, limit: int | None = None)
     files = sorted(directory.glob("*.json"))
     if not files:
         raise ValueError(f"directory {str(directory)!r} holds no MaskBench *.json file")
-    return files if limit is None else files[:limit]
+    if limit is None or limit >= len(files):
+        return files
+    return [files[i * len(files) // limit] for i in range(limit)]
 
 
 def load_maskbench(
