@@ -113,6 +113,7 @@ PYTHON_SOURCES = ("pyagent_ref", "conformance", f"{ACCEL}/python", "benchmarks",
 REGISTERING_DECORATORS = ",".join(
     ("@mutant", "@*.prop", "@pytest.fixture", "@*.setter", "@property", "@st.composite")
     + ("@each_vocabulary", "@encoding_mutant")  # the tokenize spec's properties and mutants
+    + ("@each_kind", "@matcher_mutant")  # the matcher spec's properties and mutants
     + ("@rule", "@invariant", "@precondition", "@initialize")  # hypothesis state machines
     + ("@app.*",)  # FastAPI routes, middleware and exception handlers
 )
