@@ -1322,6 +1322,7 @@ def _verify(args: tuple[Any, ...], bug: str, greedy: bool) -> Any:
         start, tokens = int(counts[:b].sum()), []
         for i in range(k + 1):
             row, draft = x[start + b + i], int(drafts[start + i]) if i < k else -1
+            draft_prev = int(drafts[start + i - 1]) if i else -1
             if t[b] == 0:
                 best = (
                     vocab - 1 - int(np.argmax(row[::-1]))
@@ -1335,17 +1336,20 @@ def _verify(args: tuple[Any, ...], bug: str, greedy: bool) -> Any:
                     break
                 tokens += [draft, best] if bug == "off by one" and i < k else [best]
                 break
-            at = np.array([pos[b] + i], np.int64)
-            u = _np(S.philox_uniform(np.array([seeds[b]], np.int64), at, vocab + 1))[0]
+            at, seed = np.array([pos[b] + i], np.int64), seeds[0 if bug == "first seed" else b]
+            u = _np(S.philox_uniform(np.array([seed], np.int64), at, vocab + 1))[0]
             if bug == "reused uniform":
-                u[vocab] = _np(S.philox_uniform(np.array([seeds[b]], np.int64), at - i, vocab + 1))[
+                u[vocab] = _np(S.philox_uniform(np.array([seed], np.int64), at - i, vocab + 1))[
                     0, vocab
                 ]
             p, gumbel = _probs(row), np.log(-np.log(u[:vocab]))
             qi = np.eye(vocab)[draft] if q is None or i == k else q[start + i]
+            qi = np.full(vocab, 1 / vocab) if q is None and bug == "uniform q" else qi
             if i == k:
-                last = np.eye(vocab)[drafts[start + i - 1]] if q is None else q[start + i - 1]
-                score = np.log(last) if bug == "bonus from q" and k else row
+                score = row
+                if bug == "bonus from q" and k:
+                    last = np.eye(vocab)[draft_prev] if q is None else q[start + i - 1]
+                    score = np.log(last)
                 tokens.append(int(np.argmax(score - gumbel)))
                 break
             if u[vocab] * qi[draft] < p[draft] * (2.0 if bug == "lenient" else 1.0):
@@ -1382,6 +1386,8 @@ for _bug, _what in (
     ("bonus from q", "draws the bonus token from the last draft's q instead of p"),
     ("off by one", "counts the first rejected draft as accepted (emits it, then a token)"),
     ("last tie", "greedy requests take the last argmax among tied target logits"),
+    ("first seed", "draws every request with the seed of the first"),
+    ("uniform q", "takes draft_probs=None as a uniform q instead of one-hot"),
 ):
     MUTANTS.append(
         Mutant(
