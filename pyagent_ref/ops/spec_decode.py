@@ -54,6 +54,7 @@ class _Grid:
     (flat draft `slot`, token `draft`). Elsewhere row is 0, slot is N and draft is -1, so
     gathers stay in bounds; `is_row` and `is_draft` mark the real cells."""
 
+    counts: Any  # k, int64 (batch,)
     index: Any  # i, int64 (batch, width)
     is_row: Any
     is_draft: Any
@@ -62,8 +63,9 @@ class _Grid:
     draft: Any
 
 
-def _grid(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> tuple[Any, _Grid]:
-    """Validate the flattened layout (module docstring); return (xp, its grid)."""
+def _validated(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> tuple:
+    """Check the flattened layout (module docstring); return (xp, counts, drafts), int64 on
+    the logits' device."""
     xp = check_logits(target_logits, "target_logits")
     where, vocab = device(target_logits), target_logits.shape[1]
     arrays = []
@@ -98,6 +100,13 @@ def _grid(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> tu
     bad = first_bad_row(xp, (drafts < 0) | (drafts >= vocab))
     if bad is not None:
         raise ValueError(f"draft_token_ids[{bad}] must be in [0, {vocab}), got {int(drafts[bad])}")
+    return xp, counts, drafts
+
+
+def _grid(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> tuple[Any, _Grid]:
+    """Validate the flattened layout; return (xp, the batch's grid)."""
+    xp, counts, drafts = _validated(target_logits, draft_token_ids, num_draft_tokens)
+    where, batch, total = device(counts), counts.shape[0], drafts.shape[0]
     width = 1 + (int(xp.max(counts)) if batch else 0)
     cell = xp.reshape(xp.arange(width, dtype=xp.int64, device=where), (1, width))
     k = xp.reshape(counts, (batch, 1))
@@ -109,7 +118,7 @@ def _grid(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> tu
     with_pad = xp.concat([drafts, xp.asarray([-1], dtype=xp.int64, device=where)])
     draft = xp.reshape(xp.take(with_pad, xp.reshape(slot, (-1,))), slot.shape)
     row = xp.where(is_row, first + request + index, 0)
-    return xp, _Grid(index, is_row, is_draft, row, slot, draft)
+    return xp, _Grid(counts, index, is_row, is_draft, row, slot, draft)
 
 
 def _on_grid(xp: Any, x: Any, index: Any) -> Any:
@@ -243,8 +252,7 @@ def rejection_sample(
         raise ValueError(f"temperature[{bad}] must be finite and >= 0, got {float(t[bad])}")
     seed = row_param(like, seeds, "seeds", xp.int64)
     pos = row_param(like, positions, "positions", xp.int64)
-    last = xp.sum(xp.astype(grid.is_draft, xp.int64), axis=1)
-    bad = first_bad_row(xp, (pos < 0) | (pos > _INT64_MAX - last))
+    bad = first_bad_row(xp, (pos < 0) | (pos > _INT64_MAX - grid.counts))
     if bad is not None:
         raise ValueError(
             f"positions[{bad}] must be in [0, 2**63 - 1 - num_draft_tokens[{bad}]], "
