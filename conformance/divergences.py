@@ -481,8 +481,8 @@ _XG_MULTIPLE_OF = (
     "accepted"
 )
 _XG_DOT_NEWLINE = (
-    "in xgrammar's regexes . matches a line feed; in the contract's dialect (Python's, ECMA-262's) "
-    ". excludes \\n"
+    "in xgrammar's regexes . matches a line feed, which . excludes in the contract's dialect "
+    "(Python's, ECMA-262's)"
 )
 _LLG_EOS_AFTER_STOP = (
     "an EOS accepted once the grammar has stopped (the last token closed the output, is_stopped() "
@@ -497,7 +497,7 @@ _LLG_CANONICAL = (
     "where the grammar forces the next bytes (the rest of a property name, of true or false, of "
     "an enum value), only the tokens that begin the tokenizer's canonical tokenization of them "
     'are allowed: after {" with "sub" forced, "sub" but not "s" or "su" (the instances\' own '
-    "tokens stay allowed); the contract allows every token whose bytes fit"
+    "tokens stay allowed), where the contract allows every token whose bytes fit"
 )
 _LLG_DEL = (
     "JSON strings refuse the DEL character (U+007F), which JSON allows unescaped (only "
