@@ -56,7 +56,11 @@ The properties
 --------------
 
 Each runs over the constraints of its kind in `matcher_corpus` (for ``json_schema``, the
-MaskBench slice in ``conformance/data/maskbench``), on the ``embedded`` vocabulary (4,096
+MaskBench slice in ``conformance/data/maskbench``, or the MaskBench files of the directory
+named by the environment variable ``CONFORMANCE_MASKBENCH``, those the reference
+compiles, spread over it when ``CONFORMANCE_MASKBENCH_LIMIT`` bounds their number: an
+exploration, which may find more than the divergences registered from the slice), on the
+``embedded`` vocabulary (4,096
 tokens, so that the reference's masks take milliseconds): constraints compile; valid
 instances are accepted token by token and then end; invalid ones are refused somewhere;
 the mask agrees with ``accept_token`` on probed tokens; termination; rollback restores
@@ -72,7 +76,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, Protocol
 
@@ -199,11 +205,26 @@ spec = Spec("matcher", KINDS, namespace=namespace_of_structured_package, not_run
 # ================================================================================== helpers
 
 
+@functools.cache
 def constraints(kind: str) -> tuple[Constraint, ...]:
     """The constraints the properties of `kind` run over."""
-    if kind == "json_schema":
+    if kind != "json_schema":
+        return {"regex": corpus.REGEX_CONSTRAINTS, "grammar": corpus.GRAMMAR_CONSTRAINTS}[kind]
+    directory = os.environ.get("CONFORMANCE_MASKBENCH")
+    if directory is None:
         return tuple(corpus.load_maskbench())
-    return {"regex": corpus.REGEX_CONSTRAINTS, "grammar": corpus.GRAMMAR_CONSTRAINTS}[kind]
+    limit = os.environ.get("CONFORMANCE_MASKBENCH_LIMIT")
+    found = corpus.load_maskbench(Path(directory), int(limit) if limit else None)
+    return tuple(c for c in found if reference_compiles(c.source))
+
+
+def reference_compiles(schema: Any) -> bool:
+    """Whether the reference compiles `schema` (the properties run on the schemas it does)."""
+    try:
+        namespace_of_structured_package(REFERENCE).json_schema(schema, VOCABULARY)
+    except (ValueError, RecursionError):  # SchemaError, RegexError...: a refusal
+        return False
+    return True
 
 
 def compiled(ctx: Ctx, kind: str) -> Iterator[tuple[Constraint, Any]]:
