@@ -177,7 +177,9 @@ def _inv_freq(inv_freq: Any) -> _np.ndarray:
     """inv_freq as a 1-D float32 numpy array (zero-copy when it is one)."""
     if _c.is_torch(inv_freq):
         _c.check_cpu(inv_freq, "inv_freq")
-        inv_freq = _c.tensor_to_numpy(inv_freq.float())
+        if inv_freq.dtype is not _c.torch_module().float32:
+            inv_freq = inv_freq.float()
+        inv_freq = _c.tensor_to_numpy(inv_freq)
     elif not isinstance(inv_freq, _np.ndarray):
         inv_freq = _np.asarray(inv_freq)
     if inv_freq.ndim != 1:
