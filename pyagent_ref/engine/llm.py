@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from .._files import read_json_object
 from ..model.pooling import PoolingParams
@@ -72,7 +73,7 @@ class _Frontend:
             model_dir, self.config.tokenizer_backend, _bpe_encoding_class(self.config.ops)
         )
         self.processor = OutputProcessor(self.tokenizer)
-        self.structured = StructuredOutputs(self.tokenizer)
+        self.structured = StructuredOutputs(self.tokenizer, _structured_backend(self.config.ops))
         self._extra_eos = self._generation_eos_ids(model_dir)
         self._ids = itertools.count()
         self._rng = random.Random()
@@ -491,6 +492,20 @@ def _bpe_encoding_class(ops: str) -> type | None:
     except ImportError:
         return None
     return BytePairEncoding
+
+
+def _structured_backend(ops: str) -> ModuleType:
+    """pyagent_accel's Rust matcher when the engine's ops are the accelerator's (as for
+    tokenization: it runs on the host), the reference's otherwise."""
+    from .. import structured
+
+    if ops == "ref":
+        return structured
+    try:
+        from pyagent_accel import structured as accel
+    except ImportError:
+        return structured
+    return accel
 
 
 def _prompt_list(prompts) -> list:
