@@ -44,7 +44,7 @@ def install_llama3_vocabulary(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole suite: cargo tests, pytest over ref + accel + conformance, the
     conformance self-test (mutants), strict docs."""
-    install(session, "engine,hf,tiktoken,tests,docs")
+    install(session, "engine,hf,tiktoken,tests,docs,structured-engines")
     install_llama3_vocabulary(session)
     session.run("cargo", "test", "--manifest-path", CARGO_MANIFEST, "--quiet", external=True)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
@@ -76,7 +76,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The conformance report of an implementation (default: pyagent_accel)."""
-    install(session, "engine,hf,tiktoken,tests")
+    install(session, "engine,hf,tiktoken,tests,structured-engines")
     install_llama3_vocabulary(session)
     target = session.posargs or [ACCEL]
     session.run("python", "-m", "conformance", *target)
@@ -84,8 +84,10 @@ def conformance(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Side-by-side timings: ref on numpy, ref on torch CPU, accel."""
-    install(session, "engine,bench")
+    """Side-by-side timings: ref on numpy, ref on torch CPU, accel. Its environment also runs
+    benchmarks/bench_structured.py (llguidance, xgrammar, Llama 3's vocabulary)."""
+    install(session, "engine,bench,structured-engines")
+    install_llama3_vocabulary(session)
     session.run("python", "benchmarks/bench_ops.py", *session.posargs)
 
 
@@ -111,6 +113,7 @@ PYTHON_SOURCES = ("pyagent_ref", "conformance", f"{ACCEL}/python", "benchmarks",
 REGISTERING_DECORATORS = ",".join(
     ("@mutant", "@*.prop", "@pytest.fixture", "@*.setter", "@property", "@st.composite")
     + ("@each_vocabulary", "@encoding_mutant")  # the tokenize spec's properties and mutants
+    + ("@each_kind", "@matcher_mutant")  # the matcher spec's properties and mutants
     + ("@rule", "@invariant", "@precondition", "@initialize")  # hypothesis state machines
     + ("@app.*",)  # FastAPI routes, middleware and exception handlers
 )

@@ -451,6 +451,116 @@ def _xg(prop: str, *reasons: str) -> Divergence:
     return Divergence(XGRAMMAR, "structured.apply_token_bitmask", prop, "; ".join(reasons))
 
 
+# Why xgrammar's and llguidance's matchers differ (`matcher` spec; xgrammar 0.2.8 with
+# any_whitespace=True, strict_mode=False; llguidance with its default JSON options).
+_XG_FILL_AFTER_EOS = (
+    "fill_next_token_bitmask on a terminated GrammarMatcher raises RuntimeError ('has terminated "
+    "after accepting the stop token'), where the contract fills an empty mask"
+)
+_XG_UNTYPED_OBJECT = (
+    "a schema without type whose keywords are object keywords (properties) admits only objects, "
+    "where JSON Schema applies them to objects and lets every other value through (a string or "
+    "a number at the top of such a schema)"
+)
+_XG_ANYOF_SIBLINGS = (
+    "a schema with anyOf is compiled as the anyOf alone, its sibling keywords dropped: "
+    '{"type": "object", "properties": {...}, "anyOf": [{"required": ["a"]}, ...]} admits any JSON '
+    "value, and objects with any keys and values"
+)
+_XG_NO_ESCAPES = (
+    "a string with a pattern or a length bound is spelled character by character without JSON's "
+    'escapes: a backslash is refused (the escaped spellings of allowed characters, such as \\" '
+    "or \\u0041, are lost) and, under a length bound, the raw control characters U+0000-U+001F, "
+    "which JSON forbids in a string, are allowed"
+)
+_XG_NEGATIVE_ZERO = (
+    "with minimum 0 the minus sign is refused, though -0 and -0.0 equal 0 and satisfy the bound"
+)
+_XG_MULTIPLE_OF = (
+    "multipleOf is ignored on numbers (it holds on integers): under multipleOf 0.01, 12345.678 is "
+    "accepted"
+)
+_XG_DOT_NEWLINE = (
+    "in xgrammar's regexes . matches a line feed, which . excludes in the contract's dialect "
+    "(Python's, ECMA-262's)"
+)
+_LLG_EOS_AFTER_STOP = (
+    "an EOS accepted once the grammar has stopped (the last token closed the output, is_stopped() "
+    "is True) is not recorded: rollback(1) after it undoes the token before it, so the matcher no "
+    "longer follows the tokens accepted"
+)
+_LLG_MASK_AFTER_EOS = (
+    "after EOS the mask still allows EOS (and accepts it again), where a terminated matcher "
+    "allows nothing"
+)
+_LLG_CANONICAL = (
+    "where the grammar forces the next bytes (the rest of a property name, of true or false, of "
+    "an enum value), only the tokens that begin the tokenizer's canonical tokenization of them "
+    'are allowed: after {" with "sub" forced, "sub" but not "s" or "su" (the instances\' own '
+    "tokens stay allowed), where the contract allows every token whose bytes fit"
+)
+_LLG_DEL = (
+    "JSON strings refuse the DEL character (U+007F), which JSON allows unescaped (only "
+    "U+0000-U+001F must be escaped)"
+)
+
+
+def _matcher(implementation: str, kinds: str, prop: str, *reasons: str) -> tuple[Divergence, ...]:
+    """The divergence of `prop` for each of the space-separated constraint `kinds`."""
+    return tuple(
+        Divergence(implementation, f"matcher.{kind}", prop, "; ".join(reasons))
+        for kind in kinds.split()
+    )
+
+
+_MATCHER_DIVERGENCES = (
+    *_matcher(XGRAMMAR, "json_schema regex grammar", "terminates_only_by_eos", _XG_FILL_AFTER_EOS),
+    *_matcher(
+        XGRAMMAR, "json_schema", "rejects_invalid_instances", _XG_MULTIPLE_OF, _XG_ANYOF_SIBLINGS
+    ),
+    *_matcher(
+        XGRAMMAR,
+        "json_schema",
+        "allows_no_token_the_reference_refuses",
+        _XG_NO_ESCAPES,
+        _XG_MULTIPLE_OF,
+        _XG_ANYOF_SIBLINGS,
+    ),
+    *_matcher(
+        XGRAMMAR,
+        "json_schema",
+        "allows_every_token_the_reference_allows",
+        _XG_UNTYPED_OBJECT,
+        _XG_NO_ESCAPES,
+        _XG_NEGATIVE_ZERO,
+    ),
+    *_matcher(XGRAMMAR, "regex", "allows_no_token_the_reference_refuses", _XG_DOT_NEWLINE),
+    *_matcher(
+        LLGUIDANCE,
+        "json_schema regex grammar",
+        "mask_agrees_with_accept_token",
+        _LLG_EOS_AFTER_STOP,
+    ),
+    *_matcher(
+        LLGUIDANCE,
+        "json_schema regex grammar",
+        "rollback_restores_earlier_masks",
+        _LLG_EOS_AFTER_STOP,
+    ),
+    *_matcher(
+        LLGUIDANCE, "json_schema regex grammar", "terminates_only_by_eos", _LLG_MASK_AFTER_EOS
+    ),
+    *_matcher(
+        LLGUIDANCE,
+        "json_schema",
+        "allows_every_token_the_reference_allows",
+        _LLG_CANONICAL,
+        _LLG_DEL,
+    ),
+    *_matcher(LLGUIDANCE, "grammar", "allows_every_token_the_reference_allows", _LLG_CANONICAL),
+)
+
+
 _STRUCTURED_DIVERGENCES = (
     _xg("keeps_exactly_the_allowed_tokens", _XG_FLOAT64, _XG_PAST_THE_MASK, _XG_OVERRUN),
     _xg("masks_tokens_past_the_mask", _XG_PAST_THE_MASK),
@@ -536,6 +646,7 @@ DIVERGENCES: tuple[Divergence, ...] = (
     *_VLLM_DIVERGENCES,
     *_TOKENIZER_DIVERGENCES,
     *_STRUCTURED_DIVERGENCES,
+    *_MATCHER_DIVERGENCES,
 )
 
 

@@ -8,7 +8,10 @@ Columns: pyagent_ref on numpy and on torch, pyagent_accel on numpy and torch (wh
 imports), and the Hugging Face transformers adapter (when transformers imports). Each
 runs the ops specs with the given profile (default ci, deterministic). A second table
 runs the `tokenize` spec on pyagent_ref, pyagent_accel and the tokenizers and tiktoken
-adapters, followed by the adapters' registered divergences grouped by reason. `--write`
+adapters, followed by the adapters' registered divergences grouped by reason; a third runs
+the `structured` op and the `matcher` spec (token matchers of structured output) on
+pyagent_ref, pyagent_accel and the llguidance and xgrammar adapters, followed by theirs.
+`--write`
 replaces the text between the `<!-- conformance-matrix:start -->` and
 `<!-- conformance-matrix:end -->` markers of the file. The exit status is 1 if any cell
 has an unexplained failure.
@@ -42,6 +45,8 @@ HF = "conformance.adapters.hf_transformers"
 VLLM = "conformance.adapters.vllm"
 HF_TOKENIZERS = "conformance.adapters.hf_tokenizers"
 TIKTOKEN = "conformance.adapters.tiktoken"
+LLGUIDANCE = "conformance.adapters.llguidance"
+XGRAMMAR = "conformance.adapters.xgrammar"
 
 COLUMNS = (
     ("pyagent_ref", "numpy"),
@@ -57,7 +62,20 @@ TOKENIZE_COLUMNS = (
     (HF_TOKENIZERS, "numpy"),
     (TIKTOKEN, "numpy"),
 )
-SHORT = {HF: "hf_transformers", VLLM: "vllm", HF_TOKENIZERS: "hf_tokenizers", TIKTOKEN: "tiktoken"}
+STRUCTURED_COLUMNS = (
+    ("pyagent_ref", "numpy"),
+    ("pyagent_accel", "numpy"),
+    (LLGUIDANCE, "numpy"),
+    (XGRAMMAR, "numpy"),
+)
+SHORT = {
+    HF: "hf_transformers",
+    VLLM: "vllm",
+    HF_TOKENIZERS: "hf_tokenizers",
+    TIKTOKEN: "tiktoken",
+    LLGUIDANCE: "llguidance",
+    XGRAMMAR: "xgrammar",
+}
 VLLM_MARKERS = ("<!-- conformance-matrix-vllm:start -->", "<!-- conformance-matrix-vllm:end -->")
 
 
@@ -90,8 +108,9 @@ class Column:
 
 
 def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tuple[str, bool]:
-    """(markdown, ok): the ops matrix, then the tokenization one with its divergences, and
-    whether no cell has an unexplained failure."""
+    """(markdown, ok): the ops matrix, then the tokenization one and the structured-output
+    one, each with its libraries' divergences, and whether no cell has an unexplained
+    failure."""
     ops_table, ops_ok = render(run_columns(COLUMNS, profile, echo, ops_modules()), profile)
     columns = run_columns(TOKENIZE_COLUMNS, profile, echo, ["tokenize"], native=False)
     tokenize_table, tokenize_ok = render(columns, profile)
@@ -100,11 +119,24 @@ def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tup
         for c in columns
         if c.report is not None and c.target in (HF_TOKENIZERS, TIKTOKEN)
     )
+    columns = run_columns(
+        STRUCTURED_COLUMNS, profile, echo, ["structured", "matcher"], native=False
+    )
+    structured_table, structured_ok = render(columns, profile)
+    structured_reasons = "\n".join(
+        known_divergences(c.target, [c.report])
+        for c in columns
+        if c.report is not None and c.target in (LLGUIDANCE, XGRAMMAR)
+    )
     markdown = (
         f"{ops_table}\n\nTokenization (`conformance/specs/tokenize.py`):\n\n{tokenize_table}"
         f"\n\nRegistered divergences of the tokenizer libraries, by reason:\n\n{reasons}"
+        "\n\nStructured output (the op of `conformance/specs/structured.py` and the token "
+        f"matchers of `conformance/specs/matcher.py`):\n\n{structured_table}"
+        "\n\nRegistered divergences of the structured-output libraries, by reason:"
+        f"\n\n{structured_reasons}"
     )
-    return markdown, ops_ok and tokenize_ok
+    return markdown, ops_ok and tokenize_ok and structured_ok
 
 
 def ops_modules() -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import unicodedata
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from pyagent_ref.ops import hashing as H
 from pyagent_ref.ops import layers as L
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
+from pyagent_ref.ops import spec_decode as SD
 from pyagent_ref.ops import structured as ST
 from pyagent_ref.tokenize import bpe as T
 
@@ -1304,6 +1306,100 @@ def bitmask_ignores_strides(logits: Any, bitmask: Any) -> Any:
     return ST.apply_token_bitmask(_back(logits, as_rows), bitmask)
 
 
+# --- spec_decode ----------------------------------------------------------------------------
+# Each mutant verifies request by request in numpy, as the contract says except for one
+# `bug`; it validates with the reference first, so it raises the reference's errors.
+
+
+def _verify(args: tuple[Any, ...], bug: str, greedy: bool) -> Any:
+    x = _np(args[0]).astype(np.float64)
+    drafts, counts = _np(args[1]).astype(np.int64), _np(args[2]).astype(np.int64)
+    q = None if greedy or args[3] is None else _np(args[3]).astype(np.float64)
+    t, seeds, pos = (np.zeros(counts.size), None, None) if greedy else map(_np, args[4:])
+    vocab = x.shape[1]
+    out = np.full((counts.size, 1 + int(counts.max(initial=0))), -1, np.int64)
+    for b, k in enumerate(counts.tolist()):
+        start, tokens = int(counts[:b].sum()), []
+        for i in range(k + 1):
+            row, draft = x[start + b + i], int(drafts[start + i]) if i < k else -1
+            draft_prev = int(drafts[start + i - 1]) if i else -1
+            if t[b] == 0:
+                best = (
+                    vocab - 1 - int(np.argmax(row[::-1]))
+                    if bug == "last tie"
+                    else int(np.argmax(row))
+                )
+                if i < k and draft == best:
+                    tokens.append(draft)
+                    continue
+                if i == k and bug == "no bonus":
+                    break
+                tokens += [draft, best] if bug == "off by one" and i < k else [best]
+                break
+            at, seed = np.array([pos[b] + i], np.int64), seeds[0 if bug == "first seed" else b]
+            u = _np(S.philox_uniform(np.array([seed], np.int64), at, vocab + 1))[0]
+            if bug == "reused uniform":
+                u[vocab] = _np(S.philox_uniform(np.array([seed], np.int64), at - i, vocab + 1))[
+                    0, vocab
+                ]
+            p, gumbel = _probs(row), np.log(-np.log(u[:vocab]))
+            qi = np.eye(vocab)[draft] if q is None or i == k else q[start + i]
+            qi = np.full(vocab, 1 / vocab) if q is None and bug == "uniform q" else qi
+            if i == k:
+                score = row
+                if bug == "bonus from q" and k:
+                    last = np.eye(vocab)[draft_prev] if q is None else q[start + i - 1]
+                    score = np.log(last)
+                tokens.append(int(np.argmax(score - gumbel)))
+                break
+            if u[vocab] * qi[draft] < p[draft] * (2.0 if bug == "lenient" else 1.0):
+                tokens.append(draft)
+                continue
+            r = p - qi if bug == "no max" else np.maximum(p - qi, 0.0)
+            score = np.log(r) if np.any(r > 0) else row
+            tokens += [draft] if bug == "off by one" else []
+            tokens.append(int(np.argmax(score - gumbel)))
+            break
+        out[b, : len(tokens)] = tokens[: out.shape[1]]
+    return _back(args[0], out)
+
+
+for _bug, _what in (
+    ("last tie", "takes the last argmax among tied target logits"),
+    ("off by one", "also emits the first mismatching draft, before the target's token"),
+    ("no bonus", "emits no bonus token when every draft is accepted"),
+):
+    MUTANTS.append(
+        Mutant(
+            f"greedy_{_bug.replace(' ', '_')}",
+            "spec_decode",
+            "verify_greedy",
+            _what,
+            lambda *a, _b=_bug: (SD.verify_greedy(*a), _verify(a, _b, greedy=True))[1],
+        )
+    )
+
+for _bug, _what in (
+    ("reused uniform", "decides every draft of a request with the uniform of its first position"),
+    ("lenient", "lenient acceptance: accepts with probability min(1, 2 p(x) / q(x))"),
+    ("no max", "draws the recovered token from p - q without max(., 0)"),
+    ("bonus from q", "draws the bonus token from the last draft's q instead of p"),
+    ("off by one", "counts the first rejected draft as accepted (emits it, then a token)"),
+    ("last tie", "greedy requests take the last argmax among tied target logits"),
+    ("first seed", "draws every request with the seed of the first"),
+    ("uniform q", "takes draft_probs=None as a uniform q instead of one-hot"),
+):
+    MUTANTS.append(
+        Mutant(
+            f"rejection_{_bug.replace(' ', '_')}",
+            "spec_decode",
+            "rejection_sample",
+            _what,
+            lambda *a, _b=_bug: (SD.rejection_sample(*a), _verify(a, _b, greedy=False))[1],
+        )
+    )
+
+
 # --- tokenize -------------------------------------------------------------------------------
 # A tokenize mutant is a loader of the embedded vocabulary (`tokenize.embedded`): it returns
 # the reference's encoding of it as a subclass with one method changed.
@@ -1433,6 +1529,147 @@ class _DecodeTakesBools(T.BytePairEncoding):
         return super().decode(ids)
 
 
+# --- matcher --------------------------------------------------------------------------------
+# A matcher mutant is the reference's compiler of JSON Schemas (`matcher.json_schema`) whose
+# matchers are the reference's GrammarMatcher with one method changed.
+
+
+class _Matcher:
+    """The reference's matcher, every call passed on (the mutants override one)."""
+
+    def __init__(self, matcher: Any) -> None:
+        self.matcher = matcher
+
+    def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, index)
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.matcher.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+
+def matcher_mutant(name: str, bug: str) -> Callable[[type], type]:
+    """Decorator: the reference's ``matcher.json_schema`` whose matchers are instances of the
+    `_Matcher` subclass `cls` is the mutant `name`."""
+
+    def deco(cls: type) -> type:
+        def json_schema(schema: Any, vocabulary: str) -> Any:
+            compiled = _reference_json_schema(schema, vocabulary)
+            return SimpleNamespace(matcher=lambda: cls(compiled.matcher()))
+
+        MUTANTS.append(Mutant(name, "matcher", "json_schema", bug, json_schema))
+        return cls
+
+    return deco
+
+
+def _set_bit(bitmask: Any, index: int, token: int, value: bool) -> None:
+    row = bitmask[index].view(np.uint32)
+    bit = np.uint32(1) << np.uint32(token % 32)
+    row[token // 32] = row[token // 32] | bit if value else row[token // 32] & ~bit
+
+
+@matcher_mutant("matcher_forgets_eos", "never allows EOS: an output cannot end")
+class _ForgetsEos(_Matcher):
+    def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
+        super().fill_next_token_bitmask(bitmask, index)
+        for token in self.matcher.eos_token_ids:
+            _set_bit(bitmask, index, token, False)
+
+    def accept_token(self, token_id: int) -> bool:
+        return token_id not in self.matcher.eos_token_ids and super().accept_token(token_id)
+
+
+@matcher_mutant("matcher_allows_one_more", "the mask allows one token the grammar refuses")
+class _AllowsOneMore(_Matcher):
+    def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
+        super().fill_next_token_bitmask(bitmask, index)
+        allowed = set(self.matcher.allowed_tokens())
+        spelled = self.matcher.trie.token_bytes
+        extra = next(t for t, b in enumerate(spelled) if b is not None and t not in allowed)
+        _set_bit(bitmask, index, extra, True)
+
+
+@matcher_mutant("matcher_ignores_rollback", "rollback does nothing")
+class _IgnoresRollback(_Matcher):
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+
+@matcher_mutant("matcher_goes_on_after_eos", "EOS sets the flag but the matcher goes on")
+class _GoesOnAfterEos(_Matcher):
+    def __init__(self, matcher: Any) -> None:
+        super().__init__(matcher)
+        self.ended = False
+
+    def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
+        if self.ended:
+            self.matcher.rollback(1)  # the mask of the state before EOS
+            self.matcher.fill_next_token_bitmask(bitmask, index)
+            self.matcher.accept_token(self.matcher.eos_token_ids[0])
+        else:
+            super().fill_next_token_bitmask(bitmask, index)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.ended:
+            return token_id not in self.matcher.eos_token_ids and self._after_eos(token_id)
+        took = super().accept_token(token_id)
+        self.ended = took and self.matcher.is_terminated()
+        return took
+
+    def _after_eos(self, token_id: int) -> bool:
+        self.matcher.rollback(1)
+        took = self.matcher.accept_token(token_id)
+        if took:
+            self.matcher.rollback(1)
+        self.matcher.accept_token(self.matcher.eos_token_ids[0])
+        return took
+
+    def is_terminated(self) -> bool:
+        return self.ended
+
+    def rollback(self, num_tokens: int) -> None:
+        super().rollback(num_tokens)
+        self.ended = self.matcher.is_terminated()
+
+
+@matcher_mutant("matcher_fills_row_zero", "fills row 0 whatever the index")
+class _FillsRowZero(_Matcher):
+    def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> None:
+        super().fill_next_token_bitmask(bitmask, 0)
+
+
+def _reference_json_schema(schema: Any, vocabulary: str) -> Any:
+    from .specs.matcher import namespace_of_structured_package
+
+    return namespace_of_structured_package(REFERENCE).json_schema(schema, vocabulary)
+
+
+@mutant("matcher", "json_schema", "refuses every schema with anyOf or oneOf")
+def matcher_refuses_alternatives(schema: Any, vocabulary: str) -> Any:
+    if any(f'"{keyword}"' in json.dumps(schema) for keyword in ("anyOf", "oneOf")):
+        raise ValueError("anyOf and oneOf are not supported")
+    return _reference_json_schema(schema, vocabulary)
+
+
+BOUNDS = ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "pattern")
+
+
+@mutant("matcher", "json_schema", "ignores the bounds of values (minimum, maxLength, pattern...)")
+def matcher_ignores_bounds(schema: Any, vocabulary: str) -> Any:
+    def unbounded(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: unbounded(v) for k, v in node.items() if k not in BOUNDS}
+        return [unbounded(v) for v in node] if isinstance(node, list) else node
+
+    return _reference_json_schema(unbounded(schema), vocabulary)
+
+
 def implementation(m: Mutant) -> Impl:
     """An Impl that is the reference except for mutant `m`."""
     modules = {}
@@ -1444,6 +1681,7 @@ def implementation(m: Mutant) -> Impl:
         ("rope", R),
         ("attention", A),
         ("structured", ST),
+        ("spec_decode", SD),
     ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:
@@ -1454,6 +1692,11 @@ def implementation(m: Mutant) -> Impl:
     modules["tokenize"] = SimpleNamespace(**vars(namespace_of_bpe_class(REFERENCE)))
     if m.module == "tokenize":
         setattr(modules["tokenize"], m.op, m.fn)
+    from .specs.matcher import namespace_of_structured_package
+
+    modules["matcher"] = SimpleNamespace(**vars(namespace_of_structured_package(REFERENCE)))
+    if m.module == "matcher":
+        setattr(modules["matcher"], m.op, m.fn)
     return Impl(
         target=f"mutant:{m.name}", root=SimpleNamespace(**modules), label=f"mutant {m.name}"
     )

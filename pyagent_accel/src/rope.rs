@@ -22,7 +22,7 @@ use crate::py_util::{detached, readonly, value_error};
 // Inverse frequencies
 
 /// A rope type's parameters (HF `rope_scaling`), as the Python wrapper resolves them:
-/// "dynamic" arrives as `Default` with its rescaled theta, "yarn" with its ramp bounds.
+/// "dynamic" arrives as `Default` with its rescaled theta; "yarn" is built by `Yarn`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scaling {
     Default,
@@ -57,10 +57,92 @@ impl Scaling {
                     original_max,
                 })
             }
-            ("yarn", &[factor, low, high]) => Ok(Scaling::Yarn { factor, low, high }),
             _ => Err(format!(
                 "unknown rope type {rope_type:?} with parameters {params:?}"
             )),
+        }
+    }
+}
+
+/// yarn's `rope_scaling`, its defaults filled in by the Python wrapper as the reference
+/// reads them (`mscale` and `mscale_all_dim` 0 when not given).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_max: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub truncate: bool,
+    pub attention_factor: Option<f64>,
+    pub mscale: f64,
+    pub mscale_all_dim: f64,
+}
+
+impl Yarn {
+    /// From the wrapper's parameters [factor, original_max, beta_fast, beta_slow,
+    /// truncate (0 or 1), mscale, mscale_all_dim].
+    pub fn new(params: &[f64], attention_factor: Option<f64>) -> Result<Yarn, String> {
+        match *params {
+            [factor, original_max, beta_fast, beta_slow, truncate, mscale, mscale_all_dim] => {
+                Ok(Yarn {
+                    factor,
+                    original_max,
+                    beta_fast,
+                    beta_slow,
+                    truncate: truncate != 0.0,
+                    attention_factor,
+                    mscale,
+                    mscale_all_dim,
+                })
+            }
+            _ => Err(format!("yarn takes 7 parameters, got {params:?}")),
+        }
+    }
+
+    /// The ramp of `inv_freq`: interpolation takes over between the pair indices where
+    /// the frequencies turn beta_fast and beta_slow times over original_max positions
+    /// (floored and ceiled when `truncate`), clamped to [0, rotary_dim - 1].
+    pub fn scaling(&self, rotary_dim: usize, theta: f64) -> Scaling {
+        let d = rotary_dim as f64;
+        let correction_dim = |rotations: f64| {
+            d * (self.original_max / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * theta.ln())
+        };
+        let (mut low, mut high) = (
+            correction_dim(self.beta_fast),
+            correction_dim(self.beta_slow),
+        );
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        (low, high) = (low.max(0.0), high.min(d - 1.0));
+        if low == high {
+            high += 0.001; // avoid dividing by zero in the ramp
+        }
+        Scaling::Yarn {
+            factor: self.factor,
+            low,
+            high,
+        }
+    }
+
+    /// The cos/sin scale: attention_factor if given, else 0.1 m ln(factor) + 1 (1 for
+    /// factor <= 1) with m = 1, or the ratio of that for mscale and for mscale_all_dim
+    /// when both are given (non-zero).
+    pub fn attention_scale(&self) -> f64 {
+        let mscale = |m: f64| {
+            if self.factor <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * self.factor.ln() + 1.0
+            }
+        };
+        match self.attention_factor {
+            Some(a) => a,
+            None if self.mscale != 0.0 && self.mscale_all_dim != 0.0 => {
+                mscale(self.mscale) / mscale(self.mscale_all_dim)
+            }
+            None => mscale(1.0),
         }
     }
 }
@@ -379,27 +461,35 @@ fn apply_rope<'py>(
     Ok((rotate(query, "query")?, rotate(key, "key")?))
 }
 
-/// rope_inv_freq(rotary_dim, theta, rope_type, params)
+/// rope_inv_freq(rotary_dim, theta, rope_type, params, attention_factor=None)
 /// --
 ///
 /// The float32 inverse frequencies of `rope_type` ("default", "linear", "llama3" or
-/// "yarn") with the parameters `Scaling` lists for it.
+/// "yarn") with the parameters `Scaling` (yarn: `Yarn::new`) lists for it, and the
+/// cos/sin scale (1 but for yarn).
 #[pyfunction]
+#[pyo3(signature = (rotary_dim, theta, rope_type, params, attention_factor=None))]
 fn rope_inv_freq<'py>(
     py: Python<'py>,
     rotary_dim: usize,
     theta: f64,
     rope_type: &str,
     params: Vec<f64>,
-) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    attention_factor: Option<f64>,
+) -> PyResult<(Bound<'py, PyArray1<f32>>, f64)> {
     if rotary_dim < 2 || rotary_dim % 2 != 0 {
         return Err(value_error(format!(
             "rotary_dim must be even and >= 2, got {rotary_dim}"
         )));
     }
-    let scaling = Scaling::new(rope_type, &params).map_err(value_error)?;
+    let (scaling, scale) = if rope_type == "yarn" {
+        let yarn = Yarn::new(&params, attention_factor).map_err(value_error)?;
+        (yarn.scaling(rotary_dim, theta), yarn.attention_scale())
+    } else {
+        (Scaling::new(rope_type, &params).map_err(value_error)?, 1.0)
+    };
     let values = detached(py, || inv_freq(rotary_dim, theta, scaling))?;
-    Ok(PyArray1::from_vec(py, values))
+    Ok((PyArray1::from_vec(py, values), scale))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -518,8 +608,27 @@ mod tests {
     }
 
     #[test]
+    fn yarn_bounds_and_scale_follow_the_reference() {
+        // d = 64, theta 1e4, original 4096: correction dims 10.47 (beta 32) and 22.51 (beta 1)
+        let yarn = Yarn::new(&[8.0, 4096.0, 32.0, 1.0, 1.0, 0.0, 0.0], None).unwrap();
+        let Scaling::Yarn { low, high, .. } = yarn.scaling(64, 10000.0) else {
+            panic!("not yarn")
+        };
+        assert_eq!((low, high), (10.0, 23.0));
+        assert_eq!(yarn.attention_scale(), 0.1 * 8f64.ln() + 1.0);
+        let ratio = Yarn::new(&[8.0, 4096.0, 32.0, 1.0, 0.0, 1.0, 0.5], None).unwrap();
+        let want = (0.1 * 8f64.ln() + 1.0) / (0.05 * 8f64.ln() + 1.0);
+        assert_eq!(ratio.attention_scale(), want);
+        assert_eq!(
+            Yarn::new(&[8.0; 7], Some(0.7)).unwrap().attention_scale(),
+            0.7
+        );
+    }
+
+    #[test]
     fn unknown_scalings_are_errors() {
         assert!(Scaling::new("dynamic", &[2.0]).is_err());
+        assert!(Scaling::new("yarn", &[4.0, 2.0, 5.0]).is_err()); // built by `Yarn`
         assert!(Scaling::new("linear", &[]).is_err());
         assert_eq!(Scaling::new("default", &[]), Ok(Scaling::Default));
     }

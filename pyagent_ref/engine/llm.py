@@ -26,8 +26,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from .._files import read_json_object
+from ..model.pooling import PoolingParams
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
 from ..sched.request import Request, RequestStatus
@@ -71,7 +73,7 @@ class _Frontend:
             model_dir, self.config.tokenizer_backend, _bpe_encoding_class(self.config.ops)
         )
         self.processor = OutputProcessor(self.tokenizer)
-        self.structured = StructuredOutputs(self.tokenizer)
+        self.structured = StructuredOutputs(self.tokenizer, _structured_backend(self.config.ops))
         self._extra_eos = self._generation_eos_ids(model_dir)
         self._ids = itertools.count()
         self._rng = random.Random()
@@ -89,11 +91,19 @@ class _Frontend:
     # --- admission: validate everything, then queue all or nothing ----------------------
 
     def _validate(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None, stream: bool
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None,
+        stream: bool,
+        pooling: PoolingParams | None = None,
     ) -> _Admission:
-        """Check one prompt and build its requests; changes nothing."""
+        """Check one prompt and build its requests (pooling: one request that embeds the
+        prompt instead of generating); changes nothing."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(pooling, PoolingParams | None):
+            raise TypeError(f"pooling_params must be PoolingParams, got {pooling!r}")
         check_n(params)
         text, ids = prompt_token_ids(prompt, self.tokenizer.encode)
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
@@ -122,6 +132,7 @@ class _Frontend:
                 eos_token_id=self.tokenizer.eos_token_id,
                 max_tokens=max_tokens,
                 grammar=None if grammar is None else self.structured.matcher(grammar, end_ids),
+                pooling_params=pooling,
             )
             for i in range(params.n)
         ]
@@ -224,6 +235,11 @@ class LLM(_Frontend):
                     for p, sp in zip(prompts, params_list, strict=True)
                 ]
             )
+        return self._wait(order)
+
+    def _wait(self, order: list[str]) -> list[RequestOutput]:
+        """Step until the requests ``order`` names are done; their final outputs in that
+        order. An interrupt aborts them before it propagates."""
         remaining = set(order)
         try:
             while remaining:
@@ -240,6 +256,22 @@ class LLM(_Frontend):
                     self._done.pop(rid, None)
             raise
         return [self._done.pop(rid) for rid in order]
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | None = None,
+    ) -> list[EmbeddingOutput]:
+        """One embedding per prompt, in order: the prompt's final hidden states pooled as
+        ``pooling_params`` says (default: the last token's, normalized). The prompts are
+        batched with whatever else runs; validation is all or nothing, as in `generate`."""
+        pooling = PoolingParams() if pooling_params is None else pooling_params
+        prompts = _prompt_list(prompts)
+        with self._lock:
+            order = self._admit(
+                [self._validate(p, _POOLING_SAMPLING, None, False, pooling) for p in prompts]
+            )
+        return [_embedding(out) for out in self._wait(order)]
 
     def _keep(self, finished: list[RequestOutput]) -> None:
         for out in finished:
@@ -320,8 +352,23 @@ class AsyncLLM(_Frontend):
             await asyncio.wait(
                 [asyncio.wrap_future(self.structured.compile(params.structured_outputs))]
             )
+        stream = self._stream(prompt, params, request_id)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            await stream.aclose()  # at once: a consumer that leaves aborts the request
+
+    async def _stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None,
+        pooling: PoolingParams | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Admit one request and yield its deltas until the finished one."""
         async with self._lock:  # the engine is not touched while a step runs
-            rid = self._admit([self._validate(prompt, params, request_id, True)])[0]
+            rid = self._admit([self._validate(prompt, params, request_id, True, pooling)])[0]
             queue: asyncio.Queue = asyncio.Queue()
             self._queues[rid] = queue
         self._ensure_loop()
@@ -335,6 +382,22 @@ class AsyncLLM(_Frontend):
             self._queues.pop(rid, None)
             if rid in self.processor.requests:  # left early: cancelled or closed
                 await self.abort(rid)
+
+    async def embed(
+        self,
+        prompt: Prompt,
+        pooling_params: PoolingParams | None = None,
+        request_id: str | None = None,
+    ) -> EmbeddingOutput:
+        """The embedding of one prompt (see `LLM.embed`), computed with the other requests
+        in flight. Raises ValueError/TypeError for a prompt that admission rejects."""
+        pooling = PoolingParams() if pooling_params is None else pooling_params
+        stream = self._stream(prompt, _POOLING_SAMPLING, request_id, pooling)
+        try:
+            deltas = [out async for out in stream]
+        finally:
+            await stream.aclose()  # cancelled: abort the request at once
+        return _embedding(deltas[-1])
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests by id: their streams end with finish_reason "abort"."""
@@ -392,6 +455,32 @@ class AsyncLLM(_Frontend):
             await asyncio.sleep(0)
 
 
+_POOLING_SAMPLING = SamplingParams(max_tokens=1)  # what a pooling request's sampler never uses
+
+
+@dataclasses.dataclass
+class EmbeddingOutput:
+    """The embedding of one prompt (`LLM.embed`): finish_reason "stop", or "abort" /
+    "error" (with error set) and no embedding."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: list[float] | None
+    finish_reason: str
+    error: str | None = None
+
+
+def _embedding(out: RequestOutput) -> EmbeddingOutput:
+    completion = out.outputs[0]
+    return EmbeddingOutput(
+        out.request_id,
+        out.prompt_token_ids,
+        completion.embedding,
+        completion.finish_reason,
+        completion.error,
+    )
+
+
 def _bpe_encoding_class(ops: str) -> type | None:
     """pyagent_accel's Rust `BytePairEncoding` when the engine's ops are the accelerator's
     ("accel", or "auto" with the wheel installed): tokenization runs on the host; None
@@ -403,6 +492,20 @@ def _bpe_encoding_class(ops: str) -> type | None:
     except ImportError:
         return None
     return BytePairEncoding
+
+
+def _structured_backend(ops: str) -> ModuleType:
+    """pyagent_accel's Rust matcher when the engine's ops are the accelerator's (as for
+    tokenization: it runs on the host), the reference's otherwise."""
+    from .. import structured
+
+    if ops == "ref":
+        return structured
+    try:
+        from pyagent_accel import structured as accel
+    except ImportError:
+        return structured
+    return accel
 
 
 def _prompt_list(prompts) -> list:

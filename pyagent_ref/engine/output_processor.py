@@ -137,6 +137,8 @@ class OutputProcessor:
     def _apply(self, child: _Child, out: EngineCoreOutput) -> bool:
         """Feed one output to a child; True if a stop string ended it."""
         comp = child.completion
+        if out.pooled is not None:
+            comp.embedding = out.pooled
         comp.token_ids.extend(out.new_token_ids)
         child.new_ids.extend(out.new_token_ids)
         if out.logprobs is not None and comp.logprobs is not None:
@@ -180,6 +182,7 @@ class OutputProcessor:
                     c.completion.stop_reason,
                     logprobs=None if c.completion.logprobs is None else c.new_logprobs,
                     error=c.completion.error,
+                    embedding=c.completion.embedding,
                 )
             )
             c.new_text, c.new_ids, c.new_logprobs = "", [], []

@@ -69,6 +69,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     error: str | None = None
+    embedding: list[float] | None = None  # a pooling request's (`LLM.embed`)
 
     @property
     def finished(self) -> bool:

@@ -21,57 +21,77 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import ModuleType
+from typing import Any
 
+from .. import structured as reference
 from ..sample.params import StructuredOutputsParams
 from ..structured.constraints import constraint_grammar
-from ..structured.earley import EarleyParser
-from ..structured.grammar import Grammar
-from ..structured.matcher import GrammarMatcher
-from ..structured.vocab import TokenTrie, token_bytes
+from ..structured.vocab import token_bytes
 
 
 class StructuredOutputs:
     """Compiles constraints (cached, on ``max_workers`` threads) and makes matchers over
-    one tokenizer's vocabulary (its token trie is built on first use)."""
+    one tokenizer's vocabulary (its token trie is built on first use).
 
-    def __init__(self, tokenizer, max_workers: int = 1, cache_size: int = 256) -> None:
+    ``backend`` is the package whose `EarleyParser`, `TokenTrie` and `GrammarMatcher`
+    run the token level: `pyagent_ref.structured` or `pyagent_accel.structured` (the
+    same API and masks, in Rust; its grammars are the reference's, handed over once as
+    a `CompiledGrammar`).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        backend: ModuleType = reference,
+        max_workers: int = 1,
+        cache_size: int = 256,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.backend = backend
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="pyagent-grammar")
-        self._cache: OrderedDict[tuple, Future[Grammar]] = OrderedDict()
+        self._cache: OrderedDict[tuple, Future[Any]] = OrderedDict()
         self._cache_size = cache_size
-        self._trie: TokenTrie | None = None
+        self._trie = None
         self._lock = threading.Lock()
 
-    def compile(self, params: StructuredOutputsParams) -> Future[Grammar]:
+    def _compile(self, params: StructuredOutputsParams) -> Any:
+        """The constraint's grammar, in the backend's form."""
+        grammar = constraint_grammar(params)
+        compiled = getattr(self.backend, "CompiledGrammar", None)
+        return grammar if compiled is None else compiled(grammar)
+
+    def compile(self, params: StructuredOutputsParams) -> Future[Any]:
         """The future grammar of a constraint; its exception is the constraint's error."""
         key = params.key()
         with self._lock:
             future = self._cache.get(key)
             if future is None:
-                future = self._pool.submit(constraint_grammar, params)
+                future = self._pool.submit(self._compile, params)
                 self._cache[key] = future
                 if len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
             self._cache.move_to_end(key)
             return future
 
-    def grammar(self, params: StructuredOutputsParams) -> Grammar:
+    def grammar(self, params: StructuredOutputsParams) -> Any:
         """The grammar of a constraint, waiting for it; ValueError names what is wrong."""
         try:
             return self.compile(params).result()
         except (ValueError, RecursionError) as exc:
             raise ValueError(f"structured_outputs.{params.kind} cannot be used: {exc}") from None
 
-    def matcher(self, grammar: Grammar, end_token_ids: Sequence[int]) -> GrammarMatcher:
-        """A fresh matcher of ``grammar``; ``end_token_ids`` (EOS, stop ids) are allowed
-        exactly where the grammar's output may end."""
-        return GrammarMatcher(EarleyParser(grammar), self.trie, list(end_token_ids))
+    def matcher(self, grammar: Any, end_token_ids: Sequence[int]) -> Any:
+        """A fresh matcher of ``grammar`` (from `grammar`); ``end_token_ids`` (EOS, stop
+        ids) are allowed exactly where the grammar's output may end."""
+        parser = self.backend.EarleyParser(grammar)
+        return self.backend.GrammarMatcher(parser, self.trie, list(end_token_ids))
 
     @property
-    def trie(self) -> TokenTrie:
+    def trie(self) -> Any:
         with self._lock:
             if self._trie is None:
-                self._trie = TokenTrie(token_bytes(self.tokenizer))
+                self._trie = self.backend.TokenTrie(token_bytes(self.tokenizer))
             return self._trie
 
     def shutdown(self) -> None:

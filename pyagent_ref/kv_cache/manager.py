@@ -123,15 +123,18 @@ class KVCacheManager:
             - 1
         )
 
-    def get_computed_blocks(self, request: KVRequest) -> tuple[KVCacheBlocks, int]:
-        """The longest cached prefix of `request`, as (blocks, number of tokens).
+    def get_computed_blocks(
+        self, request: KVRequest, use_cache: bool = True
+    ) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of `request`, as (blocks, number of tokens); none
+        with use_cache=False (a request that must compute every token itself).
 
         Only full blocks count, and never all of the request's tokens: the last token
         is always computed, because its logits are what the step needs. Every hit is
         verified against the stored tokens, parent hash and extra keys
         (`BlockPool.get_cached_block`), so a hash collision is a miss.
         """
-        if not self.enable_caching:
+        if not (self.enable_caching and use_cache):
             return self._empty, 0
         self.hasher.update(request)
         max_blocks = (request.num_tokens - 1) // self.block_size

@@ -13,9 +13,18 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from . import attention, block_table, hashing, layers, rope, sampling, structured
+from . import attention, block_table, hashing, layers, rope, sampling, spec_decode, structured
 
-MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention", "structured")
+MODULES = (
+    "sampling",
+    "hashing",
+    "block_table",
+    "layers",
+    "rope",
+    "attention",
+    "structured",
+    "spec_decode",
+)
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
 __all__ = [
@@ -28,6 +37,7 @@ __all__ = [
     "load",
     "rope",
     "sampling",
+    "spec_decode",
     "structured",
 ]
 
@@ -40,7 +50,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.structured`).
+    result has one attribute per ops module (`.sampling`, ..., `.spec_decode`).
     """
     if name == "ref":
         return importlib.import_module(__name__)

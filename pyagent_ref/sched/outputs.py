@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..model.pooling import PoolingParams
 from ..sample.logprobs import Logprobs
 from ..sample.params import SamplingParams
 
@@ -27,6 +28,7 @@ class NewRequestData:
     stop_ids: tuple[int, ...]
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass(slots=True)
@@ -67,6 +69,7 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, int | None]
     logprobs: dict[str, Logprobs | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    pooled: dict[str, list[float]] = field(default_factory=dict)  # pooling requests done
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: int | str | None = None  # the stop token id, when a stop token ended it
     error: str | None = None  # what went wrong, when finish_reason is "error"
+    pooled: list[float] | None = None  # a pooling request's embedding
 
 
 @dataclass

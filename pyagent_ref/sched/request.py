@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model.pooling import PoolingParams
 from ..sample.params import SamplingParams
 
 
@@ -102,6 +103,8 @@ class Request:
         error: why it finished with FINISHED_ERROR (its own failure, not another's).
         grammar: the `structured.matcher.GrammarMatcher` of a request with structured
             outputs: it masks each next token and follows the tokens drawn.
+        pooling_params: set for a pooling (embedding) request: its prompt is computed,
+            pooled into one vector (`model.pooling`), and it finishes without sampling.
     """
 
     request_id: str
@@ -125,6 +128,7 @@ class Request:
     stop_reason: int | str | None = None
     error: str | None = None
     grammar: Any = None
+    pooling_params: PoolingParams | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

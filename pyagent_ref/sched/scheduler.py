@@ -173,7 +173,10 @@ class Scheduler:
             and len(self.running) < cfg.max_num_seqs
         ):
             request = self.waiting.peek()
-            computed, num_computed = self.kv.get_computed_blocks(request)
+            pooling = request.pooling_params
+            computed, num_computed = self.kv.get_computed_blocks(
+                request, use_cache=pooling is None or not pooling.needs_every_token
+            )
             num_new = request.num_tokens - num_computed
             if num_new > budget and not cfg.enable_chunked_prefill:
                 if num_new > cfg.max_num_batched_tokens:  # no step could ever take it
@@ -225,6 +228,7 @@ class Scheduler:
                     stop_ids=stop_ids,
                     block_ids=self.kv.get_block_ids(request),
                     num_computed_tokens=request.num_computed_tokens,
+                    pooling_params=request.pooling_params,
                 )
             )
             self._known_to_runner.add(request.request_id)
@@ -269,6 +273,13 @@ class Scheduler:
             if rid in result.errors:
                 self.running.remove(request)
                 self._fail(request, result.errors[rid])
+                continue
+            if rid in result.pooled:  # a pooling request is done with its prompt
+                self.running.remove(request)
+                self._finish(request, RequestStatus.FINISHED_STOPPED)
+                outputs.append(
+                    EngineCoreOutput(rid, (), finish_reason="stop", pooled=result.pooled[rid])
+                )
                 continue
             token = sampled.get(rid)
             if token is None:

@@ -1,7 +1,8 @@
 """The FastAPI application: routes, the API key check, and the engine's lifetime.
 
     GET  /  (the chat playground)  /health  /version  /metrics  /v1/models
-    POST /v1/completions  /v1/chat/completions  /v1/responses  /tokenize  /detokenize
+    POST /v1/completions  /v1/chat/completions  /v1/responses  /v1/embeddings
+         /tokenize  /detokenize
 
 Every route but /, /health, /version and /metrics needs ``Authorization: Bearer KEY`` when
 the server has an API key (the playground is a static page: its own API calls send the key
@@ -22,6 +23,7 @@ from fastapi.responses import HTMLResponse, Response
 from .. import __version__
 from .chat import create_chat_completion
 from .completions import create_completion
+from .embeddings import create_embedding
 from .engine import ServingEngine
 from .errors import APIError, install_error_handlers
 from .protocol import (
@@ -29,6 +31,8 @@ from .protocol import (
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
     ModelCard,
     ModelList,
     ResponsesRequest,
@@ -110,6 +114,10 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/responses", response_model=None)
     async def responses(req: ResponsesRequest, request: Request):
         return _dumped(await create_response(req, state, request))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+        return await create_embedding(req, state, request)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:

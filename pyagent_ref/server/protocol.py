@@ -154,6 +154,37 @@ class ResponsesRequest(Request):
     user: str | None = None
 
 
+class EmbeddingRequest(Request):
+    """POST /v1/embeddings. ``input``: text, token ids, or a list of either.
+    ``dimensions`` (Matryoshka truncation) is refused: the served models are not trained
+    for it. ``normalize`` is vLLM's extra field (default true)."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    normalize: bool = True
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
 class TokenizeRequest(Request):
     """POST /tokenize: ``prompt`` text, or chat ``messages`` rendered by the template."""
 

@@ -14,12 +14,13 @@ or a grammar. Issue 13 builds the whole path, each stage its own readable module
    GBNF (`gbnf.parse_gbnf`, llama.cpp's format, XGrammar's "EBNF") or Lark
    (`lark_grammar.parse_lark`); both parse into rule trees that `grammar_text` lowers to
    rules over the largest regular lexemes.
-3. **JSON Schema → grammar** (to come): types, properties, items, formats, ``$ref``...,
-   with strings and numbers as lexemes.
-4. **token masks** (to come): a trie over the vocabulary's token bytes walked against the
-   automata (`DFA.walk`, `DFA.can_reach_accept`) to fill the bitmask of allowed next
-   tokens; a matcher with ``accept_token``, ``rollback`` and forced tokens.
-5. **the op** (to come): ``apply_token_bitmask(logits, bitmask)`` before sampling.
+3. **JSON Schema → grammar** (exists): `json_schema.json_schema_grammar`: types,
+   properties, items, formats, ``$ref``..., with strings and numbers as lexemes.
+4. **token masks** (exists): `vocab.TokenTrie`, a trie over the vocabulary's token bytes
+   (`vocab.token_bytes`), walked against the parser to fill the bitmask of allowed next
+   tokens; `matcher.GrammarMatcher` with ``accept_token``, ``rollback`` and forced bytes.
+5. **the op** (exists): ``ops.structured.apply_token_bitmask(logits, bitmask)`` before
+   sampling.
 
 Everything reads bytes, because tokens are bytes: a token may end in the middle of a
 character. docs/structured.md works through an example.
@@ -30,9 +31,12 @@ from .earley import EarleyParser
 from .ebnf import compile_grammar, detect_syntax
 from .gbnf import parse_gbnf
 from .grammar import Grammar, GrammarError, Terminal, choice_grammar, regex_escape
+from .json_schema import SchemaError, json_schema_grammar
 from .lark_grammar import parse_lark
+from .matcher import GrammarMatcher
 from .nfa import MAX_NFA_STATES, NFA, build_nfa, utf8_sequences
 from .regex import RegexError, parse_regex
+from .vocab import TokenTrie, token_bytes
 
 __all__ = [
     "DEAD",
@@ -40,21 +44,26 @@ __all__ = [
     "EarleyParser",
     "Grammar",
     "GrammarError",
+    "GrammarMatcher",
     "MAX_DFA_STATES",
     "MAX_NFA_STATES",
     "NFA",
     "RegexError",
+    "SchemaError",
     "Terminal",
+    "TokenTrie",
     "build_nfa",
     "choice_grammar",
     "compile_grammar",
     "compile_regex",
     "detect_syntax",
     "determinize",
+    "json_schema_grammar",
     "minimize",
     "parse_gbnf",
     "parse_lark",
     "parse_regex",
     "regex_escape",
+    "token_bytes",
     "utf8_sequences",
 ]

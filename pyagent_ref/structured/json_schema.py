@@ -94,6 +94,7 @@ from .regex import (
     RegexError,
     Repeat,
     complement,
+    map_chars,
     normalize_ranges,
     parse_regex,
 )
@@ -659,35 +660,31 @@ def _intersect_ranges(a, b) -> tuple[tuple[int, int], ...]:
 def json_string_tree(node: Node) -> Node:
     """The regex tree of the JSON string texts (quotes included) of the strings ``node``
     matches: every set of characters becomes their JSON spellings (`_json_chars`)."""
-    return Concat((_char(_QUOTE), _encode(node), _char(_QUOTE)))
-
-
-def _encode(node: Node) -> Node:
-    if isinstance(node, Chars):
-        return _json_chars(node)
-    if isinstance(node, Concat):
-        return Concat(tuple(_encode(item) for item in node.items))
-    if isinstance(node, Alt):
-        return Alt(tuple(_encode(option) for option in node.options))
-    return Repeat(_encode(node.item), node.min, node.max)
+    return Concat((_char(_QUOTE), map_chars(node, _json_chars), _char(_QUOTE)))
 
 
 def _search_tree(pattern: str) -> Node:
     """The tree of the strings in which ``pattern`` finds a match (ECMA-262 search, as JSON
-    Schema's ``pattern``): each top-level alternative not anchored by ``^`` gets any
-    prefix, and one not anchored by ``$`` any suffix (`regex.parse_regex` matches whole
-    strings and drops the anchors)."""
+    Schema's ``pattern``): a top-level alternative not anchored by ``^`` gets any prefix,
+    and one not anchored by ``$`` any suffix (`regex.parse_regex` matches whole strings and
+    drops the anchors). Alternatives anchored alike share their prefix and suffix, which
+    keeps the automaton of ``red|blue|...`` small."""
     anything = Repeat(_ANY_CHAR, 0, None)
     while _is_one_group(pattern):  # "(^a+$)": the anchors are at the top level all the same
         pattern = pattern[3:-1] if pattern.startswith("(?:") else pattern[1:-1]
-    options = []
+    groups: dict[tuple[bool, bool], list[Node]] = {}
     for alternative in _top_level_alternatives(pattern):
-        core = parse_regex(alternative)
         starts = alternative.startswith("^")
         ends = alternative.endswith("$") and not _escaped_at(alternative, len(alternative) - 1)
-        options.append(
-            Concat((() if starts else (anything,)) + (core,) + (() if ends else (anything,)))
+        groups.setdefault((starts, ends), []).append(parse_regex(alternative))
+    options = [
+        Concat(
+            (() if starts else (anything,))
+            + (cores[0] if len(cores) == 1 else Alt(tuple(cores)),)
+            + (() if ends else (anything,))
         )
+        for (starts, ends), cores in groups.items()
+    ]
     return options[0] if len(options) == 1 else Alt(tuple(options))
 
 
@@ -848,7 +845,7 @@ class _Compiler:
         dialect = root.get("$schema", "") if isinstance(root, dict) else ""
         self.old_draft = isinstance(dialect, str) and any(d in dialect for d in _OLD_DRAFTS)
         self.ids = dict(_ids(root, "#"))
-        self.pattern_dfas: dict[str, DFA] = {}
+        self.pattern_dfas: dict[tuple[str, bool], DFA] = {}
 
     # -- flattening: a schema, its $ref targets and allOf members ---------------------
 
@@ -1366,7 +1363,11 @@ class _Compiler:
                 continue
             named.append((name, symbol))
         self.check_property_counts(conjunction, named, required_set, parts)
-        regions = self.additional_regions(parts, names)
+        try:
+            regions = self.additional_regions(parts, names)
+        except RegexError as exc:
+            problem = f"the names of additional properties are too large to compile ({exc})"
+            raise SchemaError(problem, "properties", names, conjunction.pointer) from None
         additional: list[tuple[Terminal, str]] = []
         for region in regions:
             schemas = []
@@ -1407,16 +1408,19 @@ class _Compiler:
         listed = "properties" in schema or "patternProperties" in schema
         return (not listed or self.additional_properties), f"{pointer}/additionalProperties"
 
-    def pattern_dfa(self, pattern: str, pointer: str) -> DFA:
-        """The DFA of the (decoded) names in which ``pattern`` finds a match."""
-        if pattern not in self.pattern_dfas:
+    def pattern_dfa(self, pattern: str, pointer: str, spelled: bool = False) -> DFA:
+        """The DFA of the names in which ``pattern`` finds a match: decoded names, or their
+        JSON spellings (quotes included) if ``spelled``."""
+        if (pattern, spelled) not in self.pattern_dfas:
             try:
-                self.pattern_dfas[pattern] = _node_dfa(_search_tree(pattern))
+                tree = _search_tree(pattern)
+                dfa = _node_dfa(json_string_tree(tree) if spelled else tree)
             except RegexError as exc:
                 raise SchemaError(
                     f"unsupported regex: {exc}", "patternProperties", pattern, pointer
                 ) from None
-        return self.pattern_dfas[pattern]
+            self.pattern_dfas[pattern, spelled] = dfa
+        return self.pattern_dfas[pattern, spelled]
 
     def additional_regions(self, parts: list[Part], names: list[str]) -> list[_Region]:
         """The names of additional properties, split by the patterns they match.
@@ -1438,7 +1442,7 @@ class _Compiler:
         regions = [_Region(keys, frozenset())]
         for index, (pointer, schema) in enumerate(parts):
             for i, (pattern, _) in enumerate(_pattern_properties(schema, pointer)):
-                matching = _node_dfa(json_string_tree(_search_tree(pattern)))
+                matching = self.pattern_dfa(pattern, pointer, spelled=True)
                 split = []
                 for region in regions:
                     inside = intersect(region.keys, matching)

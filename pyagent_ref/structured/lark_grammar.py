@@ -64,7 +64,17 @@ from .grammar_text import (
     text_error,
     tokenize,
 )
-from .regex import Alt, Chars, Concat, Node, RegexError, Repeat, normalize_ranges, parse_regex
+from .regex import (
+    Alt,
+    Chars,
+    Concat,
+    Node,
+    RegexError,
+    Repeat,
+    map_chars,
+    normalize_ranges,
+    parse_regex,
+)
 
 __all__ = ["COMMON_TERMINALS", "IGNORE_RULE", "parse_lark"]
 
@@ -442,8 +452,6 @@ class _Parser:
             tree = parse_regex(_dot_all(pattern) if "s" in flags else pattern)
         except RegexError as error:
             raise self.error(f"bad regex {token.text}: {error}", token) from None
-        except RecursionError:
-            raise self.error(f"regex {token.text[:40]}... is nested too deeply", token) from None
         return _fold_case(tree) if "i" in flags else tree
 
 
@@ -478,18 +486,16 @@ def _check_terminals(rules: dict[str, Expr], syntax: str) -> None:
 
 def _fold_case(tree: Node) -> Node:
     """``tree`` with every ASCII letter also matching its other case."""
-    if isinstance(tree, Chars):
-        extra = []
-        for lo, hi in tree.ranges:
-            for first, last, shift in ((0x41, 0x5A, 0x20), (0x61, 0x7A, -0x20)):
-                if lo <= last and hi >= first:
-                    extra.append((max(lo, first) + shift, min(hi, last) + shift))
-        return Chars(normalize_ranges(tree.ranges + tuple(extra)))
-    if isinstance(tree, Concat):
-        return Concat(tuple(_fold_case(t) for t in tree.items))
-    if isinstance(tree, Alt):
-        return Alt(tuple(_fold_case(t) for t in tree.options))
-    return Repeat(_fold_case(tree.item), tree.min, tree.max)
+    return map_chars(tree, _fold_chars)
+
+
+def _fold_chars(chars: Chars) -> Chars:
+    extra = []
+    for lo, hi in chars.ranges:
+        for first, last, shift in ((0x41, 0x5A, 0x20), (0x61, 0x7A, -0x20)):
+            if lo <= last and hi >= first:
+                extra.append((max(lo, first) + shift, min(hi, last) + shift))
+    return Chars(normalize_ranges(chars.ranges + tuple(extra)))
 
 
 def _dot_all(pattern: str) -> str:

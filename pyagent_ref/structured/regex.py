@@ -61,6 +61,7 @@ __all__ = [
     "RegexError",
     "Repeat",
     "complement",
+    "map_chars",
     "normalize_ranges",
     "parse_regex",
 ]
@@ -132,6 +133,17 @@ class Repeat:
 
 
 Node = Chars | Concat | Alt | Repeat
+
+
+def map_chars(node: Node, change) -> Node:
+    """``node`` with every `Chars` leaf ``c`` replaced by the tree ``change(c)``."""
+    if isinstance(node, Chars):
+        return change(node)
+    if isinstance(node, Concat):
+        return Concat(tuple(map_chars(item, change) for item in node.items))
+    if isinstance(node, Alt):
+        return Alt(tuple(map_chars(option, change) for option in node.options))
+    return Repeat(map_chars(node.item, change), node.min, node.max)
 
 
 def normalize_ranges(ranges) -> Ranges:

@@ -14,7 +14,8 @@ again): attention masks those positions, so their contents never count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,7 @@ class CachedState:
     num_computed_tokens: int
     block_ids: list[list[int]]  # per KV cache group
     num_prompt_tokens: int
+    hidden_states: list[Any] = field(default_factory=list)  # a pooling request's, by chunk
 
 
 @dataclass

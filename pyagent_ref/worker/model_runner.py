@@ -27,6 +27,7 @@ import torch
 
 from ..kv_cache import KVCacheGroup
 from ..model.llama import AttentionMetadata
+from ..model.pooling import pool
 from ..sample.sampler import Sampler, SamplingRow
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
 from .cuda_graph import (
@@ -208,7 +209,8 @@ class ModelRunner:
                 [metas[g] for g in self.group_of_layer],
                 self.kv_caches,
             )
-        rows = [i for i, s in enumerate(prep.samples) if s]
+        pooled = self._pool(prep, hidden)
+        rows = [i for i, s in enumerate(prep.samples) if s and prep.req_ids[i] not in pooled]
         sampled: dict[str, int | None] = {rid: None for rid in prep.req_ids}
         logprobs, errors = {}, {}
         if rows:
@@ -223,7 +225,25 @@ class ModelRunner:
                 else:
                     errors[row.request_id] = error
         self.batch.after_step(sched, sampled)
-        return ModelRunnerOutput(sampled, logprobs, errors)
+        return ModelRunnerOutput(sampled, logprobs, errors, pooled)
+
+    def _pool(self, prep, hidden: torch.Tensor) -> dict[str, list[float]]:
+        """Pooling requests: keep this step's hidden states of their prompt tokens (only
+        the last one for "last" pooling); pool those whose prompt is now done."""
+        pooled = {}
+        for i, rid in enumerate(prep.req_ids):
+            state = self.batch.states[rid]
+            params = state.data.pooling_params
+            if params is None:
+                continue
+            start, end = int(prep.query_start_loc[i]), int(prep.query_start_loc[i + 1])
+            if not params.needs_every_token:
+                start = end - 1
+            state.hidden_states.append(hidden[start:end].float().cpu())
+            if prep.samples[i]:
+                vector = pool(torch.cat(state.hidden_states), params)
+                pooled[rid] = vector.tolist()
+        return pooled
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]):
         """(row, token, logprobs, error) per row. If the batch raises, one request's row

@@ -102,8 +102,12 @@ def apply_rope(
     is_neox: bool,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def rope_inv_freq(
-    rotary_dim: int, theta: float, rope_type: str, params: tuple[float, ...]
-) -> np.ndarray: ...
+    rotary_dim: int,
+    theta: float,
+    rope_type: str,
+    params: tuple[float, ...],
+    attention_factor: float | None = None,
+) -> tuple[np.ndarray, float]: ...
 
 class AddedTokenSplitter:
     def __init__(self, passes: list[list[tuple[str, int]]], disallowed: list[str]) -> None: ...

@@ -16,7 +16,8 @@
 //! computed in `C` (f32, or f64 for f64 queries) as the reference does; rows that see
 //! no key get zeros.
 //!
-//! Items run in parallel (rayon). Vectors are padded to a multiple of `LANES` so the
+//! Items run in parallel (rayon) when the batch has enough work to share
+//! (`PARALLEL_WORK`); a small batch stays on the calling thread. Vectors are padded to a multiple of `LANES` so the
 //! dot products and weighted sums are fixed-width lane loops that the compiler
 //! vectorises; `attend_item` compiles them for AVX-512, AVX2 and baseline x86-64 and
 //! picks one at run time (`crate::float::multiversion`). As in `crate::float`, no build
@@ -41,6 +42,10 @@ const TOKENS_PER_ITEM: usize = 32;
 const LANE_SUM_COST: usize = 32;
 /// The reference's floor on a softmax denominator (a row with no visible key gets 0).
 const MIN_SUM: f64 = 1e-30;
+/// Multiply-adds (query rows x positions x head_size) below which a batch runs on the
+/// calling thread: handing work to the thread pool and waiting for it costs tens of
+/// microseconds (more on a busy machine), more than a decode step of a small model.
+const PARALLEL_WORK: usize = 1 << 18;
 
 /// One layer's paged KV cache, read in place.
 pub struct Cache<'a, E> {
@@ -217,12 +222,15 @@ pub fn attention<E: Elem, C: Compute>(
             })
         })
         .collect();
-    let results: Vec<Vec<C>> = items
-        .par_iter()
-        .map(|(r, g, tokens)| {
-            attend_item(cache, queries, &requests[*r], *g, tokens.clone(), scoring)
-        })
-        .collect();
+    let run = |(r, g, tokens): &(usize, usize, Range<usize>)| {
+        attend_item(cache, queries, &requests[*r], *g, tokens.clone(), scoring)
+    };
+    let work = requests.iter().map(|r| r.q_len * r.seq_len).sum::<usize>() * heads * d;
+    let results: Vec<Vec<C>> = if work < PARALLEL_WORK {
+        items.iter().map(run).collect()
+    } else {
+        items.par_iter().map(run).collect()
+    };
     let mut out = vec![C::ZERO; queries.num_tokens * heads * d];
     for ((r, g, tokens), rows) in items.iter().zip(&results) {
         for (ti, i) in tokens.clone().enumerate() {

@@ -73,8 +73,11 @@ def dtype_name(x: Any) -> str:
 
 
 def check_cpu(x: Any, name: str) -> None:
-    """TypeError for a tensor that is not on the CPU (never copied silently)."""
-    if x.device.type != "cpu":
+    """TypeError for a tensor that is not on the CPU (never copied silently).
+
+    Asks `is_cpu` first: building the tensor's `device` object costs a microsecond.
+    """
+    if not x.is_cpu:
         raise TypeError(
             f"{name} is a torch tensor on device {x.device}; pyagent_accel works on CPU "
             f"arrays only (move it with .cpu(), or use pyagent_ref for {x.device.type} tensors)"
@@ -87,8 +90,12 @@ def torch_dtype(dtype: np.dtype) -> Any:
 
 
 def tensor_to_numpy(t: Any) -> np.ndarray:
-    """Zero-copy numpy view of a CPU tensor."""
-    return t.detach().resolve_neg().numpy()
+    """Zero-copy numpy view of a CPU tensor (detached if it requires grad; a
+    negative-bit view is resolved, a copy as torch must make)."""
+    try:
+        return t.numpy()
+    except RuntimeError:  # requires grad, or a negative-bit view
+        return t.detach().resolve_neg().numpy()
 
 
 def native_array(arr: np.ndarray) -> np.ndarray:
@@ -133,17 +140,13 @@ def float_view(x: Any, name: str, torch_in: bool) -> np.ndarray:
     if not torch_in:
         x = x if isinstance(x, np.ndarray) else np.asarray(x)
         return x.view(I16) if dtype_name(x) == "bfloat16" else x
-    if not x.is_cpu:
-        check_cpu(x, name)
+    check_cpu(x, name)
     if x.requires_grad:
         x = x.detach()
     torch = sys.modules["torch"]
     if x.dtype is torch.bfloat16:
         x = x.view(torch.int16)
-    try:
-        return x.numpy()
-    except RuntimeError:  # a negative-bit view: resolve it (a copy, as torch must)
-        return tensor_to_numpy(x)
+    return tensor_to_numpy(x)
 
 
 def float_as(x: Any, kind: str) -> Any:

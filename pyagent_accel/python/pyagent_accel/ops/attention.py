@@ -126,7 +126,7 @@ def _index(x: Any, name: str) -> _np.ndarray:
     `astype(int64)`)."""
     if _c.is_torch(x):
         _c.check_cpu(x, name)
-        x = x.detach().numpy()
+        x = _c.tensor_to_numpy(x)
     return _np.ascontiguousarray(x, dtype=_I64)
 
 
@@ -214,14 +214,14 @@ def reshape_and_cache(
     """
     _library(key_cache, "key_cache")
     _check_cache(key_cache, "key_cache")
-    if tuple(value_cache.shape) != tuple(key_cache.shape):
+    if value_cache.shape != key_cache.shape:  # tuples (torch.Size is one)
         raise ValueError(
             f"value_cache must have shape {tuple(key_cache.shape)}, got {tuple(value_cache.shape)}"
         )
     num_blocks, block_size, heads, head_size = key_cache.shape
     num_tokens = slot_mapping.shape[0]
     for name, x in (("key", key), ("value", value)):
-        if tuple(x.shape[1:]) != (heads, head_size) or x.shape[0] != num_tokens:
+        if x.shape[1:] != (heads, head_size) or x.shape[0] != num_tokens:
             raise ValueError(
                 f"{name} must have shape ({num_tokens}, {heads}, {head_size}), got {tuple(x.shape)}"
             )
@@ -324,16 +324,15 @@ def paged_decode_attention(
     _check_integers(block_table=block_table, seq_lens=seq_lens)
     num_reqs, block_size = query.shape[0], key_cache.shape[1]
     one_row_each = block_table.ndim == 2 and block_table.shape[0] == num_reqs
-    if tuple(seq_lens.shape) != (num_reqs,) or not one_row_each:
+    if seq_lens.shape != (num_reqs,) or not one_row_each:
         raise ValueError(
             f"seq_lens {tuple(seq_lens.shape)} and block_table {tuple(block_table.shape)} "
             f"must have one row per query token ({num_reqs})"
         )
     capacity = block_table.shape[1] * block_size
     lens = _index(seq_lens, "seq_lens")
-    bad = _np.flatnonzero((lens < 0) | (lens > capacity))
-    if bad.size:
-        r = int(bad[0])
+    if num_reqs and (lens.min() < 0 or lens.max() > capacity):
+        r = int(_np.flatnonzero((lens < 0) | (lens > capacity))[0])
         raise ValueError(
             f"seq_lens[{r}] = {int(lens[r])} must be in [0, {capacity}] "
             f"({block_table.shape[1]} blocks of {block_size})"

@@ -52,14 +52,14 @@ def rms_norm(x: Any, weight: Any, eps: float, residual: Any = None) -> Any | tup
     """
     torch_in = _float_input(x, "x")
     _float_input(weight, "weight")
-    if tuple(weight.shape) != (x.shape[-1],):
+    if weight.shape != (x.shape[-1],):  # tuples (torch.Size is one)
         raise ValueError(f"weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
     kind = _c.dtype_name(x)
     res = None
     if residual is not None:
-        if tuple(residual.shape) != tuple(x.shape):
+        if residual.shape != x.shape:
             raise ValueError(
                 f"residual must have shape {tuple(x.shape)}, got {tuple(residual.shape)}"
             )

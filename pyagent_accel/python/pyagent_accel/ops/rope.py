@@ -30,7 +30,6 @@ Differences from the reference:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as _np
@@ -73,7 +72,7 @@ def rope_inv_freq(
     if torch_out and not like.is_cpu:
         _c.check_cpu(like, "like")
     d = rotary_dim
-    kind, params, scale = rope_type, (), 1.0
+    kind, params, attention_factor = rope_type, (), None
     if rope_type == "dynamic":
         factor = float(_require(scaling, "factor", rope_type))
         length = max(seq_len or max_position_embeddings, max_position_embeddings)
@@ -87,36 +86,27 @@ def rope_inv_freq(
         keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
         params = tuple(float(_require(scaling, key, rope_type)) for key in keys)
     elif rope_type == "yarn":
-        params, scale = _yarn(scaling, d, theta, max_position_embeddings)
-    inv_freq = _native.rope_inv_freq(d, float(theta), kind, params)
+        params, attention_factor = _yarn(scaling, max_position_embeddings)
+    inv_freq, scale = _native.rope_inv_freq(d, float(theta), kind, params, attention_factor)
     return (_c.torch_module().from_numpy(inv_freq) if torch_out else inv_freq), scale
 
 
-def _yarn(scaling: dict, d: int, theta: float, max_pos: int) -> tuple[tuple, float]:
-    """yarn's (factor, low, high) for the native ramp (the pair indices between which
-    interpolation takes over) and its cos/sin scale, computed as the reference does."""
+def _yarn(scaling: dict, max_pos: int) -> tuple[tuple, float | None]:
+    """yarn's parameters for Rust (`Yarn::new`, which computes its ramp and scale), with
+    the reference's defaults: a missing or zero entry takes the default."""
     original = scaling.get("original_max_position_embeddings") or max_pos
     factor = scaling.get("factor") or max_pos / original
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     attention = scaling.get("attention_factor")
-    if attention is None:
-        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
-
-    def correction_dim(rotations: float) -> float:
-        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d - 1)
-    if low == high:
-        high += 0.001  # avoid dividing by zero in the ramp
-    return (float(factor), float(low), float(high)), float(attention)
+    params = (
+        float(factor),
+        float(original),
+        float(scaling.get("beta_fast") or 32),
+        float(scaling.get("beta_slow") or 1),
+        1.0 if scaling.get("truncate", True) else 0.0,
+        float(scaling.get("mscale") or 0.0),
+        float(scaling.get("mscale_all_dim") or 0.0),
+    )
+    return params, None if attention is None else float(attention)
 
 
 def apply_rope(
@@ -177,7 +167,9 @@ def _inv_freq(inv_freq: Any) -> _np.ndarray:
     """inv_freq as a 1-D float32 numpy array (zero-copy when it is one)."""
     if _c.is_torch(inv_freq):
         _c.check_cpu(inv_freq, "inv_freq")
-        inv_freq = _c.tensor_to_numpy(inv_freq.float())
+        if inv_freq.dtype is not _c.torch_module().float32:
+            inv_freq = inv_freq.float()
+        inv_freq = _c.tensor_to_numpy(inv_freq)
     elif not isinstance(inv_freq, _np.ndarray):
         inv_freq = _np.asarray(inv_freq)
     if inv_freq.ndim != 1:

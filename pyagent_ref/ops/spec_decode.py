@@ -1,0 +1,288 @@
+"""Speculative-decoding ops: verifying a batch of draft tokens against the target model.
+
+A proposer (n-gram lookup, a draft model, ...) guesses the next k tokens of a request;
+the target model scores the request's last token and the k drafts in one forward pass,
+giving k + 1 rows of logits; verification keeps the longest acceptable prefix of the
+drafts and then emits one token of its own, so every step emits between 1 and k + 1
+tokens. Verified this way, speculation changes the speed, never the output distribution.
+
+Layout (vLLM's flattened one), for a batch of `batch` requests, request b with
+k_b = num_draft_tokens[b] drafts, N = sum(k_b), start_b = k_0 + ... + k_{b-1}:
+
+    draft_token_ids  (N,)               request b's drafts are
+                                        draft_token_ids[start_b : start_b + k_b]
+    draft_probs      (N, vocab) | None  q: row start_b + i is the distribution draft i
+                                        was drawn from; None for deterministic drafts
+                                        (n-gram), meaning q = one-hot(draft)
+    target_logits    (N + batch, vocab) request b's k_b + 1 rows start at row start_b + b:
+                                        row i (i < k_b) scores draft i, row k_b the
+                                        token after the last draft (the bonus token)
+    result           (batch, 1 + max k) int64: request b's emitted tokens, then -1
+
+Randomness: `rejection_sample` uses `sampling.philox_uniform`, keyed by the request's
+seed. The token the request emits at output position n = positions[b] + i reads the
+stream of position n, num = vocab + 1, so the Philox counters of distinct positions never
+overlap:
+    u[n, vocab]         decides whether draft i is accepted;
+    u[n, 0 : vocab]     draw the token emitted instead (the recovered or the bonus
+                        token) by the exponential race of `sampling.sample`.
+With no drafts the op therefore emits exactly the token `sampling.sample` draws at that
+position. Losslessness needs the drafts to be independent of these uniforms: a draft
+model sampling with `sampling.sample` must use another seed than the verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from array_api_compat import device
+
+from ._arrays import FLOAT_DTYPE_NAMES, check_logits, dtype_name, first_bad_row, row_param
+from .sampling import philox_uniform
+
+__all__ = ["verify_greedy", "rejection_sample"]
+
+_NEG_INF = float("-inf")
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The batch on a (batch, width) grid, width = 1 + max k: cell (b, i), i <= k_b, stands
+    for request b's target row i (flat row `row`) and, when i < k_b, for its draft i
+    (flat draft `slot`, token `draft`). Elsewhere row is 0, slot is N and draft is -1, so
+    gathers stay in bounds; `is_row` and `is_draft` mark the real cells."""
+
+    counts: Any  # k, int64 (batch,)
+    index: Any  # i, int64 (batch, width)
+    is_row: Any
+    is_draft: Any
+    row: Any
+    slot: Any
+    draft: Any
+
+
+def _validated(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> tuple:
+    """Check the flattened layout (module docstring); return (xp, counts, drafts), int64 on
+    the logits' device."""
+    xp = check_logits(target_logits, "target_logits")
+    where, vocab = device(target_logits), target_logits.shape[1]
+    arrays = []
+    for name, value in (
+        ("num_draft_tokens", num_draft_tokens),
+        ("draft_token_ids", draft_token_ids),
+    ):
+        kind = dtype_name(value) if hasattr(value, "dtype") else "int"
+        if "int" not in kind:
+            raise TypeError(f"{name} must hold integers, got dtype {kind}")
+        try:
+            arrays.append(xp.asarray(value, dtype=xp.int64, device=where))
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+            raise TypeError(f"{name} must be array-like of integers, got {value!r}") from exc
+    counts, drafts = arrays
+    if counts.ndim != 1:
+        raise ValueError(f"num_draft_tokens must have shape (batch,), got {tuple(counts.shape)}")
+    bad = first_bad_row(xp, counts < 0)
+    if bad is not None:
+        raise ValueError(f"num_draft_tokens[{bad}] must be >= 0, got {int(counts[bad])}")
+    batch, total = counts.shape[0], int(xp.sum(counts))
+    if drafts.ndim != 1 or drafts.shape[0] != total:
+        raise ValueError(
+            f"draft_token_ids must have shape ({total},) (the sum of num_draft_tokens), "
+            f"got shape {tuple(drafts.shape)}"
+        )
+    if target_logits.shape[0] != total + batch:
+        raise ValueError(
+            f"target_logits must have {total + batch} rows (one per draft and one per "
+            f"request), got shape {tuple(target_logits.shape)}"
+        )
+    bad = first_bad_row(xp, (drafts < 0) | (drafts >= vocab))
+    if bad is not None:
+        raise ValueError(f"draft_token_ids[{bad}] must be in [0, {vocab}), got {int(drafts[bad])}")
+    return xp, counts, drafts
+
+
+def _grid(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> tuple[Any, _Grid]:
+    """Validate the flattened layout; return (xp, the batch's grid)."""
+    xp, counts, drafts = _validated(target_logits, draft_token_ids, num_draft_tokens)
+    where, batch, total = device(counts), counts.shape[0], drafts.shape[0]
+    width = 1 + (int(xp.max(counts)) if batch else 0)
+    cell = xp.reshape(xp.arange(width, dtype=xp.int64, device=where), (1, width))
+    k = xp.reshape(counts, (batch, 1))
+    index = cell + xp.zeros_like(k)
+    is_row, is_draft = index <= k, index < k
+    first = xp.reshape(xp.cumulative_sum(counts) - counts, (batch, 1))
+    request = xp.reshape(xp.arange(batch, dtype=xp.int64, device=where), (batch, 1))
+    slot = xp.where(is_draft, first + index, total)
+    with_pad = xp.concat([drafts, xp.asarray([-1], dtype=xp.int64, device=where)])
+    draft = xp.reshape(xp.take(with_pad, xp.reshape(slot, (-1,))), slot.shape)
+    row = xp.where(is_row, first + request + index, 0)
+    return xp, _Grid(counts, index, is_row, is_draft, row, slot, draft)
+
+
+def _on_grid(xp: Any, x: Any, index: Any) -> Any:
+    """Rows of the 2-D `x` gathered at a grid of row indices: shape (*index.shape, columns)."""
+    return xp.reshape(xp.take(x, xp.reshape(index, (-1,)), axis=0), (*index.shape, x.shape[1]))
+
+
+def _emit(xp: Any, grid: _Grid, accepted: Any, own: Any) -> Any:
+    """Each request's leading accepted drafts, then `own` at the first rejected draft (or at
+    the bonus cell when none is rejected), then -1. `accepted`, `own`: (batch, width)."""
+    rejected = xp.astype(grid.is_draft & ~accepted, xp.int64)
+    leading = grid.is_draft & (xp.cumulative_sum(rejected, axis=1) == 0)
+    a = xp.reshape(xp.sum(xp.astype(leading, xp.int64), axis=1), (-1, 1))
+    last = xp.take_along_axis(own, a, axis=1)
+    return xp.where(grid.index < a, grid.draft, xp.where(grid.index == a, last, -1))
+
+
+def _target_argmax(xp: Any, target_logits: Any, grid: _Grid) -> Any:
+    """argmax of each cell's target row (lowest index on ties), (batch, width)."""
+    flat = xp.astype(xp.argmax(target_logits, axis=1), xp.int64)
+    return xp.reshape(xp.take(flat, xp.reshape(grid.row, (-1,))), grid.row.shape)
+
+
+def verify_greedy(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> Any:
+    """Greedy verification: accept drafts while they are the target's argmax.
+
+    For request b (layout in the module docstring) let t_i = argmax of its target row i
+    (the lowest index on ties) and a = the number of leading drafts with draft_i == t_i
+    (0 <= a <= k_b). The request emits draft_0 .. draft_{a-1}, then t_a: the target's
+    token at the first mismatch, or its bonus token when a == k_b. These are the next
+    a + 1 tokens of greedy decoding with the target model.
+
+    Args:
+        target_logits: float32 or float64, shape (N + batch, vocab); -inf entries allowed,
+            not a row entirely -inf.
+        draft_token_ids: integers, shape (N,), each in [0, vocab).
+        num_draft_tokens: integers, shape (batch,), each >= 0, summing to N; read on the
+            host (the width of the result depends on it).
+    Returns:
+        int64, shape (batch, 1 + max(num_draft_tokens)) (1 column for an empty batch), on
+        the logits' device: row b holds its a + 1 tokens, then -1.
+    Raises:
+        TypeError: non-float logits, non-integer draft ids or counts, or an argument that is
+            not an array (the counts and ids may also be sequences of ints).
+        ValueError: shapes disagree (the message gives the expected and the actual shape),
+            a negative count, a draft id outside the vocab, NaN/+inf logits or a row entirely
+            -inf (the message names the index and the value).
+    """
+    xp, grid = _grid(target_logits, draft_token_ids, num_draft_tokens)
+    target = _target_argmax(xp, target_logits, grid)
+    return _emit(xp, grid, grid.draft == target, target)
+
+
+def _draft_probs(xp: Any, draft_probs: Any, shape: tuple[int, int], where: Any) -> Any:
+    """Validate q; return it as float64 with a zero row appended (the grid's padding slot)."""
+    kind = dtype_name(draft_probs) if hasattr(draft_probs, "dtype") else type(draft_probs).__name__
+    if kind not in FLOAT_DTYPE_NAMES:
+        raise TypeError(f"draft_probs must be None or float32 or float64, got {kind}")
+    q = xp.asarray(draft_probs, dtype=xp.float64, device=where)
+    if tuple(q.shape) != shape:
+        raise ValueError(
+            f"draft_probs must have shape {shape} (drafts, vocab), got {tuple(q.shape)}"
+        )
+    bad = first_bad_row(xp, xp.any(~(xp.isfinite(q) & (q >= 0)), axis=1))
+    if bad is not None:
+        raise ValueError(f"draft_probs row {bad} must be finite and >= 0, got {q[bad]}")
+    return xp.concat([q, xp.zeros((1, shape[1]), dtype=xp.float64, device=where)])
+
+
+def rejection_sample(
+    target_logits: Any,
+    draft_token_ids: Any,
+    num_draft_tokens: Any,
+    draft_probs: Any,
+    temperature: Any,
+    seeds: Any,
+    positions: Any,
+) -> Any:
+    """Verify drafts so that the emitted tokens are distributed exactly as the target's.
+
+    Layout and uniforms as in the module docstring. Greedy requests (temperature[b] == 0)
+    are verified as `verify_greedy` does. For the others, with p_i = softmax(target row i)
+    and q_i = draft_probs[start_b + i] (one-hot(draft_i) when draft_probs is None), both in
+    float64, and u = philox_uniform(seed, positions[b] + i, vocab + 1)[0] for row i:
+      - draft x = draft_i is accepted iff u[vocab] * q_i[x] < p_i[x] (probability
+        min(1, p_i[x] / q_i[x]); a draft with q_i[x] == 0 is accepted iff p_i[x] > 0);
+      - a = the number of leading accepted drafts; the request emits draft_0 .. draft_{a-1}
+        and then one token y drawn by the exponential race over u[0 : vocab]:
+        y = argmax_j (log r_j - log(-log u[j])) with the lowest j on ties, where
+          r = max(p_a - q_a, 0) if a < k_b (the recovered distribution, unnormalised);
+              if r is all zero (p_a <= q_a, only by rounding), r = p_a;
+          r = p_{k_b} (the bonus token) if a == k_b;
+        log r_j is computed as target_logits[row, j] when r = p (as `sampling.sample`
+        does), and -inf where r_j == 0.
+    If each draft was drawn from its q, independently of these uniforms, the emitted
+    tokens have the distribution of sampling the target rows one after the other. The
+    tokens of request b depend only on its own inputs (batch-invariant). A decision where
+    u[vocab] * q_i[x] is within 1e-9 (relative) of p_i[x], or a race whose two best scores
+    are within 1e-9 (relative), may differ between implementations (softmax rounding).
+
+    Args:
+        target_logits: float32 or float64, shape (N + batch, vocab), the final logits
+            (after temperature and filters); -inf allowed, not a row entirely -inf.
+        draft_token_ids: integers, shape (N,), each in [0, vocab).
+        num_draft_tokens: integers, shape (batch,), each >= 0, summing to N (read on the
+            host).
+        draft_probs: None, or float32/float64 of shape (N, vocab): each row finite, >= 0
+            (a probability distribution; its sum is not checked).
+        temperature: numbers, shape (batch,), each finite and >= 0 (only 0 or not matters).
+        seeds: integers, shape (batch,), see `sampling.philox_uniform`.
+        positions: integers, shape (batch,): the output position of request b's first
+            emitted token, each >= 0 with positions[b] + num_draft_tokens[b] < 2**63.
+    Returns:
+        int64, shape (batch, 1 + max(num_draft_tokens)), on the logits' device: row b holds
+        its a + 1 emitted tokens, then -1.
+    Raises:
+        TypeError: as `verify_greedy`, non-float draft_probs, non-numeric temperature,
+            non-integer seeds or positions.
+        ValueError: as `verify_greedy`, draft_probs of another shape or with a negative or
+            non-finite entry, a temperature < 0 or not finite, a negative position or one
+            whose last token would overflow (the messages name the index and the value).
+    """
+    xp, grid = _grid(target_logits, draft_token_ids, num_draft_tokens)
+    where, (batch, width), vocab = device(target_logits), grid.index.shape, target_logits.shape[1]
+    num_drafts = target_logits.shape[0] - batch
+    q = None if draft_probs is None else _draft_probs(xp, draft_probs, (num_drafts, vocab), where)
+    like = grid.index[:, 0]
+    t = row_param(like, temperature, "temperature", xp.float64)
+    bad = first_bad_row(xp, ~(xp.isfinite(t) & (t >= 0)))
+    if bad is not None:
+        raise ValueError(f"temperature[{bad}] must be finite and >= 0, got {float(t[bad])}")
+    seed = row_param(like, seeds, "seeds", xp.int64)
+    pos = row_param(like, positions, "positions", xp.int64)
+    bad = first_bad_row(xp, (pos < 0) | (pos > _INT64_MAX - grid.counts))
+    if bad is not None:
+        raise ValueError(
+            f"positions[{bad}] must be in [0, 2**63 - 1 - num_draft_tokens[{bad}]], "
+            f"got {int(pos[bad])}"
+        )
+
+    cell_pos = xp.where(grid.is_row, xp.reshape(pos, (-1, 1)) + grid.index, 0)
+    cell_seed = xp.reshape(seed, (-1, 1)) + xp.zeros_like(cell_pos)
+    u = philox_uniform(xp.reshape(cell_seed, (-1,)), xp.reshape(cell_pos, (-1,)), vocab + 1)
+    u = xp.reshape(u, (batch, width, vocab + 1))
+    logits = _on_grid(xp, xp.astype(target_logits, xp.float64), grid.row)
+    e = xp.exp(logits - xp.max(logits, axis=2, keepdims=True))
+    p = e / xp.sum(e, axis=2, keepdims=True)
+    x = xp.reshape(xp.where(grid.is_draft, grid.draft, 0), (batch, width, 1))
+    if q is None:
+        tokens = xp.reshape(xp.arange(vocab, dtype=xp.int64, device=where), (1, 1, vocab))
+        q_cells = xp.astype(tokens == x, xp.float64)
+    else:
+        q_cells = _on_grid(xp, q, grid.slot)
+    px = xp.take_along_axis(p, x, axis=2)[..., 0]
+    qx = xp.take_along_axis(q_cells, x, axis=2)[..., 0]
+    accepted = u[..., vocab] * qx < px
+
+    r = xp.clip(p - q_cells, min=0.0)
+    from_p = ~xp.reshape(grid.is_draft, (batch, width, 1)) | ~xp.any(r > 0, axis=2, keepdims=True)
+    log_r = xp.where(r > 0, xp.log(xp.where(r > 0, r, 1.0)), _NEG_INF)
+    scores = xp.where(from_p, logits, log_r) - xp.log(-xp.log(u[..., :vocab]))
+    own = xp.astype(xp.argmax(scores, axis=2), xp.int64)
+
+    greedy = xp.reshape(t == 0, (batch, 1))
+    target = _target_argmax(xp, target_logits, grid)
+    accepted = xp.where(greedy, grid.draft == target, accepted)
+    return _emit(xp, grid, accepted, xp.where(greedy, target, own))
