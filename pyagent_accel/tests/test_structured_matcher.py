@@ -155,12 +155,12 @@ def test_matcher_on_random_regexes(grammar, steps):
     run_actions(grammar, steps)
 
 
-@given(st.lists(st.text("abé{\":0", min_size=1, max_size=5), min_size=1, max_size=5), actions)
+@given(st.lists(st.text('abé{":0', min_size=1, max_size=5), min_size=1, max_size=5), actions)
 def test_matcher_on_choices(options, steps):
     run_actions(choice_grammar(options), steps)
 
 
-@given(grammars(), st.lists(st.one_of(st.sampled_from(b"ab\xc3\xa9\"0"), st.just(-1)), max_size=16))
+@given(grammars(), st.lists(st.one_of(st.sampled_from(b'ab\xc3\xa9"0'), st.just(-1)), max_size=16))
 def test_parser_on_random_grammars(grammar, script):
     """push (a byte) and pop (-1) in any order: the same answers after every step."""
     ref, accel = RefParser(grammar), EarleyParser(CompiledGrammar(grammar))
@@ -181,6 +181,15 @@ def test_parser_on_random_grammars(grammar, script):
 @given(grammars())
 def test_nullable_rules_are_the_references(grammar):
     assert CompiledGrammar(grammar).nullable() == grammar.nullable
+
+
+def test_trie_nodes_are_the_references():
+    assert len(ACCEL_TRIE) == len(REF_TRIE) and ACCEL_TRIE.vocab_size == REF_TRIE.vocab_size
+    for node in range(len(REF_TRIE)):
+        assert ACCEL_TRIE.prefix(node) == REF_TRIE.prefix(node)
+        assert list(ACCEL_TRIE.children(node)) == list(REF_TRIE.children(node))
+    with pytest.raises(ValueError, match="node must be in"):
+        ACCEL_TRIE.prefix(len(REF_TRIE))
 
 
 def test_a_grammar_is_compiled_once_for_many_parsers():
@@ -275,7 +284,10 @@ def test_read_only_bitmask():
 def test_torch_bitmasks():
     torch = pytest.importorskip("torch")
     ref, accel = both(choice_grammar(["ab", "b"]))
-    want, got = torch.zeros((3, WORDS), dtype=torch.int32), torch.zeros((3, WORDS), dtype=torch.int32)
+    want, got = (
+        torch.zeros((3, WORDS), dtype=torch.int32),
+        torch.zeros((3, WORDS), dtype=torch.int32),
+    )
     ref.fill_next_token_bitmask(want, 2)
     accel.fill_next_token_bitmask(got, 2)
     assert torch.equal(got, want) and got[2].any()

@@ -164,3 +164,55 @@ def test_native_stub_matches_the_extension():
         elif isinstance(node, ast.ClassDef):
             members = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}  # type: ignore[union-attr]
             assert members == {n for n in dir(value) if n.isupper()}, decl
+
+
+# --- pyagent_accel.structured: the token level, twin of pyagent_ref.structured's --------------
+
+STRUCTURED = ("earley", "vocab", "matcher")
+REFERENCE_CLASSES = {"EarleyParser": "earley", "TokenTrie": "vocab", "GrammarMatcher": "matcher"}
+
+
+def methods(node: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("name", STRUCTURED)
+def test_structured_modules_match_their_stubs(name):
+    """Each module's `__all__` is its stub's; each class of the stub exists with the
+    stub's methods and their parameters."""
+    module = importlib.import_module(f"pyagent_accel.structured.{name}")
+    decls = stub(PACKAGE / "structured" / f"{name}.pyi")
+    assert stub_all(decls) == module.__all__
+    for decl, node in decls.items():
+        if not isinstance(node, ast.ClassDef):
+            continue
+        cls = getattr(module, decl)
+        for method, fn in methods(node).items():
+            if any(isinstance(d, ast.Name) and d.id == "property" for d in fn.decorator_list):
+                continue
+            params, _ = runtime_signature(getattr(cls, method))
+            stub_params, _ = stub_signature(fn)
+            assert without_annotations(params) == without_annotations(stub_params), (
+                f"{name}.{decl}.{method}"
+            )
+
+
+def test_structured_package_stub():
+    import pyagent_accel.structured as package
+
+    assert stub_all(stub(PACKAGE / "structured" / "__init__.pyi")) == package.__all__
+
+
+@pytest.mark.parametrize(("cls", "module"), REFERENCE_CLASSES.items())
+def test_structured_classes_have_the_reference_methods(cls, module):
+    """The public methods of the reference's class, with its parameters (the
+    constructors take the accelerator's own parser and trie)."""
+    accel = getattr(importlib.import_module(f"pyagent_accel.structured.{module}"), cls)
+    ref = getattr(importlib.import_module(f"pyagent_ref.structured.{module}"), cls)
+    for method in [n for n in vars(ref) if not n.startswith("_") and callable(vars(ref)[n])]:
+        if isinstance(inspect.getattr_static(ref, method), staticmethod):
+            continue
+        assert hasattr(accel, method), f"{cls} lacks {method}"
+        params, _ = runtime_signature(getattr(accel, method))
+        ref_params, _ = runtime_signature(getattr(ref, method))
+        assert without_annotations(params) == without_annotations(ref_params), f"{cls}.{method}"

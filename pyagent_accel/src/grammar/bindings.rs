@@ -148,6 +148,29 @@ impl TokenTrieCore {
     fn vocab_size(&self) -> usize {
         self.0.vocab_size()
     }
+
+    /// The bytes from the root to `node`.
+    fn prefix<'py>(&self, py: Python<'py>, node: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let node = self.check_node(node)?;
+        Ok(PyBytes::new(py, &self.0.prefix(node)))
+    }
+
+    /// The children of `node`, in increasing byte order.
+    fn children(&self, node: usize) -> PyResult<Vec<usize>> {
+        Ok(self.0.children(self.check_node(node)?))
+    }
+}
+
+impl TokenTrieCore {
+    fn check_node(&self, node: usize) -> PyResult<usize> {
+        match node < self.0.len() {
+            true => Ok(node),
+            false => Err(value_error(format!(
+                "node must be in [0, {}), got {node}",
+                self.0.len()
+            ))),
+        }
+    }
 }
 
 /// One output's matcher (`matcher::Matcher`).

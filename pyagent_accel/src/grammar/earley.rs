@@ -161,7 +161,11 @@ impl Parser {
     /// The terminals whose runs a column would start if the runs `ended` (terminal,
     /// origin; each origin a column of this parser) reached accepting states in it: the
     /// lexemes that may follow them. Changes nothing. Errors as `push` does.
-    pub fn started_after(&mut self, ended: &[(u32, u32)], out: &mut Vec<u32>) -> Result<(), TooManyItems> {
+    pub fn started_after(
+        &mut self,
+        ended: &[(u32, u32)],
+        out: &mut Vec<u32>,
+    ) -> Result<(), TooManyItems> {
         out.clear();
         let last = self.columns.len() - 1;
         let (runs_end, waiting_end) = (self.runs.len(), self.waiting.len());
@@ -356,10 +360,9 @@ impl Parser {
                     if scratch.predicted[r as usize] != epoch {
                         scratch.predicted[r as usize] = epoch;
                         let alternatives = grammar.alternatives(r);
-                        scratch.agenda.extend(alternatives.iter().map(|&pos| Item {
-                            pos,
-                            origin: here,
-                        }));
+                        scratch
+                            .agenda
+                            .extend(alternatives.iter().map(|&pos| Item { pos, origin: here }));
                     }
                     if grammar.nullable[r as usize] {
                         scratch.agenda.push(item.advanced());
@@ -428,7 +431,10 @@ mod tests {
     #[test]
     fn left_recursion_and_undo() {
         // S -> S "a" | "b"
-        let mut p = parser(vec![vec![vec![0, -1], vec![-2]]], vec![literal(b"a"), literal(b"b")]);
+        let mut p = parser(
+            vec![vec![vec![0, -1], vec![-2]]],
+            vec![literal(b"a"), literal(b"b")],
+        );
         assert!(!p.is_accepting());
         assert!(!feed(&mut p, b"a"));
         assert!(feed(&mut p, b"baa") && p.is_accepting());

@@ -56,7 +56,11 @@ impl Dfa {
         let byte_class: [u8; 256] = byte_class
             .try_into()
             .map_err(|_| format!("byte_class has {} entries, not 256", byte_class.len()))?;
-        let num_classes = byte_class.iter().map(|&c| c as usize + 1).max().unwrap_or(1);
+        let num_classes = byte_class
+            .iter()
+            .map(|&c| c as usize + 1)
+            .max()
+            .unwrap_or(1);
         let num_states = accepting.len();
         if num_states * num_classes >= ACCEPTS as usize {
             return Err(format!("{num_states} states of {num_classes} byte classes"));
@@ -105,7 +109,8 @@ impl Dfa {
     /// The state after `byte` in the live state `state` (`DEAD` if none).
     #[inline(always)]
     pub fn step(&self, state: i32, byte: u8) -> i32 {
-        self.transitions[state as usize * self.num_classes + self.byte_class[byte as usize] as usize]
+        self.transitions
+            [state as usize * self.num_classes + self.byte_class[byte as usize] as usize]
     }
 
     /// The packed move (see `ACCEPTS`) on `byte` from the state whose row is `row`.
@@ -173,7 +178,11 @@ pub struct Grammar {
 impl Grammar {
     /// `rules[r]` lists rule r's alternatives, each a list of symbols: `s >= 0` is rule
     /// `s`, `s < 0` is terminal `-s - 1`. Errors name an out-of-range symbol or start.
-    pub fn new(rules: &[Vec<Vec<i64>>], start: i64, terminals: Vec<Dfa>) -> Result<Grammar, TableError> {
+    pub fn new(
+        rules: &[Vec<Vec<i64>>],
+        start: i64,
+        terminals: Vec<Dfa>,
+    ) -> Result<Grammar, TableError> {
         let (num_rules, num_terms) = (rules.len() as i64, terminals.len() as i64);
         if !(0..num_rules).contains(&start) {
             return Err(TableError(format!("start rule {start} of {num_rules}")));
@@ -283,7 +292,11 @@ pub mod tests {
     fn nullable_is_a_fixpoint() {
         // 0: A -> B a | ε-free;  1: B -> C C;  2: C -> "" (a nullable terminal) | "x"
         let terms = vec![literal(b"a"), star(b""), literal(b"x")];
-        let rules = vec![vec![vec![1, -1]], vec![vec![2, 2]], vec![vec![-2], vec![-3]]];
+        let rules = vec![
+            vec![vec![1, -1]],
+            vec![vec![2, 2]],
+            vec![vec![-2], vec![-3]],
+        ];
         let g = Grammar::new(&rules, 0, terms).unwrap();
         assert_eq!(g.nullable, vec![false, true, true]);
         assert_eq!(g.alternatives(2).len(), 2);

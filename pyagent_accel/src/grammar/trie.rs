@@ -139,6 +139,31 @@ impl Trie {
         &self.token_ids[self.nodes[node].token_start as usize..end]
     }
 
+    /// The bytes from the root to `node` (for tests and debugging: O(node)).
+    pub fn prefix(&self, node: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut depth = self.nodes[node].depth;
+        for n in self.nodes[1..=node].iter().rev() {
+            if n.depth == depth && depth > 0 {
+                out.push(n.byte);
+                depth -= 1;
+            }
+        }
+        out.reverse();
+        out
+    }
+
+    /// The children of `node`, in increasing byte order.
+    pub fn children(&self, node: usize) -> Vec<usize> {
+        let (mut child, end) = (node + 1, self.nodes[node].subtree_end as usize);
+        let mut out = Vec::new();
+        while child < end {
+            out.push(child);
+            child = self.nodes[child].subtree_end as usize;
+        }
+        out
+    }
+
     /// Set the bits of node `node`'s ids in `words`. Most nodes have no id or one: that
     /// case sets a bit (or none) without a branch, since a walk meets both at random.
     #[inline(always)]
@@ -212,19 +237,6 @@ fn subtree_ends(depths: impl ExactSizeIterator<Item = u16>) -> Vec<u32> {
 mod tests {
     use super::*;
 
-    fn prefix(t: &Trie, node: usize) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut d = t.node(node).depth;
-        for i in (1..=node).rev() {
-            if t.node(i).depth == d {
-                out.push(t.node(i).byte);
-                d -= 1;
-            }
-        }
-        out.reverse();
-        out
-    }
-
     #[test]
     fn preorder_layout() {
         let words: Vec<Option<Vec<u8>>> = vec![
@@ -239,8 +251,14 @@ mod tests {
         let t = Trie::new(words).unwrap();
         assert_eq!(t.len(), 5); // root, a, ab, abc, b
         let nodes: Vec<_> = (0..5).map(|i| t.node(i)).collect();
-        assert_eq!(nodes[1..].iter().map(|n| n.byte).collect::<Vec<_>>(), b"abcb");
-        assert_eq!(nodes.iter().map(|n| n.depth).collect::<Vec<_>>(), [0, 1, 2, 3, 1]);
+        assert_eq!(
+            nodes[1..].iter().map(|n| n.byte).collect::<Vec<_>>(),
+            b"abcb"
+        );
+        assert_eq!(
+            nodes.iter().map(|n| n.depth).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 1]
+        );
         assert_eq!(
             nodes.iter().map(|n| n.subtree_end).collect::<Vec<_>>(),
             [5, 4, 4, 4, 5]
@@ -254,7 +272,9 @@ mod tests {
         }
         assert_eq!(words[0], 0b1_1101); // ids 0, 2, 3, 4, 6 (not 1 or 5)
         assert_eq!(t.live_nodes(|b| b == b'a'), 3);
-        assert_eq!(prefix(&t, 3), b"abc");
+        assert_eq!(t.prefix(3), b"abc");
+        assert_eq!(t.children(0), [1, 4]);
+        assert_eq!(t.children(1), [2]);
         assert_eq!(t.max_depth, 3);
         assert!(Trie::new(vec![Some(vec![0; MAX_TOKEN_BYTES + 1])]).is_err());
     }

@@ -522,7 +522,11 @@ impl Walk<'_> {
             let n = self.trie.node(node);
             self.real = self.parser.num_bytes();
             let runs = self.parser.runs().to_vec();
-            self.runs(&runs, (node + 1, n.subtree_end as usize, n.depth as usize), level)?;
+            self.runs(
+                &runs,
+                (node + 1, n.subtree_end as usize, n.depth as usize),
+                level,
+            )?;
             self.parser_frontiers(level)?;
             self.real = real;
         }

@@ -132,6 +132,20 @@ def array_library(x: Any, name: str) -> bool:
     raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
 
 
+def bitmask_library(bitmask: Any) -> bool:
+    """The reference's `_arrays.check_token_bitmask` up to the row count (the library, the
+    int32 dtype, two dimensions, with its messages); whether `bitmask` is a tensor."""
+    torch_in = array_library(bitmask, "bitmask")
+    kind = dtype_name(bitmask)
+    if kind != "int32":
+        raise TypeError(f"bitmask must be int32 (32 tokens per word), got dtype {kind}")
+    if bitmask.ndim != 2:
+        raise ValueError(
+            f"bitmask must have shape (batch, words), got shape {tuple(bitmask.shape)}"
+        )
+    return torch_in
+
+
 def float_view(x: Any, name: str, torch_in: bool) -> np.ndarray:
     """The numpy array Rust reads for a float array (dtype already checked), zero-copy
     and in its layout: a numpy array as is, a CPU tensor through `.numpy()`, bfloat16 (a

@@ -28,14 +28,7 @@ __all__ = ["apply_token_bitmask"]
 def _bitmask_view(bitmask: Any, batch: int) -> Any:
     """The reference's `_arrays.check_token_bitmask`; returns the int32 numpy array Rust
     reads (zero-copy, in its layout)."""
-    torch_in = _c.array_library(bitmask, "bitmask")
-    kind = _c.dtype_name(bitmask)
-    if kind != "int32":
-        raise TypeError(f"bitmask must be int32 (32 tokens per word), got dtype {kind}")
-    if bitmask.ndim != 2:
-        raise ValueError(
-            f"bitmask must have shape (batch, words), got shape {tuple(bitmask.shape)}"
-        )
+    torch_in = _c.bitmask_library(bitmask)
     if bitmask.shape[0] != batch:
         raise ValueError(
             f"bitmask must have {batch} rows (one per logits row), got shape {tuple(bitmask.shape)}"

@@ -16,9 +16,18 @@ over once as flat tables (`CompiledGrammar`). This package does not import
     matcher.fill_next_token_bitmask(bitmask, index)
 
 How a mask is computed fast is in `pyagent_accel`'s Rust sources (``src/grammar/walk.rs``).
+
+The compiler's names (`json_schema_grammar`, `compile_grammar`, `Grammar`, `Terminal`,
+`token_bytes`, ... every other name of `pyagent_ref.structured`) are looked up in
+`pyagent_ref.structured` on first use, so this package stands in for the reference's
+wherever the token level runs (the engine, the conformance suite, the benchmark);
+without `pyagent_ref` they raise ImportError.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from .earley import MAX_COLUMN_ITEMS, CompiledGrammar, EarleyParser
 from .matcher import MAX_JUMP_FORWARD_BYTES, GrammarMatcher
@@ -32,3 +41,11 @@ __all__ = [
     "GrammarMatcher",
     "TokenTrie",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the reference's compiler (`pyagent_ref.structured`), looked up there."""
+    reference = importlib.import_module("pyagent_ref.structured")
+    if name.startswith("_") or name not in reference.__all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(reference, name)

@@ -59,7 +59,6 @@ class CompiledGrammar:
         rules = [[[number(s) for s in alt] for alt in alts] for alts in grammar.rules.values()]
         if grammar.start not in names:
             raise ValueError(f"start symbol {grammar.start!r} has no rule")
-        self.num_terminals = len(dfas)
         self._core = _native.CompiledGrammarCore(rules, names[grammar.start], dfas)
 
     def nullable(self) -> frozenset[str]:
@@ -81,7 +80,9 @@ class EarleyParser:
     """
 
     def __init__(self, grammar: Any) -> None:
-        self.compiled = grammar if isinstance(grammar, CompiledGrammar) else CompiledGrammar(grammar)
+        self.compiled = (
+            grammar if isinstance(grammar, CompiledGrammar) else CompiledGrammar(grammar)
+        )
         self.grammar = self.compiled.grammar
         self._core = _native.EarleyCore(self.compiled._core)
 

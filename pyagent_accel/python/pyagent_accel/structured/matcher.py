@@ -42,7 +42,8 @@ class GrammarMatcher:
     def __init__(self, parser: EarleyParser, trie: TokenTrie, eos_token_ids: Iterable[int]) -> None:
         if not isinstance(parser, EarleyParser):
             raise TypeError(
-                f"parser must be a pyagent_accel.structured.EarleyParser, got {type(parser).__name__}"
+                "parser must be a pyagent_accel.structured.EarleyParser, "
+                f"got {type(parser).__name__}"
             )
         if not isinstance(trie, TokenTrie):
             raise TypeError(
@@ -98,14 +99,7 @@ class GrammarMatcher:
             TypeError: another dtype or array library, or a tensor not on the CPU.
             ValueError: a bitmask of another shape, or a bad index.
         """
-        torch_in = _c.array_library(bitmask, "bitmask")
-        kind = _c.dtype_name(bitmask)
-        if kind != "int32":
-            raise TypeError(f"bitmask must be int32 (32 tokens per word), got dtype {kind}")
-        if bitmask.ndim != 2:
-            raise ValueError(
-                f"bitmask must have shape (batch, words), got shape {tuple(bitmask.shape)}"
-            )
+        torch_in = _c.bitmask_library(bitmask)
         batch, words = bitmask.shape
         need = -(-self.trie.vocab_size // 32)
         if words < need:
@@ -124,4 +118,3 @@ class GrammarMatcher:
         """The bytes the grammar forces next (the reference's contract); the matcher is
         left unchanged."""
         return self._core.find_jump_forward_bytes()
-

@@ -3,13 +3,14 @@
 The trie is built once per vocabulary and shared, read-only, by every matcher of it,
 in any thread; it also keeps the cache of mask slices (the part of a mask that depends
 only on the lexemes in progress), so matchers of one vocabulary share that work.
-The per-node arrays of the reference (``byte``, ``depth``, ``subtree_end``, ``tokens``)
-stay in Rust.
+Nodes are numbered as the reference's (the same preorder layout); the per-node arrays
+(``byte``, ``depth``, ``subtree_end``, ``tokens``) stay in Rust, `prefix` and `children`
+read them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .. import _native
 
@@ -37,3 +38,11 @@ class TokenTrie:
     def __len__(self) -> int:
         """The number of nodes, the root included."""
         return len(self._core)
+
+    def prefix(self, node: int) -> bytes:
+        """The bytes from the root to `node` (nodes are numbered as the reference's)."""
+        return self._core.prefix(node)
+
+    def children(self, node: int) -> Iterator[int]:
+        """The children of `node`, in increasing byte order."""
+        return iter(self._core.children(node))
