@@ -29,6 +29,10 @@ fn guarded<R>(f: impl FnOnce() -> R) -> PyResult<R> {
     })
 }
 
+/// A terminal's DFA as Python hands it over: byte classes (256 bytes), transitions row
+/// by row, accepting flags, start state.
+type DfaTables = (Vec<u8>, Vec<i32>, Vec<bool>, i32);
+
 /// A grammar as flat tables, shared (read-only) by every parser of it.
 #[pyclass(frozen, module = "pyagent_accel._native")]
 pub struct CompiledGrammarCore(Arc<Grammar>);
@@ -39,11 +43,7 @@ impl CompiledGrammarCore {
     /// `s < 0`: terminal `-s - 1`); `terminals[t]`: (byte_class as 256 bytes, transitions
     /// row by row, accepting, start) of terminal t's DFA.
     #[new]
-    fn new(
-        rules: Vec<Vec<Vec<i64>>>,
-        start: i64,
-        terminals: Vec<(Vec<u8>, Vec<i32>, Vec<bool>, i32)>,
-    ) -> PyResult<Self> {
+    fn new(rules: Vec<Vec<Vec<i64>>>, start: i64, terminals: Vec<DfaTables>) -> PyResult<Self> {
         let dfas = terminals
             .into_iter()
             .enumerate()

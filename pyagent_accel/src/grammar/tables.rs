@@ -285,7 +285,13 @@ pub mod tests {
         for &b in set {
             byte_class[b as usize] = 1;
         }
-        Dfa::new(&byte_class, vec![DEAD, 0], vec![true], 0).unwrap()
+        // one state, looping on the set's class (class 1; none when the set is empty)
+        let transitions = if set.is_empty() {
+            vec![DEAD]
+        } else {
+            vec![DEAD, 0]
+        };
+        Dfa::new(&byte_class, transitions, vec![true], 0).unwrap()
     }
 
     #[test]

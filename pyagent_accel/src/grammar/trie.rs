@@ -270,7 +270,7 @@ mod tests {
         for node in 0..t.len() {
             t.allow_tokens(node, &mut words);
         }
-        assert_eq!(words[0], 0b1_1101); // ids 0, 2, 3, 4, 6 (not 1 or 5)
+        assert_eq!(words[0], 0b101_1101); // ids 0, 2, 3, 4, 6 (not 1 or 5)
         assert_eq!(t.live_nodes(|b| b == b'a'), 3);
         assert_eq!(t.prefix(3), b"abc");
         assert_eq!(t.children(0), [1, 4]);

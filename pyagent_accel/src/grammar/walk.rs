@@ -241,7 +241,7 @@ impl Walker {
             root,
             real: root,
         };
-        let result = walk.from_root();
+        let result = walk.whole_trie();
         walk.parser.truncate(root);
         result
     }
@@ -250,7 +250,7 @@ impl Walker {
 impl Walk<'_> {
     /// The whole mask: each lexeme of the last column by its slice or its runs, then the
     /// frontier left for the parser.
-    fn from_root(&mut self) -> Result<(), TooManyItems> {
+    fn whole_trie(&mut self) -> Result<(), TooManyItems> {
         let mut runs: Vec<Run> = self.parser.runs().to_vec();
         runs.sort_unstable_by_key(|r| (r.term, r.state, r.origin));
         let mut unsliced = Vec::new();
