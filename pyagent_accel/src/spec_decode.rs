@@ -315,7 +315,7 @@ fn verify_batch<'py, T: Float, Q: Float>(
         }
     })?;
     raise_rows(&statuses, "target_logits")?;
-    Ok(PyArray1::from_vec(py, out).reshape([batch, width])?)
+    PyArray1::from_vec(py, out).reshape([batch, width])
 }
 
 /// verify_greedy(target_logits, draft_token_ids, num_draft_tokens)
@@ -458,4 +458,166 @@ fn extract_probs<'py>(q: &Bound<'py, PyAny>) -> PyResult<Probs<'py>> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_greedy, m)?)?;
     m.add_function(wrap_pyfunction!(rejection_sample, m)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row of `vocab` logits from an LCG, a few of them -inf (never the first).
+    fn row(vocab: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..vocab)
+            .map(|j| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let v = ((s >> 11) as f64) / (1u64 << 53) as f64;
+                if j > 0 && v < 0.05 {
+                    f64::NEG_INFINITY
+                } else {
+                    6.0 * v - 3.0
+                }
+            })
+            .collect()
+    }
+
+    fn run<Q: Float>(
+        rows: &[Vec<f64>],
+        drafts: &[i64],
+        probs: Option<&[&[Q]]>,
+        mode: Mode,
+    ) -> Vec<i64> {
+        let rows: Vec<&[f64]> = rows.iter().map(|r| r.as_slice()).collect();
+        let request = Request {
+            rows: &rows,
+            drafts,
+            probs,
+            mode,
+        };
+        let mut statuses = vec![RowStatus::Ok; rows.len()];
+        let mut out = vec![-1; rows.len()];
+        verify(&request, &mut statuses, &mut out, &mut Vec::new());
+        out
+    }
+
+    fn argmax(row: &[f64]) -> i64 {
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        row.iter().position(|&x| x == max).unwrap() as i64
+    }
+
+    #[test]
+    fn greedy_accepts_the_argmax_chain() {
+        let rows: Vec<Vec<f64>> = (0..4).map(|i| row(50, i)).collect();
+        let t: Vec<i64> = rows.iter().map(|r| argmax(r)).collect();
+        let all = run::<f64>(&rows, &t[..3], None, Mode::Greedy);
+        assert_eq!(all, t);
+        let second_wrong = [t[0], (t[1] + 1) % 50, t[2]];
+        assert_eq!(
+            run::<f64>(&rows, &second_wrong, None, Mode::Greedy),
+            [t[0], t[1], -1, -1]
+        );
+    }
+
+    #[test]
+    fn without_drafts_it_is_sample() {
+        for seed in 0..20 {
+            let rows = vec![row(300, seed)];
+            let mode = Mode::Random {
+                seed: seed as i64 - 7,
+                position: 1 << 33,
+            };
+            let want = sample_row(&rows[0], 1.0, seed as i64 - 7, 1 << 33).unwrap();
+            assert_eq!(run::<f64>(&rows, &[], None, mode), [want]);
+        }
+    }
+
+    /// The residual race scoring every token exactly, in float64 as the contract states.
+    fn brute_residual(row: &[f64], q: &[f64], seed: i64, position: i64) -> Option<usize> {
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = row.iter().map(|&x| (x - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        let mut u = vec![0.0; row.len()];
+        philox::fill_uniforms(seed, position, &mut u);
+        let scores = e.iter().zip(q).zip(&u).map(|((&e, &q), &u)| {
+            let r = (e / sum - q).max(0.0);
+            if r > 0.0 {
+                r.ln() - (-(u.ln())).ln()
+            } else {
+                f64::NEG_INFINITY
+            }
+        });
+        let (mut best, mut winner) = (f64::NEG_INFINITY, None);
+        for (j, s) in scores.enumerate() {
+            if s > best {
+                (best, winner) = (s, Some(j));
+            }
+        }
+        winner
+    }
+
+    #[test]
+    fn residual_race_scores_like_brute_force() {
+        for seed in 0..40u64 {
+            let logits = row(257, seed);
+            // q: the target softmax sharpened, so that r = max(p - q, 0) has zeros
+            let q: Vec<f64> = {
+                let w: Vec<f64> = logits.iter().map(|&x| (2.0 * x).exp()).collect();
+                let s: f64 = w.iter().sum();
+                w.iter().map(|v| v / s).collect()
+            };
+            let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let mut e = vec![0.0; logits.len()];
+            let sum = softmax_terms(&logits, max, &mut e);
+            let got = residual_race(&mut e, sum, Some(&q[..]), 0, seed as i64, 11);
+            assert_eq!(
+                got,
+                brute_residual(&logits, &q, seed as i64, 11),
+                "seed {seed}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_q_is_one_hot_q() {
+        for seed in 0..30u64 {
+            let rows: Vec<Vec<f64>> = (0..3).map(|i| row(20, 3 * seed + i)).collect();
+            let drafts = [(seed % 20) as i64, argmax(&rows[1]), 3];
+            let one_hot: Vec<Vec<f64>> = drafts
+                .iter()
+                .map(|&x| (0..20).map(|j| (j == x) as u8 as f64).collect())
+                .collect();
+            let q: Vec<&[f64]> = one_hot.iter().map(|r| r.as_slice()).collect();
+            let rows = [rows.clone(), vec![row(20, 1000 + seed)]].concat();
+            let mode = Mode::Random {
+                seed: seed as i64,
+                position: 5,
+            };
+            assert_eq!(
+                run(&rows, &drafts, Some(&q), mode),
+                run::<f64>(&rows, &drafts, None, mode)
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_row_writes_nothing() {
+        let mut rows: Vec<Vec<f64>> = (0..3).map(|i| row(10, i)).collect();
+        rows[2] = vec![f64::NEG_INFINITY; 10];
+        let refs: Vec<&[f64]> = rows.iter().map(|r| r.as_slice()).collect();
+        let request = Request::<f64, f64> {
+            rows: &refs,
+            drafts: &[1, 2],
+            probs: None,
+            mode: Mode::Greedy,
+        };
+        let mut statuses = vec![RowStatus::Ok; 3];
+        let mut out = vec![-1; 3];
+        verify(&request, &mut statuses, &mut out, &mut Vec::new());
+        assert_eq!(
+            statuses,
+            [RowStatus::Ok, RowStatus::Ok, RowStatus::AllMasked]
+        );
+        assert_eq!(out, [-1; 3]);
+    }
 }

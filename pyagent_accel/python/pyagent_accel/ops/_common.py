@@ -469,11 +469,10 @@ def draft_probs_array(draft_probs: Any, x: np.ndarray, batch: int, torch_in: boo
         raise ValueError(
             f"draft_probs must have shape {shape} (drafts, vocab), got {tuple(q.shape)}"
         )
-    if not q.flags.aligned:
-        q = np.array(q)
-    bad = _native.first_bad(q.reshape(-1), Check.FINITE_NONNEG)
-    if bad >= 0:
-        row = bad // shape[1]
+    # min and max (NaN propagates) decide validity in two vectorised passes; only a bad q
+    # is scanned for its first bad entry
+    if q.size and not (q.min() >= 0 and q.max() < np.inf):
+        row = _native.first_bad(np.ravel(q), Check.FINITE_NONNEG) // shape[1]
         if torch_in:
             torch = sys.modules["torch"]
             q64 = torch.asarray(draft_probs, dtype=torch.float64, device="cpu")
@@ -497,8 +496,7 @@ def request_scalars(
     if bad.size:
         b = int(bad[0])
         raise ValueError(
-            f"positions[{b}] must be in [0, 2**63 - 1 - num_draft_tokens[{b}]], "
-            f"got {int(pos[b])}"
+            f"positions[{b}] must be in [0, 2**63 - 1 - num_draft_tokens[{b}]], got {int(pos[b])}"
         )
     return t, seed, pos
 
