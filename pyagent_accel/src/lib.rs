@@ -22,6 +22,7 @@ pub mod philox;
 pub mod py_util;
 pub mod rope;
 pub mod sampling;
+pub mod spec_decode;
 pub mod structured;
 
 #[pymodule]
@@ -34,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     rope::register(m)?;
     attention::register(m)?;
     structured::register(m)?;
+    spec_decode::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())
 }
