@@ -11,6 +11,9 @@ median wall time of each and the ratios ref_numpy / accel and ref_torch / accel.
 `apply_token_bitmask` (`bench_structured`) is timed the same way on float32 logits and
 a mask whose words are a mix of all-allowed, none-allowed and random ones (a grammar
 inside a string allows almost everything, between JSON values almost nothing).
+Speculative decoding (`bench_spec_decode`) times verify_greedy and rejection_sample
+(q from a draft model, and q = None for n-gram drafts) on a batch of requests with 4
+drafts each, half of them the target's argmax, the same way.
 Hashing compares the reference (pure Python) with accel for token lists and arrays.
 Layers and rope (`bench_layers_rope`) time rms_norm, silu_and_mul and apply_rope at two
 models' shapes, for decode and prefill token counts, in bfloat16 and float32: the
@@ -44,6 +47,7 @@ from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
 from pyagent_ref.ops import layers as ref_layers  # noqa: E402
 from pyagent_ref.ops import rope as ref_rope  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
+from pyagent_ref.ops import spec_decode as ref_spec_decode  # noqa: E402
 from pyagent_ref.ops import structured as ref_structured  # noqa: E402
 
 try:
@@ -58,6 +62,7 @@ try:
     from pyagent_accel.ops import layers as accel_layers
     from pyagent_accel.ops import rope as accel_rope
     from pyagent_accel.ops import sampling as accel_sampling
+    from pyagent_accel.ops import spec_decode as accel_spec_decode
     from pyagent_accel.ops import structured as accel_structured
 except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(f"pyagent_accel is not installed ({exc}); build it with: pip install ./pyagent_accel")
@@ -179,6 +184,49 @@ def bench_structured(shapes: list[tuple[int, int]], budget: float, min_reps: int
             flush=True,
         )
     return rows
+
+
+def spec_decode_cases(batch: int, drafts: int, vocab: int, rng: np.random.Generator) -> list:
+    """(op, args) for `batch` requests with `drafts` drafts each: float32 logits ~ normal(0,
+    3), drafts the target's argmax half the time, q a softmax of nearby logits."""
+    rows = batch * (drafts + 1)
+    logits = rng.normal(0.0, 3.0, (rows, vocab)).astype(np.float32)
+    draft_rows = np.arange(rows).reshape(batch, drafts + 1)[:, :drafts].reshape(-1)
+    argmax = np.argmax(logits[draft_rows], axis=1)
+    ids = np.where(rng.random(argmax.size) < 0.5, argmax, rng.integers(0, vocab, argmax.size))
+    near = logits[draft_rows] + rng.normal(0.0, 1.0, (argmax.size, vocab)).astype(np.float32)
+    q = np.exp(near - near.max(axis=1, keepdims=True))
+    q /= q.sum(axis=1, keepdims=True)
+    counts = np.full(batch, drafts, np.int64)
+    scalars = (np.ones(batch), np.arange(batch, dtype=np.int64), np.full(batch, 100, np.int64))
+    return [
+        ("verify_greedy", (logits, ids, counts)),
+        ("rejection_sample", (logits, ids, counts, q, *scalars)),
+        ("rejection (no q)", (logits, ids, counts, None, *scalars)),
+    ]
+
+
+def bench_spec_decode(shapes: list[tuple[int, int, int]], budget: float, min_reps: int) -> None:
+    """verify_greedy and rejection_sample on (batch, drafts, vocab), columns as in
+    `bench_sampling` (the batch column is "requests x drafts")."""
+    rng = np.random.default_rng(0)
+    for batch, drafts, vocab in shapes:
+        for name, args in spec_decode_cases(batch, drafts, vocab, rng):
+            op = name if name != "rejection (no q)" else "rejection_sample"
+            ref_fn, acc_fn = getattr(ref_spec_decode, op), getattr(accel_spec_decode, op)
+            # the same tokens: no decision of these inputs falls in the contract's 1e-9 band
+            assert np.array_equal(ref_fn(*args), acc_fn(*args)), name
+            t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
+            t_torch = None
+            if torch is not None:
+                t_torch = timeit(functools.partial(ref_fn, *to_torch(args)), budget, min_reps, 50)
+            t_acc = timeit(functools.partial(acc_fn, *args), budget, min_reps, 200)
+            print(
+                f"{name:<18} {f'{batch}x{drafts}':>5} {vocab:>7} {fmt_ms(t_np):>13} "
+                f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
+                f"{fmt_ratio(t_torch, t_acc):>11}",
+                flush=True,
+            )
 
 
 def bench_hashing(lengths: list[int], budget: float, min_reps: int) -> list[dict]:
@@ -498,6 +546,8 @@ def main() -> None:
     t0 = time.perf_counter()
     srows = bench_sampling(shapes, budget, min_reps)
     bench_structured(shapes if args.quick else [(1, 128256), (64, 128256)], budget, min_reps)
+    spec_shapes = [(8, 4, 32000)] if args.quick else [(8, 4, 32000), (64, 4, 32000), (8, 4, 128256)]
+    bench_spec_decode(spec_shapes, budget, min_reps)
     print()
     hrows = bench_hashing(lengths, budget, min_reps)
     summary(srows, hrows)

@@ -23,6 +23,7 @@ pub mod philox;
 pub mod py_util;
 pub mod rope;
 pub mod sampling;
+pub mod spec_decode;
 pub mod structured;
 
 #[pymodule]
@@ -36,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     attention::register(m)?;
     structured::register(m)?;
     grammar::register(m)?;
+    spec_decode::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())
 }

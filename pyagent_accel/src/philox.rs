@@ -111,6 +111,23 @@ pub fn fill_uniforms_impl(seed: i64, pos: i64, out: &mut [f64]) {
     }
 }
 
+/// Uniform `index` of the stream (seed, pos) alone: one Philox block, the value
+/// `fill_uniforms` writes at `out[index]` (the stream does not depend on its length).
+#[inline]
+pub fn uniform_at(seed: i64, pos: i64, index: u64) -> f64 {
+    let (j, pos) = (index / 2, pos as u64);
+    let x = philox4x32_10(
+        [j as u32, (j >> 32) as u32, pos as u32, (pos >> 32) as u32],
+        seed_key(seed),
+    );
+    let (lo, hi) = if index % 2 == 0 {
+        (x[0], x[1])
+    } else {
+        (x[2], x[3])
+    };
+    uniform((((hi as u64) << 32) | lo as u64) >> 12)
+}
+
 crate::float::multiversion! {
     pub fn fill_uniforms(seed: i64, pos: i64, out: &mut [f64]) -> () = fill_uniforms_impl;
 }
@@ -176,6 +193,17 @@ mod tests {
         assert_eq!(uniform((1 << 52) - 1), 1.0 - 2f64.powi(-53));
         for m in [1u64, 12345, 1 << 51, (1 << 51) + 7, (1 << 52) - 2] {
             assert_eq!(uniform(m), ((m as f64) * 2.0 + 1.0) * 2f64.powi(-53));
+        }
+    }
+
+    #[test]
+    fn uniform_at_reads_the_stream() {
+        let mut u = [0.0; 77];
+        for (seed, pos) in [(0, 0), (-1, 5), (i64::MAX, (1 << 40) + 3)] {
+            fill_uniforms(seed, pos, &mut u);
+            for (i, &want) in u.iter().enumerate() {
+                assert_eq!(uniform_at(seed, pos, i as u64), want, "{seed} {pos} {i}");
+            }
         }
     }
 

@@ -93,6 +93,18 @@ def rms_norm(
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 def silu_and_mul(x: np.ndarray) -> np.ndarray: ...
 def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray: ...
+def verify_greedy(
+    target_logits: np.ndarray, draft_token_ids: np.ndarray, num_draft_tokens: np.ndarray
+) -> np.ndarray: ...
+def rejection_sample(
+    target_logits: np.ndarray,
+    draft_token_ids: np.ndarray,
+    num_draft_tokens: np.ndarray,
+    draft_probs: np.ndarray | None,
+    temperature: np.ndarray,
+    seeds: np.ndarray,
+    positions: np.ndarray,
+) -> np.ndarray: ...
 def apply_rope(
     positions: np.ndarray,
     query: np.ndarray,

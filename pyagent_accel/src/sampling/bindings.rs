@@ -33,7 +33,7 @@ fn row_error(name: &str, row: usize, status: RowStatus) -> PyErr {
     }
 }
 
-fn raise_rows(statuses: &[RowStatus], name: &str) -> PyResult<()> {
+pub(crate) fn raise_rows(statuses: &[RowStatus], name: &str) -> PyResult<()> {
     match first_error(statuses) {
         Some((row, status)) => Err(row_error(name, row, status)),
         None => Ok(()),
@@ -137,7 +137,7 @@ fn new_out<'py, T: Float>(
 
 /// Small inputs (under ~0.1 ms of work) run on the calling thread: handing them to
 /// the pool costs more than it saves, and much more on a busy machine.
-fn sequential(batch: usize, vocab: usize) -> bool {
+pub(crate) fn sequential(batch: usize, vocab: usize) -> bool {
     batch <= 1 || batch.saturating_mul(vocab) < 1 << 18
 }
 
@@ -198,12 +198,12 @@ where
 }
 
 /// logits as f32 or f64, dispatched to the generic implementation.
-enum Logits<'py> {
+pub(crate) enum Logits<'py> {
     F32(PyReadonlyArray2<'py, f32>),
     F64(PyReadonlyArray2<'py, f64>),
 }
 
-fn extract_logits<'py>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<Logits<'py>> {
+pub(crate) fn extract_logits<'py>(x: &Bound<'py, PyAny>, name: &str) -> PyResult<Logits<'py>> {
     if let Ok(array) = x.cast::<PyArray2<f32>>() {
         return readonly(array, name).map(Logits::F32);
     }
@@ -232,6 +232,7 @@ macro_rules! dispatch {
         }
     };
 }
+pub(crate) use dispatch;
 
 // ---------------------------------------------------------------------------------
 // Checks

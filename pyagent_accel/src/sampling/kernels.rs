@@ -400,15 +400,77 @@ multiversion! {
 const LN2: f64 = std::f64::consts::LN_2;
 const TWO_M52: f64 = 1.0 / 4_503_599_627_370_496.0;
 
-/// One row of `sample`: the exponential race, argmax_i x_i - ln(-ln(u_i)) in float64,
-/// lowest index on ties, with u from `philox`; or argmax x for a greedy row.
+/// Uniforms per step of `exponential_race` (one vectorised philox call).
+pub const RACE_CHUNK: usize = 2 * philox::LANES;
+
+/// A lower bound of log2(v) for v > 0, read off its bits: exponent + (mantissa - 1),
+/// the chord of log2 on [1, 2), which lies below it (and above log2(v) - 0.0861). For
+/// a subnormal v it is above log2(v). The i64 -> f64 rounding (< 2**-42) is far inside
+/// the race's 1e-9 slack.
+#[inline(always)]
+pub fn log2_chord(v: f64) -> f64 {
+    (v.to_bits() as i64 as f64) * TWO_M52 - 1023.0
+}
+
+/// The exponential race over the uniforms u_j of the stream (seed, position) of
+/// `philox`: the j in [0, len) maximising `log_weight(j) - ln(-ln u_j)` in float64, the
+/// lowest j on ties; None when every weight is zero (log weight -inf). With log weights
+/// the logits this is `sample`'s draw; with any weights w it draws j with probability
+/// w_j / sum(w).
 ///
-/// Exact without two logs per entry: score_i <= x_i - ln(1 - u_i) <= x_i - lb_i ln 2,
-/// where lb_i <= log2(1 - u_i) is read off the bits of 1 - u_i (exponent plus
-/// mantissa - 1: the chord of log2 on [1, 2) lies below it). An entry is scored exactly
-/// (with libm, as the reference) only if that upper bound reaches the best exact score
-/// so far; the bound is slackened by 1e-9 so that rounding can never exclude the true
-/// maximum. With a running best this scores O(log vocab) entries per row.
+/// `bounds(base, out)` writes an upper bound of log_weight(base + l) into out[l] for
+/// every l < min(RACE_CHUNK, len - base) (-inf for a zero weight; the rest of `out` is
+/// -inf already). Exact without two logs per entry: score_j <= log_weight(j) - ln(1 -
+/// u_j) <= bound_j - log2_chord(1 - u_j) ln 2, so an entry is scored exactly (with
+/// libm, as the reference) only if that bound, slackened by 1e-9 so that rounding can
+/// never exclude the true maximum, reaches the best exact score so far. With a running
+/// best this scores O(log len) entries.
+#[inline(always)]
+pub fn exponential_race(
+    seed: i64,
+    position: i64,
+    len: usize,
+    mut bounds: impl FnMut(usize, &mut [f64; RACE_CHUNK]),
+    log_weight: impl Fn(usize) -> f64,
+) -> Option<usize> {
+    let key = philox::seed_key(seed);
+    let position = position as u64;
+    let mut mantissas = [0u64; RACE_CHUNK];
+    let mut upper = [0f64; RACE_CHUNK];
+    let mut best = f64::NEG_INFINITY;
+    let mut winner = None;
+    for base in (0..len).step_by(RACE_CHUNK) {
+        let n = RACE_CHUNK.min(len - base);
+        philox::mantissas(key, position, (base / 2) as u64, &mut mantissas);
+        if n < RACE_CHUNK {
+            upper = [f64::NEG_INFINITY; RACE_CHUNK];
+        }
+        bounds(base, &mut upper);
+        let mut any = 0u8;
+        for l in 0..RACE_CHUNK {
+            let v = 1.0 - philox::uniform(mantissas[l]); // exact
+            upper[l] -= log2_chord(v) * LN2 - 1e-9;
+            any |= (upper[l] >= best) as u8;
+        }
+        if any != 0 {
+            for l in 0..n {
+                if upper[l] >= best {
+                    let u = philox::uniform(mantissas[l]);
+                    let score = log_weight(base + l) - (-(u.ln())).ln();
+                    if score > best {
+                        best = score;
+                        winner = Some(base + l);
+                    }
+                }
+            }
+        }
+    }
+    winner
+}
+
+/// One row of `sample`: the exponential race over the logits (argmax_i x_i -
+/// ln(-ln(u_i)) in float64, lowest index on ties, u from `philox`); or argmax x for a
+/// greedy row.
 #[inline(always)]
 fn sample_row_impl<T: Float>(
     row: &[T],
@@ -423,59 +485,14 @@ fn sample_row_impl<T: Float>(
     if temperature == 0.0 {
         return Ok(first_index_of(row, max) as i64);
     }
-    let key = philox::seed_key(seed);
-    let position = position as u64;
-    const CHUNK: usize = 2 * philox::LANES;
-    let mut mantissas = [0u64; CHUNK];
-    let mut xs = [0f64; CHUNK];
-    let mut upper = [0f64; CHUNK];
-    let mut best = f64::NEG_INFINITY;
-    let mut best_index = usize::MAX;
-    for (chunk_index, chunk) in row.chunks(CHUNK).enumerate() {
-        philox::mantissas(
-            key,
-            position,
-            (chunk_index * philox::LANES) as u64,
-            &mut mantissas,
-        );
-        if chunk.len() == CHUNK {
-            for l in 0..CHUNK {
-                xs[l] = chunk[l].to_f64();
-            }
-        } else {
-            xs = [f64::NEG_INFINITY; CHUNK];
-            for (l, &x) in chunk.iter().enumerate() {
-                xs[l] = x.to_f64();
-            }
+    let logits = |base: usize, out: &mut [f64; RACE_CHUNK]| {
+        for (o, &x) in out.iter_mut().zip(&row[base..]) {
+            *o = x.to_f64();
         }
-        let mut any = 0u8;
-        for l in 0..CHUNK {
-            let v = 1.0 - philox::uniform(mantissas[l]); // exact
-                                                         // bits(v) / 2**52 - 1023 = exponent + (mantissa - 1) <= log2(v); the i64 ->
-                                                         // f64 rounding (< 2**-42 here) is far inside the 1e-9 slack
-            let log2_lower = (v.to_bits() as i64 as f64) * TWO_M52 - 1023.0;
-            upper[l] = xs[l] - (log2_lower * LN2 - 1e-9);
-            any |= (upper[l] >= best) as u8;
-        }
-        if any != 0 {
-            let base = chunk_index * CHUNK;
-            for l in 0..chunk.len() {
-                if upper[l] >= best {
-                    let u = philox::uniform(mantissas[l]);
-                    let score = xs[l] - (-(u.ln())).ln();
-                    if score > best {
-                        best = score;
-                        best_index = base + l;
-                    }
-                }
-            }
-        }
-    }
-    if best_index == usize::MAX {
-        // unreachable for a validated row (some entry is finite); stay total anyway
-        best_index = first_index_of(row, max);
-    }
-    Ok(best_index as i64)
+    };
+    let winner = exponential_race(seed, position, row.len(), logits, |j| row[j].to_f64());
+    // None is unreachable for a validated row (some entry is finite); stay total anyway
+    Ok(winner.unwrap_or_else(|| first_index_of(row, max)) as i64)
 }
 
 multiversion! {

@@ -25,4 +25,5 @@ pub mod select;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use bindings::{dispatch, extract_logits, raise_rows, sequential, Logits};
 pub use bindings::{register, Check};

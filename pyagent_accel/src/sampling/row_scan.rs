@@ -76,6 +76,16 @@ multiversion! {
     pub fn row_status<T>(row: &[T]) -> RowStatus = row_status_impl;
 }
 
+#[inline(always)]
+fn scan_row_impl<T: Float>(row: &[T]) -> (RowStatus, T) {
+    scan(row)
+}
+
+multiversion! {
+    /// `scan` on its own: a row's status and maximum.
+    pub fn scan_row<T>(row: &[T]) -> (RowStatus, T) = scan_row_impl;
+}
+
 /// Index of the first entry equal to `value` (numpy/torch argmax of the max: lowest
 /// index on ties); 0 if there is none.
 #[inline(always)]

@@ -6,9 +6,18 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import attention, block_table, hashing, layers, rope, sampling, structured
+from . import attention, block_table, hashing, layers, rope, sampling, spec_decode, structured
 
-MODULES = ("sampling", "hashing", "block_table", "layers", "rope", "attention", "structured")
+MODULES = (
+    "sampling",
+    "hashing",
+    "block_table",
+    "layers",
+    "rope",
+    "attention",
+    "structured",
+    "spec_decode",
+)
 
 __all__ = [
     "MODULES",
@@ -18,5 +27,6 @@ __all__ = [
     "layers",
     "rope",
     "sampling",
+    "spec_decode",
     "structured",
 ]

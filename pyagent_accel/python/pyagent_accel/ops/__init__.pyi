@@ -4,6 +4,7 @@ from . import hashing as hashing
 from . import layers as layers
 from . import rope as rope
 from . import sampling as sampling
+from . import spec_decode as spec_decode
 from . import structured as structured
 
 MODULES: tuple[str, ...]
@@ -16,5 +17,6 @@ __all__ = [
     "layers",
     "rope",
     "sampling",
+    "spec_decode",
     "structured",
 ]

@@ -1,7 +1,7 @@
 """The validation layer of the ops wrappers (private): arguments converted and checked
 as `pyagent_ref.ops` converts and checks them, the float-array helpers of layers, rope,
 attention and structured (`FLOAT_KINDS`, `array_library`, `float_view`, `float_as`, `wrap_float`),
-and the builder of the sampling wrappers.
+the builder of the sampling wrappers, and the checks of spec_decode's flattened layout.
 
 The checks mirror `pyagent_ref.ops._arrays` and the ops step for step (same order,
 exception classes and messages) for the two array libraries pyagent_accel supports:
@@ -189,10 +189,11 @@ def wrap_float(out: np.ndarray, like: Any, torch_in: bool) -> Any:
 # --- main arrays: the checks the reference makes first ----------------------------------
 
 
-def logits_array(x: Any, name: str = "logits") -> tuple[np.ndarray, bool]:
+def logits_array(x: Any, name: str = "logits", any_layout: bool = False) -> tuple[np.ndarray, bool]:
     """The cheap checks of `check_logits`; returns (numpy view, input was torch).
 
-    The row checks (NaN/+inf, all -inf) run in Rust, fused with each op.
+    The row checks (NaN/+inf, all -inf) run in Rust, fused with each op. Rows must be
+    contiguous unless `any_layout` (an op that reads a few rows, copying a strided one).
     """
     if isinstance(x, np.ndarray):
         torch_in = False
@@ -211,6 +212,8 @@ def logits_array(x: Any, name: str = "logits") -> tuple[np.ndarray, bool]:
     if x.shape[1] == 0:
         raise ValueError(f"{name} must have a non-empty vocab axis, got shape {tuple(x.shape)}")
     arr = tensor_to_numpy(x) if torch_in else x
+    if any_layout and arr.flags.aligned:
+        return arr, torch_in
     rows_ok = arr.flags.c_contiguous or arr.strides[1] == arr.itemsize or arr.shape[1] == 1
     if not (rows_ok and arr.flags.aligned):
         raise ValueError(
@@ -222,7 +225,10 @@ def logits_array(x: Any, name: str = "logits") -> tuple[np.ndarray, bool]:
 
 
 def check_logits(x: np.ndarray, name: str = "logits") -> None:
-    """The row checks of `check_logits` (NaN/+inf, then all -inf), in Rust."""
+    """The row checks of `check_logits` (NaN/+inf, then all -inf), in Rust. Only error
+    paths call it, so logits whose rows are strided are copied for it."""
+    if not (x.flags.c_contiguous or x.strides[1] == x.itemsize or x.shape[1] == 1):
+        x = np.ascontiguousarray(x)
     _native.check_logits(x, name)
 
 
@@ -258,48 +264,50 @@ def seeds_array(seeds: Any, name: str = "seeds") -> tuple[np.ndarray, bool]:
 # (a numpy view) and `torch_in` says whether the inputs are torch tensors.
 
 
+def row_param(value: Any, name: str, dtype: np.dtype, batch: int, torch_in: bool) -> np.ndarray:
+    """A per-row parameter as `_arrays.row_param` converts it: a (batch,) numpy array of
+    `dtype`, converted by the library of the main array (torch if `torch_in`)."""
+    if (
+        not torch_in
+        and type(value) is np.ndarray
+        and value.dtype == dtype
+        and value.ndim == 1
+        and value.shape[0] == batch
+    ):
+        return native_array(value)
+    kind = dtype_name(value) if hasattr(value, "dtype") else None
+    if kind is not None and not ("float" in kind or "int" in kind):
+        raise TypeError(f"{name} must hold numbers, got dtype {kind}")
+    if kind is not None and "float" in kind and dtype == I64:
+        raise TypeError(f"{name} must hold integers, got dtype {kind}")
+    if is_torch(value):
+        check_cpu(value, name)
+    try:
+        if torch_in:
+            torch = sys.modules["torch"]
+            arr = torch.asarray(value, dtype=torch_dtype(dtype), device="cpu")
+        else:
+            arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        raise TypeError(f"{name} must be array-like of numbers, got {value!r}") from exc
+    if arr.ndim != 1 or arr.shape[0] != batch:
+        raise ValueError(
+            f"{name} must have shape ({batch},) to match the batch, got shape {tuple(arr.shape)}"
+        )
+    return native_array(tensor_to_numpy(arr) if torch_in else arr)
+
+
 @dataclass(frozen=True)
 class Rows:
-    """A per-row parameter, as `_arrays.row_param` converts it: a (batch,) array of
-    `dtype` (LOGITS_DTYPE: the logits' dtype)."""
+    """A per-row parameter (`row_param`) of `dtype` (LOGITS_DTYPE: the logits' dtype)."""
 
     name: str
     dtype: np.dtype | None
 
     def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
-        name, i, batch = self.name, at[self.name], x.shape[0]
+        i = at[self.name]
         dtype = x.dtype if self.dtype is None else self.dtype
-        value = args[i]
-        if (
-            not torch_in
-            and type(value) is np.ndarray
-            and value.dtype == dtype
-            and value.ndim == 1
-            and value.shape[0] == batch
-        ):
-            args[i] = native_array(value)
-            return
-        kind = dtype_name(value) if hasattr(value, "dtype") else None
-        if kind is not None and not ("float" in kind or "int" in kind):
-            raise TypeError(f"{name} must hold numbers, got dtype {kind}")
-        if kind is not None and "float" in kind and dtype == I64:
-            raise TypeError(f"{name} must hold integers, got dtype {kind}")
-        if is_torch(value):
-            check_cpu(value, name)
-        try:
-            if torch_in:
-                torch = sys.modules["torch"]
-                arr = torch.asarray(value, dtype=torch_dtype(dtype), device="cpu")
-            else:
-                arr = np.asarray(value, dtype=dtype)
-        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
-            raise TypeError(f"{name} must be array-like of numbers, got {value!r}") from exc
-        if arr.ndim != 1 or arr.shape[0] != batch:
-            raise ValueError(
-                f"{name} must have shape ({batch},) to match the batch, "
-                f"got shape {tuple(arr.shape)}"
-            )
-        args[i] = native_array(tensor_to_numpy(arr) if torch_in else arr)
+        args[i] = row_param(args[i], self.name, dtype, x.shape[0], torch_in)
 
 
 @dataclass(frozen=True)
@@ -381,26 +389,133 @@ class Count:
             raise ValueError(f"{name} must be >= 0, got {num}")
 
 
-@dataclass(frozen=True)
-class Values:
+def check_values(arr: np.ndarray, check: Any, message: str, vocab: int = 0) -> None:
     """ValueError `message`, formatted with row, value and vocab, for the first entry of
-    a converted argument that `check` rejects. The vocab (the length of the main
-    array's last axis) also ends the range of Check.INDEX.
+    the converted 1-D array `arr` that `check` (a _native.Check) rejects; `vocab` ends
+    the range of Check.INDEX.
 
     The scan runs in Rust (`_native.first_bad`); the message is formatted here so
     values print exactly as the reference prints them (Python float/int repr).
     """
+    row = _native.first_bad(arr, check, vocab)
+    if row >= 0:
+        value = int(arr[row]) if arr.dtype.kind == "i" else float(arr[row])
+        raise ValueError(message.format(row=row, value=value, vocab=vocab))
+
+
+@dataclass(frozen=True)
+class Values:
+    """`check_values` on a converted argument; the vocab is the length of the main
+    array's last axis."""
 
     name: str
     check: Any  # a _native.Check
     message: str
 
     def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
-        arr, vocab = args[at[self.name]], x.shape[-1]
-        row = _native.first_bad(arr, self.check, vocab)
-        if row >= 0:
-            value = int(arr[row]) if arr.dtype.kind == "i" else float(arr[row])
-            raise ValueError(self.message.format(row=row, value=value, vocab=vocab))
+        check_values(args[at[self.name]], self.check, self.message, x.shape[-1])
+
+
+# --- speculative decoding: the flattened layout of `spec_decode` ----------------------------
+#
+# As `pyagent_ref.ops.spec_decode` checks them (its `_validated`, `_draft_probs` and the
+# per-request parameters of `rejection_sample`), for target logits `x` already through
+# `logits_array`. The checks the reference makes with its array library (conversions,
+# printed values) use the logits' library here too.
+
+INT64_MAX = 2**63 - 1
+
+
+def int_vector(value: Any, name: str, torch_in: bool) -> np.ndarray:
+    """Integers as int64 (any shape: the caller checks it), converted by the logits'
+    library: TypeError for another dtype or for what the library cannot convert."""
+    kind = dtype_name(value) if hasattr(value, "dtype") else "int"
+    if "int" not in kind:
+        raise TypeError(f"{name} must hold integers, got dtype {kind}")
+    if is_torch(value):
+        check_cpu(value, name)
+    try:
+        if torch_in:
+            torch = sys.modules["torch"]
+            arr = tensor_to_numpy(torch.asarray(value, dtype=torch.int64, device="cpu"))
+        else:
+            arr = np.asarray(value, dtype=I64)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        raise TypeError(f"{name} must be array-like of integers, got {value!r}") from exc
+    return native_array(arr)
+
+
+def draft_layout(
+    x: np.ndarray, draft_token_ids: Any, num_draft_tokens: Any, torch_in: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(num_draft_tokens, draft_token_ids) as int64 vectors, checked against each other
+    and against the (N + batch, vocab) target logits `x`."""
+    counts = int_vector(num_draft_tokens, "num_draft_tokens", torch_in)
+    drafts = int_vector(draft_token_ids, "draft_token_ids", torch_in)
+    if counts.ndim != 1:
+        raise ValueError(f"num_draft_tokens must have shape (batch,), got {tuple(counts.shape)}")
+    check_values(counts, Check.NONNEG, "num_draft_tokens[{row}] must be >= 0, got {value}")
+    batch, total = counts.shape[0], int(counts.sum())
+    if drafts.ndim != 1 or drafts.shape[0] != total:
+        raise ValueError(
+            f"draft_token_ids must have shape ({total},) (the sum of num_draft_tokens), "
+            f"got shape {tuple(drafts.shape)}"
+        )
+    if x.shape[0] != total + batch:
+        raise ValueError(
+            f"target_logits must have {total + batch} rows (one per draft and one per "
+            f"request), got shape {tuple(x.shape)}"
+        )
+    message = "draft_token_ids[{row}] must be in [0, {vocab}), got {value}"
+    check_values(drafts, Check.INDEX, message, x.shape[1])
+    return counts, drafts
+
+
+def draft_probs_array(draft_probs: Any, x: np.ndarray, batch: int, torch_in: bool) -> Any:
+    """None, or q as the numpy array Rust reads (its own float dtype and layout): shape
+    (N, vocab) for the (N + batch, vocab) target logits `x`, every entry finite and >= 0.
+    The message of a bad row prints it as the reference does (float64, logits' library)."""
+    if draft_probs is None:
+        return None
+    kind = dtype_name(draft_probs) if hasattr(draft_probs, "dtype") else type(draft_probs).__name__
+    if kind not in FLOAT_DTYPE_NAMES:
+        raise TypeError(f"draft_probs must be None or float32 or float64, got {kind}")
+    q = float_view(draft_probs, "draft_probs", is_torch(draft_probs))
+    shape = (x.shape[0] - batch, x.shape[1])
+    if tuple(q.shape) != shape:
+        raise ValueError(
+            f"draft_probs must have shape {shape} (drafts, vocab), got {tuple(q.shape)}"
+        )
+    # min and max (NaN propagates) decide validity in two vectorised passes; only a bad q
+    # is scanned for its first bad entry
+    if q.size and not (q.min() >= 0 and q.max() < np.inf):
+        row = _native.first_bad(np.ravel(q), Check.FINITE_NONNEG) // shape[1]
+        if torch_in:
+            torch = sys.modules["torch"]
+            q64 = torch.asarray(draft_probs, dtype=torch.float64, device="cpu")
+        else:
+            q64 = np.asarray(draft_probs, dtype=F64)
+        raise ValueError(f"draft_probs row {row} must be finite and >= 0, got {q64[row]}")
+    return q
+
+
+def request_scalars(
+    counts: np.ndarray, temperature: Any, seeds: Any, positions: Any, torch_in: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(temperature float64, seeds int64, positions int64), one per request: temperatures
+    finite and >= 0, positions leaving room for the request's k + 1 tokens."""
+    batch = counts.shape[0]
+    t = row_param(temperature, "temperature", F64, batch, torch_in)
+    check_values(t, Check.FINITE_NONNEG, "temperature[{row}] must be finite and >= 0, got {value}")
+    seed = row_param(seeds, "seeds", I64, batch, torch_in)
+    pos = row_param(positions, "positions", I64, batch, torch_in)
+    bad = np.flatnonzero((pos < 0) | (pos > INT64_MAX - counts))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(
+            f"positions[{b}] must be in [0, 2**63 - 1 - num_draft_tokens[{b}]], got {int(pos[b])}"
+        )
+    return t, seed, pos
 
 
 Step = Callable[[list[Any], dict[str, int], np.ndarray, bool], None]
