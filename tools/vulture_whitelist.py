@@ -39,3 +39,4 @@ annotations  # a Responses API output_text field
 created_at  # a Responses API response field
 _.should_exit  # uvicorn's server loop reads it
 _.binary_location  # selenium hands it to chromedriver (tests/server/test_playground.py)
+_.json_object  # StructuredOutputsParams field, read through getattr (kind)

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..tokenize.bpe import BPETokenizer, byte_level_decoding
-from ..tokenize.hf import HFTokenizer
-from ..tokenize.protocol import Tokenizer
-from ..tokenize.tiktoken_backend import TiktokenTokenizer
+if TYPE_CHECKING:  # imported where used: the grammar stages need no tokenizer library
+    from ..tokenize.bpe import BPETokenizer
+    from ..tokenize.hf import HFTokenizer
+    from ..tokenize.protocol import Tokenizer
+    from ..tokenize.tiktoken_backend import TiktokenTokenizer
 
 __all__ = ["TokenTrie", "token_bytes"]
 
@@ -51,6 +52,10 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes | None]:
         ValueError: an HF tokenizer whose decoder is neither byte-level nor
             SentencePiece-style (WordPiece, ...): its tokens' bytes depend on their context.
     """
+    from ..tokenize.bpe import BPETokenizer
+    from ..tokenize.hf import HFTokenizer
+    from ..tokenize.tiktoken_backend import TiktokenTokenizer
+
     if isinstance(tokenizer, BPETokenizer):
         table = _bpe_bytes(tokenizer)
     elif isinstance(tokenizer, HFTokenizer):
@@ -118,6 +123,8 @@ def _hf_speller(decoder: dict[str, Any] | None) -> Any:
     steps = _decoder_steps(decoder)
     kinds = {step["type"] for step in steps}
     if "ByteLevel" in kinds:
+        from ..tokenize.bpe import byte_level_decoding
+
         return byte_level_decoding
     spaces = [
         step["pattern"].get("String")
