@@ -60,7 +60,7 @@ class Sampler:
 
     def __init__(self, ops: ModuleType) -> None:
         self.ops = ops.sampling
-        self.all_ops = ops
+        self.structured = ops.structured
 
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         s, p = self.ops, [r.params for r in rows]
@@ -106,7 +106,7 @@ class Sampler:
         for i, r in enumerate(rows):
             if r.bitmask is not None:
                 bitmask[i] = r.bitmask
-        return self.all_ops.structured.apply_token_bitmask(x, bitmask)
+        return self.structured.apply_token_bitmask(x, bitmask)
 
     @staticmethod
     def _mask_early_stops(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
