@@ -437,7 +437,12 @@ class AsyncLLM(_Frontend):
     async def _run(self) -> None:
         """Step while requests are in flight. An exception outside any one request's
         part of a step (an engine bug) ends every in-flight request with
-        finish_reason "error" and is logged; the task itself never fails."""
+        finish_reason "error" and is logged; the task itself never fails.
+
+        The next step starts (in its worker thread) before this task yields the event
+        loop: the consumers of the deltas just delivered (a server's streams) do their
+        work while the model runs, instead of between steps. Requests waiting for the
+        lock to be admitted or aborted still go first (asyncio.Lock is fair)."""
         while True:
             async with self._lock:
                 if not self.core.has_unfinished_requests():
@@ -452,7 +457,6 @@ class AsyncLLM(_Frontend):
                     error = f"the engine failed: {type(exc).__name__}: {exc}"
                     self._end(list(self.processor.requests), RequestStatus.FINISHED_ERROR, error)
                 self._deliver()
-            await asyncio.sleep(0)
 
 
 _POOLING_SAMPLING = SamplingParams(max_tokens=1)  # what a pooling request's sampler never uses
