@@ -346,12 +346,16 @@ class AsyncLLM(_Frontend):
         """Stream the deltas of one request. Raises ValueError/TypeError at the first
         iteration for a request that admission rejects (nothing is queued then)."""
         params = SamplingParams() if params is None else params
-        if isinstance(params, SamplingParams) and params.structured_outputs is not None:
+        constraint = getattr(params, "structured_outputs", None)
+        if constraint is not None:
             # compiled on a worker thread while the engine steps the other requests
             # (waited for, not awaited: an error is raised, named, by _validate below)
+            future = self.structured.compile(constraint)
             await asyncio.wait(
-                [asyncio.wrap_future(self.structured.compile(params.structured_outputs))]
+                [asyncio.wrap_future(future)], timeout=self.structured.compile_timeout_s
             )
+            if not future.done():
+                raise self.structured.timeout_error(constraint)
         stream = self._stream(prompt, params, request_id)
         try:
             async for out in stream:

@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from types import ModuleType
 from typing import Any
 
@@ -46,9 +47,11 @@ class StructuredOutputs:
         backend: ModuleType = reference,
         max_workers: int = 1,
         cache_size: int = 256,
+        compile_timeout_s: float = 60.0,
     ) -> None:
         self.tokenizer = tokenizer
         self.backend = backend
+        self.compile_timeout_s = compile_timeout_s
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="pyagent-grammar")
         self._cache: OrderedDict[tuple, Future[Any]] = OrderedDict()
         self._cache_size = cache_size
@@ -75,11 +78,21 @@ class StructuredOutputs:
             return future
 
     def grammar(self, params: StructuredOutputsParams) -> Any:
-        """The grammar of a constraint, waiting for it; ValueError names what is wrong."""
+        """The grammar of a constraint, waiting at most ``compile_timeout_s`` for it;
+        ValueError names what is wrong (a compilation still running past the timeout
+        goes on in the background, and its result is cached)."""
         try:
-            return self.compile(params).result()
+            return self.compile(params).result(timeout=self.compile_timeout_s)
+        except FutureTimeout:
+            raise self.timeout_error(params) from None
         except (ValueError, RecursionError) as exc:
             raise ValueError(f"structured_outputs.{params.kind} cannot be used: {exc}") from None
+
+    def timeout_error(self, params: StructuredOutputsParams) -> ValueError:
+        return ValueError(
+            f"structured_outputs.{params.kind} cannot be used: compiling it took more than "
+            f"{self.compile_timeout_s:g} s"
+        )
 
     def matcher(self, grammar: Any, end_token_ids: Sequence[int]) -> Any:
         """A fresh matcher of ``grammar`` (from `grammar`); ``end_token_ids`` (EOS, stop

@@ -190,3 +190,34 @@ def test_accel_ops_draw_the_same_constrained_tokens(llm):
     prompts = [PROMPT, "Is it?", "import os\n"]
     expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert [o.outputs[0].token_ids for o in accel.generate(prompts, params)] == expected
+
+
+def test_a_compilation_past_the_timeout_is_an_admission_error(llm, monkeypatch):
+    release = threading.Event()
+    slow = {"regex": "[a-c]{7}"}  # a key no other test compiles
+    monkeypatch.setattr(llm.structured, "compile_timeout_s", 0.2)
+    llm.structured._pool.submit(release.wait, 30)  # holds the one compile thread
+    try:
+        with pytest.raises(ValueError, match=r"structured_outputs.regex .* more than 0.2 s"):
+            llm.generate(PROMPT, constrained(**slow))
+    finally:
+        release.set()
+    assert not llm.core.has_unfinished_requests()
+    out = llm.generate(PROMPT, constrained(**slow))[0].outputs[0]  # compiled meanwhile
+    assert re.fullmatch("[a-c]{7}", out.text)
+
+
+def test_async_compilation_past_the_timeout_is_an_admission_error():
+    engine = AsyncLLM(ops="ref", max_num_batched_tokens=64)
+    engine.structured.compile_timeout_s = 0.2
+    release = threading.Event()
+    engine.structured._pool.submit(release.wait, 30)
+
+    async def main():
+        with pytest.raises(ValueError, match="more than 0.2 s"):
+            async for _ in engine.generate(PROMPT, constrained(regex="[0-9]{2}")):
+                pass
+        release.set()
+        return [o async for o in engine.generate("import os\n", SamplingParams(max_tokens=2))]
+
+    assert asyncio.run(main())[-1].finished
