@@ -1,6 +1,7 @@
 """Speculative-decoding ops: verifying a batch of draft tokens against the target model.
 
-A proposer (n-gram lookup, a draft model, ...) guesses the next k tokens of a request;
+A proposer (n-gram lookup: `propose_ngram`; a draft model, ...) guesses the next k tokens
+of a request;
 the target model scores the request's last token and the k drafts in one forward pass,
 giving k + 1 rows of logits; verification keeps the longest acceptable prefix of the
 drafts and then emits one token of its own, so every step emits between 1 and k + 1
@@ -41,7 +42,7 @@ from array_api_compat import device
 from ._arrays import FLOAT_DTYPE_NAMES, check_logits, dtype_name, first_bad_row, row_param
 from .sampling import philox_uniform
 
-__all__ = ["verify_greedy", "rejection_sample"]
+__all__ = ["verify_greedy", "rejection_sample", "propose_ngram"]
 
 _NEG_INF = float("-inf")
 _INT64_MAX = 2**63 - 1
@@ -286,3 +287,107 @@ def rejection_sample(
     target = _target_argmax(xp, target_logits, grid)
     accepted = xp.where(greedy, grid.draft == target, accepted)
     return _emit(xp, grid, accepted, xp.where(greedy, target, own))
+
+
+# --- proposing: prompt lookup -----------------------------------------------------------------
+
+
+def _z_function(seq: list[int]) -> list[int]:
+    """z[i] = the length of the longest common prefix of seq and seq[i:] (z[0] = len(seq)).
+
+    Linear time (Gusfield's Z-algorithm): [left, right) is the rightmost window known to
+    equal a prefix of seq; inside it z[i] starts from the value already computed at
+    i - left, and only comparisons past `right` are new, and each moves `right` forward.
+    """
+    n = len(seq)
+    z = [0] * n
+    if n:
+        z[0] = n
+    left = right = 0
+    for i in range(1, n):
+        if i < right:
+            z[i] = min(right - i, z[i - left])
+        while i + z[i] < n and seq[z[i]] == seq[i + z[i]]:
+            z[i] += 1
+        if i + z[i] > right:
+            left, right = i, i + z[i]
+    return z
+
+
+def _lookup_settings(num_speculative_tokens: Any, lookup_min: Any, lookup_max: Any) -> None:
+    """The checks of `propose_ngram`'s three settings, in argument order."""
+    settings = {
+        "num_speculative_tokens": num_speculative_tokens,
+        "prompt_lookup_min": lookup_min,
+        "prompt_lookup_max": lookup_max,
+    }
+    for name, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if lookup_min > lookup_max:
+        raise ValueError(
+            f"prompt_lookup_min must be <= prompt_lookup_max, got "
+            f"prompt_lookup_min={lookup_min}, prompt_lookup_max={lookup_max}"
+        )
+
+
+def _token_list(token_ids: Any) -> list[int]:
+    """token_ids (a sequence of ints or a 1-D integer array) as a list of ints."""
+    if hasattr(token_ids, "dtype"):
+        kind = dtype_name(token_ids)
+        if "int" not in kind or token_ids.ndim != 1:
+            raise TypeError(
+                f"token_ids must be a 1-D integer array or a sequence of ints, got dtype "
+                f"{kind} and shape {tuple(token_ids.shape)}"
+            )
+        return [int(t) for t in token_ids.tolist()]
+    tokens = list(token_ids)
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"token_ids[{i}] must be an int, got {t!r}")
+    return tokens
+
+
+def propose_ngram(
+    token_ids: Any, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int
+) -> list[int]:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the longest
+    matching suffix of the sequence.
+
+    With s = token_ids (prompt + output so far, n tokens): an n-gram of length L matches
+    at j if s[j : j + L] == s[n - L : n] and j + L < n (an earlier occurrence, followed
+    by at least one token; it may overlap the suffix). The proposal uses the largest L in
+    [prompt_lookup_min, prompt_lookup_max] that matches anywhere and, among its matches,
+    the most recent one (the largest j); it is s[j + L : j + L + num_speculative_tokens],
+    so between 1 and num_speculative_tokens tokens (fewer when the match is close to the
+    end). No match (or n <= prompt_lookup_min) proposes nothing: [].
+
+    Linear time in n: on the reversed sequence r, a match of length >= L ending at
+    e = j + L - 1 in s is a common prefix of r and r[n - 1 - e:], which the Z-function of
+    r measures for every e at once.
+
+    Args:
+        token_ids: a sequence of ints or a 1-D integer array (numpy, torch).
+        num_speculative_tokens, prompt_lookup_min, prompt_lookup_max: ints >= 1, with
+            prompt_lookup_min <= prompt_lookup_max.
+    Returns:
+        a list of 0 to num_speculative_tokens ints.
+    Raises:
+        TypeError: a setting that is not an int, token ids that are not integers.
+        ValueError: a setting < 1, or prompt_lookup_min > prompt_lookup_max (the message
+            names the settings and their values).
+    """
+    _lookup_settings(num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)
+    s = _token_list(token_ids)
+    n = len(s)
+    z = _z_function(s[::-1])
+    best_length, best_end = 0, -1
+    for i in range(1, n):  # i = n - 1 - e: e runs from the newest end position down
+        length = min(z[i], prompt_lookup_max)
+        if length >= prompt_lookup_min and length > best_length:
+            best_length, best_end = length, n - 1 - i
+    if best_end < 0:
+        return []
+    return s[best_end + 1 : best_end + 1 + num_speculative_tokens]

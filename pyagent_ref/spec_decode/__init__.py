@@ -11,6 +11,6 @@ them get accepted, that is, how fast decoding goes.
 from __future__ import annotations
 
 from .config import SpeculativeConfig
-from .ngram import NgramProposer, propose_ngram
+from .ngram import NgramProposer
 
-__all__ = ["NgramProposer", "SpeculativeConfig", "propose_ngram"]
+__all__ = ["NgramProposer", "SpeculativeConfig"]

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pyagent_ref.spec_decode import NgramProposer, SpeculativeConfig, propose_ngram
-from pyagent_ref.spec_decode.ngram import z_function
+from pyagent_ref.ops.spec_decode import _z_function as z_function
+from pyagent_ref.ops.spec_decode import propose_ngram
+from pyagent_ref.spec_decode import NgramProposer, SpeculativeConfig
 
 
 def brute_force(s: list[int], k: int, lo: int, hi: int) -> list[int]:
