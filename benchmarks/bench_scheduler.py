@@ -38,13 +38,13 @@ def run(ops_name: str, num_running: int, steps: int) -> list[float]:
         scheduler.add_request(Request(str(i), prompt, sampling_params=params, max_tokens=10_000))
     first = scheduler.schedule()  # the prefill step admits everyone
     scheduler.update_from_output(
-        first, ModelRunnerOutput({rid: 1 for rid in first.num_scheduled_tokens})
+        first, ModelRunnerOutput({rid: [1] for rid in first.num_scheduled_tokens})
     )
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
         sched = scheduler.schedule()
-        out = ModelRunnerOutput({rid: step % 32000 for rid in sched.num_scheduled_tokens})
+        out = ModelRunnerOutput({rid: [step % 32000] for rid in sched.num_scheduled_tokens})
         scheduler.update_from_output(sched, out)
         times.append((time.perf_counter() - t0) * 1e3)
         assert len(sched.num_scheduled_tokens) == num_running

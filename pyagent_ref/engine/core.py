@@ -51,6 +51,7 @@ from ..sched.outputs import (
 from ..sched.policy import POLICIES
 from ..sched.request import Request, RequestStatus
 from ..sched.scheduler import Scheduler, SchedulerConfig
+from ..spec_decode import NgramProposer, SpeculativeConfig
 from ..tokenize.loader import TOKENIZER_BACKENDS
 from ..worker.cuda_graph import DEFAULT_CAPTURE_SIZES
 from ..worker.model_runner import GRAPH_MODES, ModelRunner
@@ -152,6 +153,11 @@ class EngineConfig:
         again (`KVOffloadConfig`, or a dict of its fields); needs prefix caching.
     disable_hybrid_kv_cache_manager: give sliding-window layers full-attention KV (every
         block kept) instead of their own KV cache groups (see `kv_cache_groups`).
+    speculative_config: None, or speculative decoding: how drafts of each request's
+        next tokens are proposed and verified in one forward pass (`SpeculativeConfig`,
+        or a dict of its fields under vLLM's names: method, num_speculative_tokens,
+        prompt_lookup_min, prompt_lookup_max). Greedy outputs stay the same token for
+        token, sampled ones the same in distribution.
     """
 
     model: str | Path | None = None
@@ -176,6 +182,7 @@ class EngineConfig:
     tokenizer_backend: str = "auto"
     kv_offload: KVOffloadConfig | dict | None = None
     disable_hybrid_kv_cache_manager: bool = False
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -192,6 +199,8 @@ class EngineConfig:
                 )
         if isinstance(self.kv_offload, dict):
             self.kv_offload = KVOffloadConfig.from_dict(self.kv_offload)
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         if self.kv_offload is not None and not self.enable_prefix_caching:
             raise ValueError(
                 "kv_offload needs enable_prefix_caching=True: offloaded blocks are found "
@@ -233,6 +242,11 @@ _CONFIG_RULES = {
         "None, a KVOffloadConfig or a dict of its fields",
     ),
     "disable_hybrid_kv_cache_manager": (bool, _ANY, "a bool"),
+    "speculative_config": (
+        (SpeculativeConfig, dict, type(None)),
+        _ANY,
+        "None, a SpeculativeConfig or a dict of its fields",
+    ),
 }
 
 
@@ -323,6 +337,8 @@ class EngineCore:
         self.asleep = False
         self.accepting = True
         self.stats = EngineStats()
+        spec = config.speculative_config
+        self.proposer = NgramProposer(spec, self.ops) if spec is not None else None
         self._lock = threading.RLock()
 
     def _fit_max_model_len(self, model_len: int) -> int:
@@ -424,7 +440,28 @@ class EngineCore:
             result.errors.update(grammar_errors)
             outputs = self.scheduler.update_from_output(sched, result)
             self.stats.add(outputs.stats)
+            if self.proposer is not None:
+                self._propose_drafts()
             return outputs
+
+    def _propose_drafts(self) -> None:
+        """Speculative decoding: drafts for the next step of each running request that
+        decodes (its tokens all computed but the last), at most as many as its
+        max_tokens and the context leave room for. Requests with structured outputs or
+        pooling get none (their grammar would have to follow the drafts)."""
+        for request in self.scheduler.running:
+            if (
+                request.num_computed_tokens != request.num_tokens - 1
+                or request.grammar is not None
+                or request.pooling_params is not None
+            ):
+                continue
+            room = min(
+                request.max_tokens - request.num_output_tokens - 1,
+                self.max_model_len - request.num_tokens,
+            )
+            if room > 0:
+                request.spec_token_ids = self.proposer.propose(request.all_token_ids)[:room]
 
     def _fill_grammar_bitmasks(self, sched: SchedulerOutput) -> dict[str, str]:
         """Structured outputs: the bitmask of the tokens each grammar allows next, for the

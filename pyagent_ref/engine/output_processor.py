@@ -142,12 +142,13 @@ class OutputProcessor:
         comp.token_ids.extend(out.new_token_ids)
         child.new_ids.extend(out.new_token_ids)
         if out.logprobs is not None and comp.logprobs is not None:
-            position = {
-                token: Logprob(value, rank, self.tokenizer.decode([token]))
-                for token, (value, rank) in out.logprobs.ranked().items()
-            }
-            comp.logprobs.append(position)
-            child.new_logprobs.append(position)
+            for logprobs in out.logprobs:  # one per new token
+                position = {
+                    token: Logprob(value, rank, self.tokenizer.decode([token]))
+                    for token, (value, rank) in logprobs.ranked().items()
+                }
+                comp.logprobs.append(position)
+                child.new_logprobs.append(position)
         core_done = out.finish_reason is not None
         ids = list(out.new_token_ids)
         if out.finish_reason == "stop" and not child.params.include_stop_str_in_output:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from .block import KVCacheBlock
 from .block_pool import BlockPool
-from .single_type import ContentOf, OffloadLookup, SingleTypeManager, make_manager
+from .single_type import ContentOf, OffloadLookup, SingleTypeManager, cdiv, make_manager
 from .specs import KVCacheConfig
 
 GroupBlocks = tuple[list[KVCacheBlock], ...]
@@ -97,6 +97,16 @@ class KVCacheCoordinator:
     def uncache_blocks(self, request_id: str, first_block: int) -> None:
         for manager in self.managers:
             manager.uncache_blocks(request_id, first_block)
+
+    def free_tail(self, request_id: str, num_tokens: int, num_encoder_tokens: int) -> tuple:
+        """Per group, free the blocks past those `num_tokens` tokens need; returns how
+        many blocks each group keeps."""
+        return tuple(
+            m.free_tail(
+                request_id, cdiv(m.tokens_to_hold(num_tokens, num_encoder_tokens), m.block_size)
+            )
+            for m in self.managers
+        )
 
     def free(self, request_id: str) -> None:
         for manager in self.managers:

@@ -259,6 +259,17 @@ class KVCacheManager:
         if self._num_cached.get(rid, 0) > first_block:
             self._num_cached[rid] = first_block
 
+    def free_tail(self, request: KVRequest, num_tokens: int) -> tuple[int, ...] | None:
+        """Speculative decoding's rollback: release the request's blocks past those its
+        first `num_tokens` tokens need (blocks that held only slots of rejected drafts;
+        they never entered the prefix cache, which takes only known tokens). Returns,
+        per group, how many blocks the request keeps, or None if none was freed."""
+        before = [len(ids) for ids in self.coordinator.get_blocks(request.request_id)]
+        kept = self.coordinator.free_tail(
+            request.request_id, num_tokens, request.num_encoder_tokens
+        )
+        return kept if list(kept) != before else None
+
     def free(self, request: KVRequest) -> None:
         """Release every block of the request (finished, aborted or preempted)."""
         self.coordinator.free(request.request_id)

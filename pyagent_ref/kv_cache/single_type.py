@@ -136,6 +136,15 @@ class SingleTypeManager:
         if self.num_cached.get(request_id, 0) > first_block:
             self.num_cached[request_id] = first_block
 
+    def free_tail(self, request_id: str, num_blocks: int) -> int:
+        """Release the request's blocks past its first `num_blocks` (never cached: they
+        held only slots of rejected drafts), last first; returns how many it keeps."""
+        blocks = self.req_to_blocks.get(request_id, [])
+        tail = blocks[num_blocks:]
+        del blocks[num_blocks:]
+        self.pool.free_blocks(reversed(tail))
+        return len(blocks)
+
     def free(self, request_id: str) -> None:
         """Release the request's blocks, last block first (so its head is evicted last)."""
         blocks = self.req_to_blocks.pop(request_id, [])

@@ -6,10 +6,15 @@ The pipeline, in vLLM's order, every stage an op of the chosen ops namespace:
     -> temperature -> min_p -> top_k -> top_p -> sample
 A stage is skipped when no row of the batch uses it; a disabled stage is the identity
 per row, so skipping never changes a row's token and sampling stays batch-invariant.
+
+Speculative decoding (`Sampler.verify`) runs the same pipeline on each of a request's
+k + 1 target rows — row i as if drafts 0 .. i-1 were already its output — and replaces
+the last stage by `spec_decode.rejection_sample`, which emits 1 to k + 1 tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -32,6 +37,7 @@ class SamplingRow:
     output_token_ids: Sequence[int]
     stop_ids: Sequence[int] = ()  # masked while len(output) < params.min_tokens
     bitmask: np.ndarray | None = None  # int32 words: the tokens its grammar allows next
+    draft_token_ids: Sequence[int] = ()  # speculative decoding: the drafts `verify` checks
 
     @property
     def position(self) -> int:
@@ -61,8 +67,69 @@ class Sampler:
     def __init__(self, ops: ModuleType) -> None:
         self.ops = ops.sampling
         self.structured = ops.structured
+        self.spec = ops.spec_decode
 
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        """One token per row of `logits`, drawn with its row's parameters."""
+        x, logprobs, temperature = self._process(logits, rows)
+        seeds = np.array([r.seed for r in rows], dtype=np.uint64).astype(np.int64)
+        positions = np.array([r.position for r in rows], dtype=np.int64)
+        tokens = self.ops.sample(
+            x, temperature, torch.from_numpy(seeds), torch.from_numpy(positions)
+        )
+        token_list = [int(t) for t in tokens]
+        return SamplerOutput(token_list, self._with_sampled(logprobs, token_list, rows))
+
+    def verify(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow]
+    ) -> list[tuple[list[int], list[Logprobs] | None]]:
+        """Speculative decoding: the tokens each request emits, and their logprobs.
+
+        Request b (rows[b], with k_b = len(draft_token_ids) drafts) owns the k_b + 1
+        consecutive rows of `logits` that score its last token and each draft, in the
+        layout of `spec_decode.rejection_sample`. Row i is processed as the sampler
+        processes a plain row whose output already ends with drafts 0 .. i-1 (so
+        penalties and min_tokens see them, and its Philox position is position + i);
+        then `rejection_sample` keeps the accepted drafts and adds one token. Greedy
+        requests get exactly greedy decoding's tokens, the others its distribution.
+        """
+        expanded = [
+            dataclasses.replace(
+                r,
+                output_token_ids=[*r.output_token_ids, *r.draft_token_ids[:i]],
+                draft_token_ids=(),
+            )
+            for r in rows
+            for i in range(len(r.draft_token_ids) + 1)
+        ]
+        x, logprobs, temperature = self._process(logits, expanded)
+        first = np.cumsum([0] + [len(r.draft_token_ids) + 1 for r in rows])[:-1]
+        emitted = self.spec.rejection_sample(
+            x,
+            np.array([t for r in rows for t in r.draft_token_ids], dtype=np.int64),
+            np.array([len(r.draft_token_ids) for r in rows], dtype=np.int64),
+            None,
+            temperature[first],
+            np.array([r.seed for r in rows], dtype=np.uint64).astype(np.int64),
+            np.array([r.position for r in rows], dtype=np.int64),
+        )
+        tokens = [[int(t) for t in row if t >= 0] for row in np.asarray(emitted)]
+        # each emitted token is the sampled token of its own row; rows past them score 0
+        sampled = [t for b, r in enumerate(rows) for t in _padded_to(tokens[b], r)]
+        per_row = self._with_sampled(logprobs, sampled, expanded)
+        return [
+            (
+                tokens[b],
+                per_row[first[b] : first[b] + len(tokens[b])]
+                if r.params.logprobs is not None
+                else None,
+            )
+            for b, r in enumerate(rows)
+        ]
+
+    def _process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]):
+        """Every stage before the draw: (final logits, their logprobs if any row asks,
+        the temperatures as `sample` takes them)."""
         s, p = self.ops, [r.params for r in rows]
         x = self._mask_by_grammar(logits.float(), rows)
         if any(q.repetition_penalty != 1 or q.frequency_penalty or q.presence_penalty for q in p):
@@ -91,11 +158,7 @@ class Sampler:
             x = s.apply_top_k(x, np.array([q.top_k_or_disabled for q in p], dtype=np.int64))
         if any(q.top_p < 1 for q in p):
             x = s.apply_top_p(x, np.array([q.top_p for q in p], dtype=np.float32))
-        seeds = np.array([r.seed for r in rows], dtype=np.uint64).astype(np.int64)
-        positions = np.array([r.position for r in rows], dtype=np.int64)
-        tokens = s.sample(x, temperature, torch.from_numpy(seeds), torch.from_numpy(positions))
-        token_list = [int(t) for t in tokens]
-        return SamplerOutput(token_list, self._with_sampled(logprobs, token_list, rows))
+        return x, logprobs, temperature
 
     def _mask_by_grammar(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         """Structured outputs: a token its row's grammar does not allow next is masked
@@ -156,3 +219,8 @@ class Sampler:
 def _padded_values(rows: Sequence[Sequence[float]]) -> list[list[float]]:
     width = max((len(r) for r in rows), default=0)
     return [list(r) + [0.0] * (max(width, 1) - len(r)) for r in rows]
+
+
+def _padded_to(tokens: list[int], row: SamplingRow) -> list[int]:
+    """A request's emitted tokens, padded with 0 to its k + 1 verification rows."""
+    return tokens + [0] * (len(row.draft_token_ids) + 1 - len(tokens))

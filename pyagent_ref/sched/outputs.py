@@ -33,11 +33,16 @@ class NewRequestData:
 
 @dataclass(slots=True)
 class CachedRequestData:
-    """A request the runner holds: the blocks it gained and its computed-token count."""
+    """A request the runner holds: the blocks it gained and its computed-token count.
+
+    kept_blocks: None, or per KV cache group how many of its blocks the request still
+    holds before new_block_ids: blocks past them were freed (the slots of rejected
+    speculative drafts, `KVCacheManager.free_tail`)."""
 
     req_id: str
     new_block_ids: tuple[list[int], ...]
     num_computed_tokens: int
+    kept_blocks: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -54,6 +59,9 @@ class SchedulerOutput:
     # request id -> the int32 bitmask row of the tokens its grammar allows next, for the
     # requests with structured outputs that draw a token this step
     grammar_bitmask: dict[str, np.ndarray] = field(default_factory=dict)
+    # request id -> its speculative drafts, scheduled after its last known token (they
+    # are counted in num_scheduled_tokens)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -62,12 +70,14 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """Per scheduled request: the token sampled after its last scheduled token (None
-    for a prefill chunk that does not reach the end of its known tokens), or the error
-    that sampling it raised (the request fails; the others are unaffected)."""
+    """Per scheduled request: the tokens it emits — the one sampled after its last
+    scheduled token, preceded by its accepted speculative drafts; none for a prefill
+    chunk that does not reach the end of its known tokens — with their logprobs if
+    asked for, or the error that sampling raised (the request fails; the others are
+    unaffected)."""
 
-    sampled_token_ids: dict[str, int | None]
-    logprobs: dict[str, Logprobs | None] = field(default_factory=dict)
+    sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, list[Logprobs] | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     pooled: dict[str, list[float]] = field(default_factory=dict)  # pooling requests done
 
@@ -78,7 +88,7 @@ class EngineCoreOutput:
 
     req_id: str
     new_token_ids: tuple[int, ...]
-    logprobs: Logprobs | None = None
+    logprobs: tuple[Logprobs, ...] | None = None  # one per new token, if asked for
     finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: int | str | None = None  # the stop token id, when a stop token ended it
     error: str | None = None  # what went wrong, when finish_reason is "error"
@@ -97,6 +107,64 @@ class StepStats:
     num_preempted: int
     kv_usage: float
     prefix_hit_rate: float
+    spec: SpecDecodeStats | None = None  # speculative decoding, when drafts ran
+
+
+@dataclass
+class SpecDecodeStats:
+    """Speculative decoding counts: of drafts proposed (scheduled for verification), how
+    many were accepted, in total and by position in the draft (accepted_per_position[i]:
+    verified requests whose draft i was accepted)."""
+
+    num_verified: int = 0  # request-steps that verified at least one draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafts_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        """One request's verification: num_accepted of its num_drafts drafts were kept."""
+        self.num_verified += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        for counts, n in (
+            (self.drafts_per_position, num_drafts),
+            (self.accepted_per_position, num_accepted),
+        ):
+            counts.extend([0] * (n - len(counts)))
+            for i in range(n):
+                counts[i] += 1
+
+    def add(self, other: SpecDecodeStats) -> None:
+        self.num_verified += other.num_verified
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        for mine, theirs in (
+            (self.drafts_per_position, other.drafts_per_position),
+            (self.accepted_per_position, other.accepted_per_position),
+        ):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, n in enumerate(theirs):
+                mine[i] += n
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed drafts (0 before any)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """Per draft position i: how often draft i was accepted when proposed."""
+        accepted = self.accepted_per_position
+        return [
+            (accepted[i] if i < len(accepted) else 0) / d
+            for i, d in enumerate(self.drafts_per_position)
+        ]
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verifying request-step: 1 + the drafts it accepted."""
+        return 1 + self.num_accepted_tokens / self.num_verified if self.num_verified else 0.0
 
 
 @dataclass
@@ -112,6 +180,7 @@ class EngineStats:
     max_running: int = 0
     max_waiting: int = 0
     max_kv_usage: float = 0.0
+    spec: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     last: StepStats | None = None
 
     def add(self, step: StepStats) -> None:
@@ -123,6 +192,8 @@ class EngineStats:
         self.max_running = max(self.max_running, step.num_running)
         self.max_waiting = max(self.max_waiting, step.num_waiting)
         self.max_kv_usage = max(self.max_kv_usage, step.kv_usage)
+        if step.spec is not None:
+            self.spec.add(step.spec)
         self.last = step
 
     def reset(self) -> None:

@@ -105,6 +105,8 @@ class Request:
             outputs: it masks each next token and follows the tokens drawn.
         pooling_params: set for a pooling (embedding) request: its prompt is computed,
             pooled into one vector (`model.pooling`), and it finishes without sampling.
+        spec_token_ids: speculative decoding: the drafts proposed for its next tokens,
+            verified in its next step (then cleared).
     """
 
     request_id: str
@@ -129,6 +131,7 @@ class Request:
     error: str | None = None
     grammar: Any = None
     pooling_params: PoolingParams | None = None
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -25,6 +25,13 @@ A request's computed-token count advances at scheduling time, as the runner will
 compute those tokens in this step. `update_from_output` appends each sampled token and
 applies the stop conditions: EOS (unless ignore_eos), stop token ids, both only from
 min_tokens on, and max_tokens / the model's context length.
+
+Speculative decoding: a decoding request with drafts (`Request.spec_token_ids`) is
+scheduled 1 + k tokens, its last token and the k drafts (fewer if the budget is short),
+and the runner emits 1 to k + 1 tokens for it. The KV of rejected drafts is rolled
+back: the computed count drops by their number (the next step overwrites their slots)
+and blocks that held nothing else are freed (`KVCacheManager.free_tail`). Drafts never
+enter the prefix cache: it takes only full blocks of known tokens.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from .outputs import (
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
+    SpecDecodeStats,
     StepStats,
 )
 from .policy import make_queue
@@ -82,6 +90,7 @@ class Scheduler:
         self._finished_ids: set[str] = set()
         self._failed: list[EngineCoreOutput] = []  # finished by schedule(), not yet reported
         self._known_to_runner: set[str] = set()
+        self._kept_blocks: dict[str, tuple[int, ...]] = {}  # trimmed, runner not yet told
 
     # --- requests ----------------------------------------------------------------------
 
@@ -139,12 +148,17 @@ class Scheduler:
         lookahead = cfg.num_lookahead_tokens
         scheduled: dict[str, int] = {}
         new_blocks: dict[str, tuple[list[int], ...]] = {}
+        drafts: dict[str, list[int]] = {}
         preempted: list[Request] = []
 
         for request in list(self.running):
             if budget == 0 or request.status != RequestStatus.RUNNING:
                 continue  # out of budget, or preempted earlier in this loop
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new == 1 and request.spec_token_ids:  # a decode with drafts to verify
+                drafts[request.request_id] = request.spec_token_ids[: budget - 1]
+                num_new += len(drafts[request.request_id])
+            request.spec_token_ids = []
             while (blocks := self.kv.allocate_slots(request, num_new, lookahead)) is None:
                 candidates = [r for r in self.running if r.request_id not in scheduled]
                 if request is self.running[0]:
@@ -205,6 +219,7 @@ class Scheduler:
             budget -= num_new
 
         out = self._build_output(scheduled, new_blocks, admitted, preempted)
+        out.scheduled_spec_decode_tokens = {r: d for r, d in drafts.items() if d and r in scheduled}
         for rid, n in scheduled.items():
             request = self.requests[rid]
             request.num_computed_tokens += n
@@ -233,7 +248,14 @@ class Scheduler:
             )
             self._known_to_runner.add(request.request_id)
         for rid, ids in new_blocks.items():
-            cached.append(CachedRequestData(rid, ids, self.requests[rid].num_computed_tokens))
+            cached.append(
+                CachedRequestData(
+                    rid,
+                    ids,
+                    self.requests[rid].num_computed_tokens,
+                    self._kept_blocks.pop(rid, None),
+                )
+            )
         finished, self._finished_ids = self._finished_ids, set()
         preempted_ids = {r.request_id for r in preempted}
         self._known_to_runner -= preempted_ids | finished
@@ -250,6 +272,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv.free(request)
+        self._kept_blocks.pop(request.request_id, None)
+        request.spec_token_ids = []
         request.num_computed_tokens = 0
         request.move_to(RequestStatus.PREEMPTED)
         request.times.num_preemptions += 1
@@ -266,6 +290,7 @@ class Scheduler:
         outputs = []
         now = self.clock()
         sampled = result.sampled_token_ids
+        spec = SpecDecodeStats() if sched.scheduled_spec_decode_tokens else None
         for rid in sched.num_scheduled_tokens:
             request = self.requests.get(rid)
             if request is None or request.is_finished:
@@ -281,14 +306,48 @@ class Scheduler:
                     EngineCoreOutput(rid, (), finish_reason="stop", pooled=result.pooled[rid])
                 )
                 continue
-            token = sampled.get(rid)
-            if token is None:
+            tokens = sampled.get(rid)
+            if not tokens:
                 continue
+            if rid in sched.scheduled_spec_decode_tokens:
+                self._roll_back_rejected(
+                    request, len(sched.scheduled_spec_decode_tokens[rid]), len(tokens), spec
+                )
+            output = self._append_tokens(request, tokens, result.logprobs.get(rid), now)
+            if output is not None:
+                outputs.append(output)
+        failed, self._failed = self._failed, []
+        return EngineCoreOutputs(failed + outputs, self._stats(sched, spec))
+
+    def _roll_back_rejected(
+        self, request: Request, num_drafts: int, num_emitted: int, spec: SpecDecodeStats
+    ) -> None:
+        """Speculative decoding: of `num_drafts` drafts, num_emitted - 1 were accepted.
+        The rejected ones' KV is stale: the computed count drops by their number, and
+        blocks holding only their slots are freed (the runner hears of it next step)."""
+        rejected = num_drafts + 1 - num_emitted
+        spec.record(num_drafts, num_emitted - 1)
+        if not rejected:
+            return
+        request.num_computed_tokens -= rejected
+        kept = self.kv.free_tail(request, request.num_computed_tokens + 1)
+        if kept is not None:
+            self._kept_blocks[request.request_id] = kept
+
+    def _append_tokens(
+        self, request: Request, tokens: list[int], logprobs, now: float
+    ) -> EngineCoreOutput | None:
+        """Append a request's new tokens one by one, up to the first that stops it;
+        None if its structured output failed (it is finished with the error)."""
+        appended = []
+        status = stop_reason = None
+        for token in tokens:
             if request.grammar is not None and not request.grammar.accept_token(token):
                 self.running.remove(request)  # a mask was not applied: never silently go on
                 self._fail(request, f"token {token} breaks the request's structured output")
-                continue
+                return None
             request.output_token_ids.append(token)
+            appended.append(token)
             times = request.times
             if times.first_token is None:
                 times.first_token = now
@@ -298,17 +357,14 @@ class Scheduler:
                 self.running.remove(request)
                 request.stop_reason = stop_reason
                 self._finish(request, status)
-            outputs.append(
-                EngineCoreOutput(
-                    rid,
-                    (token,),
-                    result.logprobs.get(rid),
-                    status.value if status else None,
-                    stop_reason,
-                )
-            )
-        failed, self._failed = self._failed, []
-        return EngineCoreOutputs(failed + outputs, self._stats(sched))
+                break
+        return EngineCoreOutput(
+            request.request_id,
+            tuple(appended),
+            None if logprobs is None else tuple(logprobs[: len(appended)]),
+            status.value if status else None,
+            stop_reason,
+        )
 
     def _check_stop(self, request: Request, token: int) -> tuple[RequestStatus | None, int | None]:
         params = request.sampling_params
@@ -346,12 +402,16 @@ class Scheduler:
         request.move_to(status)
         request.times.finished = self.clock()
         self.kv.free(request)
+        self._kept_blocks.pop(request.request_id, None)
         if request.request_id in self._known_to_runner:
             self._finished_ids.add(request.request_id)
         del self.requests[request.request_id]
 
-    def _stats(self, sched: SchedulerOutput) -> StepStats:
-        prefill = sum(n for rid, n in sched.num_scheduled_tokens.items() if n > 1)
+    def _stats(self, sched: SchedulerOutput, spec: SpecDecodeStats | None = None) -> StepStats:
+        verifying = sched.scheduled_spec_decode_tokens
+        prefill = sum(
+            n for rid, n in sched.num_scheduled_tokens.items() if n > 1 and rid not in verifying
+        )
         metrics = self.kv.metrics()
         return StepStats(
             num_running=len(self.running),
@@ -362,6 +422,7 @@ class Scheduler:
             num_preempted=len(sched.preempted_req_ids),
             kv_usage=metrics.usage,
             prefix_hit_rate=metrics.hit_rate,
+            spec=spec,
         )
 
 

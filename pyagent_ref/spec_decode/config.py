@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 METHODS = ("ngram",)
 """The proposers that exist (vLLM's method names)."""
@@ -51,3 +51,12 @@ class SpeculativeConfig:
                 f"prompt_lookup_min={self.prompt_lookup_min}, "
                 f"prompt_lookup_max={self.prompt_lookup_max}"
             )
+
+    @classmethod
+    def from_dict(cls, value: dict) -> SpeculativeConfig:
+        """From a dict of the fields (vLLM's --speculative-config JSON object)."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {unknown}; its keys are {known}")
+        return cls(**value)

@@ -45,9 +45,10 @@ class PreparedBatch:
     query_start_loc: np.ndarray
     seq_lens: np.ndarray
     block_tables: np.ndarray  # (num_groups, num_reqs, max_blocks)
-    logits_indices: np.ndarray
+    logits_indices: np.ndarray  # per sampling row: 1 per request, 1 + k with k drafts
     samples: list[bool]  # request i samples a token this step (its known tokens are done)
     num_tokens: int
+    num_drafts: list[int]  # per request: the speculative drafts scheduled after its tokens
 
 
 class InputBatch:
@@ -88,28 +89,42 @@ class InputBatch:
             )
         for cached in sched.cached_requests:
             state = self.states[cached.req_id]
+            if cached.kept_blocks is not None:  # rejected drafts' blocks were freed
+                for ids, kept in zip(state.block_ids, cached.kept_blocks, strict=True):
+                    del ids[kept:]
             if cached.new_block_ids:
                 for ids, new in zip(state.block_ids, cached.new_block_ids, strict=True):
                     ids.extend(new)
             state.num_computed_tokens = cached.num_computed_tokens
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
-        """Fill the buffers with this step's flattened batch (in scheduling order)."""
+        """Fill the buffers with this step's flattened batch (in scheduling order): each
+        request's next scheduled tokens, then its speculative drafts if it has any."""
         req_ids = list(sched.num_scheduled_tokens)
-        offset, samples = 0, []
+        spec = sched.scheduled_spec_decode_tokens
+        offset, samples, num_drafts = 0, [], []
         self.query_start_loc[0] = 0
         for i, rid in enumerate(req_ids):
             state, n = self.states[rid], sched.num_scheduled_tokens[rid]
-            start = state.num_computed_tokens
-            self.input_ids[offset : offset + n] = state.token_ids[start : start + n]
+            start, drafts = state.num_computed_tokens, spec.get(rid, ())
+            known = n - len(drafts)
+            self.input_ids[offset : offset + known] = state.token_ids[start : start + known]
+            self.input_ids[offset + known : offset + n] = drafts
             self.positions[offset : offset + n] = np.arange(start, start + n)
             offset += n
             self.query_start_loc[i + 1] = offset
             self.seq_lens[i] = start + n
             for table, blocks in zip(self.block_tables, state.block_ids, strict=True):
                 table[i, : len(blocks)] = blocks
-            samples.append(start + n >= len(state.token_ids))
+            samples.append(start + known >= len(state.token_ids))
+            num_drafts.append(len(drafts))
         num_reqs = len(req_ids)
+        ends = self.query_start_loc[1 : num_reqs + 1]
+        logits_indices = ends - 1
+        if spec:  # a request with k drafts needs the logits of its last k + 1 tokens
+            logits_indices = np.concatenate(
+                [np.arange(end - 1 - k, end) for end, k in zip(ends, num_drafts, strict=True)]
+            )
         return PreparedBatch(
             req_ids=req_ids,
             input_ids=self.input_ids[:offset],
@@ -117,19 +132,19 @@ class InputBatch:
             query_start_loc=self.query_start_loc[: num_reqs + 1],
             seq_lens=self.seq_lens[:num_reqs],
             block_tables=self.block_tables[:, :num_reqs],
-            logits_indices=self.query_start_loc[1 : num_reqs + 1] - 1,
+            logits_indices=logits_indices,
             samples=samples,
             num_tokens=offset,
+            num_drafts=num_drafts,
         )
 
-    def after_step(self, sched: SchedulerOutput, sampled: dict[str, int | None]) -> None:
-        """Advance computed counts; append each sampled token to the request's tokens."""
+    def after_step(self, sched: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+        """Advance computed counts (the scheduler corrects them for rejected drafts next
+        step); append each request's emitted tokens to its tokens."""
         for rid, n in sched.num_scheduled_tokens.items():
             state = self.states[rid]
             state.num_computed_tokens += n
-            token = sampled.get(rid)
-            if token is not None:
-                state.token_ids.append(token)
+            state.token_ids.extend(sampled.get(rid, ()))
 
     def sampling_row(self, rid: str) -> SamplingRow:
         state = self.states[rid]

@@ -211,17 +211,23 @@ class ModelRunner:
             )
         pooled = self._pool(prep, hidden)
         rows = [i for i, s in enumerate(prep.samples) if s and prep.req_ids[i] not in pooled]
-        sampled: dict[str, int | None] = {rid: None for rid in prep.req_ids}
+        sampled: dict[str, list[int]] = {rid: [] for rid in prep.req_ids}
         logprobs, errors = {}, {}
         if rows:
-            index = torch.from_numpy(prep.logits_indices[rows]).to(self.device)
+            picks = rows
+            if sched.scheduled_spec_decode_tokens:  # request i's 1 + k logits rows
+                first = np.cumsum([0] + [k + 1 for k in prep.num_drafts])
+                picks = np.concatenate([np.arange(first[i], first[i + 1]) for i in rows])
+            index = torch.from_numpy(prep.logits_indices[picks]).to(self.device)
             logits = self.model.compute_logits(hidden[index]).cpu()
             sampling_rows = [self.batch.sampling_row(prep.req_ids[i]) for i in rows]
             for row in sampling_rows:
                 row.bitmask = sched.grammar_bitmask.get(row.request_id)
-            for row, token, top, error in self._sample(logits, sampling_rows):
+                row.draft_token_ids = sched.scheduled_spec_decode_tokens.get(row.request_id, ())
+            verify = bool(sched.scheduled_spec_decode_tokens)
+            for row, tokens, top, error in self._sample(logits, sampling_rows, verify):
                 if error is None:
-                    sampled[row.request_id], logprobs[row.request_id] = token, top
+                    sampled[row.request_id], logprobs[row.request_id] = tokens, top
                 else:
                     errors[row.request_id] = error
         self.batch.after_step(sched, sampled)
@@ -245,22 +251,36 @@ class ModelRunner:
                 pooled[rid] = vector.tolist()
         return pooled
 
-    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow]):
-        """(row, token, logprobs, error) per row. If the batch raises, one request's row
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], verify: bool):
+        """(row, tokens, their logprobs or None, error) per row: one token drawn, or with
+        `verify` (a step with speculative drafts) the tokens `Sampler.verify` emits, the
+        rows' logits laid out as it takes them. If the batch raises, one request's row
         may be at fault: each row is then sampled alone. Sampling is batch-invariant
         (the contract), so the other rows draw exactly the tokens they would have drawn."""
         try:
-            out = self.sampler(logits, rows)
-            return list(zip(rows, out.token_ids, out.logprobs, [None] * len(rows), strict=True))
+            return self._sample_batch(logits, rows, verify)
         except Exception:
-            results = []
-            for i, row in enumerate(rows):
+            results, start = [], 0
+            for row in rows:
+                end = start + (len(row.draft_token_ids) + 1 if verify else 1)
                 try:
-                    out = self.sampler(logits[i : i + 1], [row])
-                    results.append((row, out.token_ids[0], out.logprobs[0], None))
+                    results += self._sample_batch(logits[start:end], [row], verify)
                 except Exception as exc:
                     results.append((row, None, None, f"sampling failed: {_describe(exc)}"))
+                start = end
             return results
+
+    def _sample_batch(self, logits: torch.Tensor, rows: list[SamplingRow], verify: bool):
+        if verify:
+            return [
+                (row, t, lp, None)
+                for row, (t, lp) in zip(rows, self.sampler.verify(logits, rows), strict=True)
+            ]
+        out = self.sampler(logits, rows)
+        return [
+            (row, [token], None if lp is None else [lp], None)
+            for row, token, lp in zip(rows, out.token_ids, out.logprobs, strict=True)
+        ]
 
 
 def _layer_groups(kv_groups: Sequence[KVCacheGroup] | None, num_layers: int) -> list[list[int]]:

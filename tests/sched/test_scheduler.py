@@ -35,7 +35,7 @@ class StandInRunner:
         for rid in sched.num_scheduled_tokens:
             r = self.scheduler.requests[rid]
             done = r.num_computed_tokens >= r.num_tokens
-            sampled[rid] = token_for(rid, r.num_output_tokens) if done else None
+            sampled[rid] = [token_for(rid, r.num_output_tokens)] if done else []
         return ModelRunnerOutput(sampled)
 
 

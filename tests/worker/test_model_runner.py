@@ -55,7 +55,7 @@ def test_input_batch_flattens_prefill_and_decode():
     assert prep.query_start_loc.tolist() == [0, 4, 7] and prep.seq_lens.tolist() == [4, 3]
     assert prep.samples == [False, True]  # a is mid-prompt; b finished its prompt
     assert prep.logits_indices.tolist() == [3, 6]
-    batch.after_step(step1, {"a": None, "b": 42})
+    batch.after_step(step1, {"a": [], "b": [42]})
     step2 = SchedulerOutput(
         [], [CachedRequestData("a", (), 4), CachedRequestData("b", ([6],), 3)], {"a": 2, "b": 1}, 3
     )

@@ -1,0 +1,198 @@
+"""Speculative decoding in the engine: the proofs (greedy outputs equal token for token,
+sampled ones equal in distribution) and the bookkeeping (KV rollback, stops, logprobs,
+metrics) on a tiny random model."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
+from pyagent_ref.sample.params import SamplingParams  # noqa: E402
+from pyagent_ref.sched import Request, RequestStatus  # noqa: E402
+from pyagent_ref.spec_decode import SpeculativeConfig  # noqa: E402
+from tests.worker.helpers import ENGINE_SETTINGS, tiny_model  # noqa: E402
+
+MODEL = tiny_model()
+
+# prompts over 4 token ids, and outputs long enough for the tiny model to fall into a
+# loop: repeats are everywhere, so prompt lookup proposes drafts, right and wrong ones
+REPETITIVE_WORKLOADS = st.lists(
+    st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=24), st.integers(1, 30)),
+    min_size=1,
+    max_size=5,
+)
+
+
+def make_core(spec=None, block_size=4, num_blocks=64, budget=32, caching=True, max_num_seqs=4):
+    return EngineCore(
+        MODEL,
+        EngineConfig(
+            block_size=block_size,
+            num_kv_blocks=num_blocks,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
+            enable_prefix_caching=caching,
+            speculative_config=spec,
+            ops="ref",
+        ),
+    )
+
+
+def run(core, requests):
+    for r in requests:
+        core.add_request(r)
+    while core.has_unfinished_requests():
+        core.step()
+    return requests
+
+
+def request(i, prompt, n, **params):
+    params = SamplingParams(**({"temperature": 0.0, "max_tokens": n} | params))
+    return Request(str(i), list(prompt), sampling_params=params, seed=i, max_tokens=n)
+
+
+def greedy_outputs(core, workload, **params):
+    reqs = run(core, [request(i, p, n, **params) for i, (p, n) in enumerate(workload)])
+    return [r.output_token_ids for r in reqs]
+
+
+@settings(deadline=None)
+@given(
+    workload=REPETITIVE_WORKLOADS,
+    k=st.integers(1, 5),
+    lookup_max=st.integers(1, 3),
+    **ENGINE_SETTINGS,
+)
+def test_greedy_speculation_equals_greedy_decoding(
+    workload, k, lookup_max, block_size, num_blocks, budget, caching
+):
+    """Chunked prefill, prefix caching and preemption (few blocks) included; every block
+    comes back at the end."""
+    setup = dict(block_size=block_size, num_blocks=num_blocks, budget=budget, caching=caching)
+    plain = greedy_outputs(make_core(**setup), workload)
+    spec = SpeculativeConfig("ngram", k, 1, lookup_max)
+    core = make_core(spec, **setup)
+    assert greedy_outputs(core, workload) == plain
+    assert core.kv.pool.num_free_blocks == num_blocks - 1
+
+
+def test_drafts_are_accepted_and_counted():
+    workload = [([0, 1, 2, 3] * 5, 30), ([3, 2, 1] * 6, 30)]
+    plain = greedy_outputs(make_core(), workload)
+    core = make_core(SpeculativeConfig("ngram", 4, 1, 3))
+    assert greedy_outputs(core, workload) == plain
+    stats = core.stats.spec
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0
+    assert stats.num_draft_tokens == sum(stats.drafts_per_position)
+    assert stats.num_accepted_tokens == sum(stats.accepted_per_position)
+    assert 1 < stats.mean_accepted_length <= 5
+    rates = stats.acceptance_rate_per_position
+    assert len(rates) <= 4 and all(0 <= r <= 1 for r in rates)
+    # fewer steps than tokens: some steps emitted more than one token
+    assert core.stats.steps < sum(len(o) for o in plain) + 2
+
+
+def test_stop_conditions_cut_the_accepted_drafts():
+    """A stop token, max_tokens and min_tokens apply token by token inside a step."""
+    prompt = [0, 1, 2, 3] * 5
+    plain = greedy_outputs(make_core(), [(prompt, 30)])[0]
+    stop = plain[-2]  # in the loop the model ends in: it recurs every few tokens
+    spec = SpeculativeConfig("ngram", 4, 1, 3)
+    for params in ({"stop_token_ids": [stop]}, {"stop_token_ids": [stop], "min_tokens": 22}):
+        ref = run(make_core(), [request(0, prompt, 30, **params)])[0]
+        got = run(make_core(spec), [request(0, prompt, 30, **params)])[0]
+        assert got.output_token_ids == ref.output_token_ids
+        assert got.status == ref.status and got.stop_reason == ref.stop_reason
+    for n in (1, 2, 21, 27):
+        got = run(make_core(spec), [request(0, prompt, n)])[0]
+        assert got.output_token_ids == plain[:n] and got.status == RequestStatus.FINISHED_LENGTH
+
+
+def test_logprobs_come_one_per_token():
+    core = make_core(SpeculativeConfig("ngram", 4, 1, 3))
+    req = request(0, [0, 1, 2, 3] * 5, 30, logprobs=2)
+    core.add_request(req)
+    seen = []
+    while core.has_unfinished_requests():
+        for out in core.step().outputs:
+            assert out.logprobs is not None and len(out.logprobs) == len(out.new_token_ids)
+            seen += [lp.sampled_id for lp in out.logprobs]
+    assert seen == req.output_token_ids
+    assert core.stats.spec.num_accepted_tokens > 0
+
+
+def test_rejected_drafts_free_their_blocks():
+    """With 2-token blocks and 6 drafts, a rejection leaves whole blocks of dead slots;
+    they go back to the pool at once, and the runner forgets them."""
+    core = make_core(SpeculativeConfig("ngram", 6, 1, 3), block_size=2)
+    req = request(0, [0, 1, 2, 3] * 5, 30)  # the 6 drafts of its first decode are wrong
+    core.add_request(req)
+    trimmed = False
+    while core.has_unfinished_requests():
+        core.step()
+        if req.is_finished:
+            break
+        held = core.kv.get_block_ids(req)[0]
+        assert len(held) <= -(-req.num_tokens // 2)  # never a block of dead slots only
+        spec = core.stats.last.spec
+        if spec is not None and spec.num_accepted_tokens < spec.num_draft_tokens:
+            trimmed = True
+            assert len(held) == -(-req.num_tokens // 2)
+        assert core.runner.batch.states["0"].block_ids[0][: len(held)] == held
+    assert trimmed
+    assert (
+        req.output_token_ids
+        == greedy_outputs(make_core(block_size=2), [(req.prompt_token_ids, 30)])[0]
+    )
+
+
+def test_sampled_speculation_keeps_the_distribution():
+    """The joint distribution of the first 3 tokens over many seeds: with and without
+    speculation, the same (two-sample chi-square, p > 1e-3). Logit bias leaves 3 tokens,
+    so that drafts from the repetitive prompt are often right and often wrong."""
+    stats = pytest.importorskip("scipy.stats")
+    allowed = (0, 1, 2)
+    bias = {t: -100.0 for t in range(50) if t not in allowed}
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]
+
+    def histogram(spec):
+        core = make_core(spec, num_blocks=256, budget=256, max_num_seqs=64)
+        reqs = []
+        for seed in range(600):
+            params = SamplingParams(temperature=1.3, max_tokens=3, seed=seed, logit_bias=bias)
+            reqs.append(Request(str(seed), prompt, sampling_params=params, seed=seed, max_tokens=3))
+        run(core, reqs)
+        counts = {}
+        for r in reqs:
+            key = tuple(r.output_token_ids)
+            counts[key] = counts.get(key, 0) + 1
+        return counts, core.stats.spec
+
+    plain, _ = histogram(None)
+    spec, spec_stats = histogram(SpeculativeConfig("ngram", 2, 1, 3))
+    assert spec_stats.num_accepted_tokens > 0
+    assert spec_stats.num_accepted_tokens < spec_stats.num_draft_tokens
+    keys = sorted(set(plain) | set(spec))
+    table = [[plain.get(k, 0) for k in keys], [spec.get(k, 0) for k in keys]]
+    assert stats.chi2_contingency(table).pvalue > 1e-3
+    assert sum(table[0]) == sum(table[1]) == 600
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ({"num_speculative_tokens": 0}, ValueError, "num_speculative_tokens must be >= 1, got 0"),
+        ({"prompt_lookup_min": 4, "prompt_lookup_max": 2}, ValueError, "prompt_lookup_min=4"),
+        ({"drafts": 2}, ValueError, "speculative_config has unknown keys ['drafts']"),
+        ("ngram", TypeError, "speculative_config must be None, a SpeculativeConfig or a dict"),
+    ],
+)
+def test_bad_speculative_config_names_the_field(value, error, message):
+    with pytest.raises(error) as info:
+        EngineConfig(speculative_config=value)
+    assert message in str(info.value)
