@@ -13,7 +13,11 @@ a mask whose words are a mix of all-allowed, none-allowed and random ones (a gra
 inside a string allows almost everything, between JSON values almost nothing).
 Speculative decoding (`bench_spec_decode`) times verify_greedy and rejection_sample
 (q from a draft model, and q = None for n-gram drafts) on a batch of requests with 4
-drafts each, half of them the target's argmax, the same way.
+drafts each, half of them the target's argmax, the same way; `bench_propose_ngram` times
+prompt lookup (the proposer's settings: 4 tokens, n-grams of 1 to 4) on 1k, 8k and 32k
+ids given as a list (what the proposer passes) and as an int64 array: "repetitive" ids
+copy passages of earlier ones (the suffix occurs earlier, anywhere), "random" ids over
+32000 tokens rarely repeat even a bigram (the whole sequence is scanned).
 Hashing compares the reference (pure Python) with accel for token lists and arrays.
 Layers and rope (`bench_layers_rope`) time rms_norm, silu_and_mul and apply_rope at two
 models' shapes, for decode and prefill token counts, in bfloat16 and float32: the
@@ -225,6 +229,51 @@ def bench_spec_decode(shapes: list[tuple[int, int, int]], budget: float, min_rep
                 f"{name:<18} {f'{batch}x{drafts}':>5} {vocab:>7} {fmt_ms(t_np):>13} "
                 f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
                 f"{fmt_ratio(t_torch, t_acc):>11}",
+                flush=True,
+            )
+
+
+def ngram_ids(kind: str, n: int, rng: np.random.Generator) -> list[int]:
+    """n token ids: "repetitive" (passages of 1-40 earlier ids copied, a few fresh ids between
+    the copies, over 50 tokens) or "random" (uniform over 32000 tokens)."""
+    if kind == "random":
+        return rng.integers(0, 32000, n).tolist()
+    ids = rng.integers(0, 50, 64).tolist()
+    while len(ids) < n:
+        start = int(rng.integers(0, len(ids)))
+        ids += ids[start : start + int(rng.integers(1, 40))]
+        ids += rng.integers(0, 50, int(rng.integers(0, 3))).tolist()
+    return ids[:n]
+
+
+def bench_propose_ngram(lengths: list[int], budget: float, min_reps: int) -> None:
+    """propose_ngram(ids, 4, 1, 4) on lists and int64 arrays: ref and accel side by side."""
+    header = (
+        f"{'propose_ngram':<14} {'ids':>10} {'tokens':>7} {'ref list ms':>12} "
+        f"{'ref numpy ms':>13} {'accel list ms':>14} {'accel numpy ms':>15} "
+        f"{'list ref/accel':>15} {'numpy ref/accel':>16}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(0)
+    settings = (4, 1, 4)
+    for kind in ("repetitive", "random"):
+        for n in lengths:
+            ids = ngram_ids(kind, n, rng)
+            array = np.array(ids, dtype=np.int64)
+            ref_fn, acc_fn = ref_spec_decode.propose_ngram, accel_spec_decode.propose_ngram
+            want = ref_fn(ids, *settings)
+            assert acc_fn(ids, *settings) == want and acc_fn(array, *settings) == want, kind
+            times = [
+                timeit(functools.partial(fn, x, *settings), budget, min_reps, reps)
+                for fn, reps in ((ref_fn, 50), (acc_fn, 2000))
+                for x in (ids, array)
+            ]
+            ref_list, ref_np, acc_list, acc_np = times
+            print(
+                f"{'':<14} {kind:>10} {n:>7} {fmt_ms(ref_list):>12} {fmt_ms(ref_np):>13} "
+                f"{fmt_ms(acc_list):>14} {fmt_ms(acc_np):>15} "
+                f"{fmt_ratio(ref_list, acc_list):>15} {fmt_ratio(ref_np, acc_np):>16}",
                 flush=True,
             )
 
@@ -548,6 +597,8 @@ def main() -> None:
     bench_structured(shapes if args.quick else [(1, 128256), (64, 128256)], budget, min_reps)
     spec_shapes = [(8, 4, 32000)] if args.quick else [(8, 4, 32000), (64, 4, 32000), (8, 4, 128256)]
     bench_spec_decode(spec_shapes, budget, min_reps)
+    print()
+    bench_propose_ngram([1024] if args.quick else [1024, 8192, 32768], budget, min_reps)
     print()
     hrows = bench_hashing(lengths, budget, min_reps)
     summary(srows, hrows)

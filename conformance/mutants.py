@@ -1400,6 +1400,122 @@ for _bug, _what in (
     )
 
 
+# Prompt lookup: each mutant is the contract read literally (`_lookup`) but for one `bug`;
+# the lookup mutants validate with the reference first, so they raise its errors.
+
+
+def _lookup(tokens: list[Any], num: int, lo: int, hi: int, bug: str = "") -> tuple[int, int]:
+    """The proposal as a range [start, stop) of `tokens` ((0, 0) for none)."""
+    n = len(tokens)
+    lengths = range(hi, lo - 1, -1)
+    if bug == "shortest":
+        lengths = range(lo, hi + 1)
+    elif bug == "no min":
+        lengths = range(hi, 0, -1)
+    elif bug == "no max":
+        lengths = range(n, lo - 1, -1)
+    for length in (length for length in lengths if length <= n):
+        last = n - length if bug == "suffix itself" else n - length - 1
+        starts = range(last + 1) if bug == "earliest" else range(last, -1, -1)
+        for j in starts:
+            if tokens[j : j + length] != tokens[n - length :]:
+                continue
+            if bug == "full proposals" and j + length + num > n:
+                continue
+            start = j + length + (bug == "slice start")
+            return start, min(start + num + (bug == "slice end"), n)
+    return 0, 0
+
+
+def _proposal(tokens: list[Any], num: int, lo: int, hi: int, bug: str = "") -> list[Any]:
+    start, stop = _lookup(tokens, num, lo, hi, bug)
+    return tokens[start:stop]
+
+
+def _lookup_mutant(bug: str) -> Callable[..., Any]:
+    def fn(token_ids: Any, num: Any, lo: Any, hi: Any) -> Any:
+        SD.propose_ngram(token_ids, num, lo, hi)
+        return _proposal(SD._token_list(token_ids), num, lo, hi, bug)
+
+    return fn
+
+
+for _bug, _what in (
+    ("earliest", "follows the earliest occurrence of the suffix instead of the latest"),
+    ("shortest", "matches the shortest n-gram first instead of the longest"),
+    ("suffix itself", "counts the suffix itself as an occurrence (j + L == n allowed)"),
+    ("slice start", "proposes from one token too late (j + L + 1)"),
+    ("slice end", "proposes num_speculative_tokens + 1 tokens"),
+    ("no min", "ignores prompt_lookup_min (n-grams down to length 1)"),
+    ("no max", "ignores prompt_lookup_max (the longest suffix of any length)"),
+    ("full proposals", "skips occurrences followed by fewer than num_speculative_tokens"),
+):
+    MUTANTS.append(
+        Mutant(
+            f"ngram_{_bug.replace(' ', '_')}",
+            "spec_decode",
+            "propose_ngram",
+            _what,
+            _lookup_mutant(_bug),
+        )
+    )
+
+
+@mutant("spec_decode", "propose_ngram", "checks the token ids before the settings")
+def ngram_tokens_first(token_ids: Any, num: Any, lo: Any, hi: Any) -> Any:
+    tokens = SD._token_list(token_ids)
+    SD.propose_ngram(tokens, num, lo, hi)
+    return _proposal(tokens, num, lo, hi)
+
+
+@mutant("spec_decode", "propose_ngram", "takes bools for ints (settings and token ids)")
+def ngram_accepts_bools(token_ids: Any, num: Any, lo: Any, hi: Any) -> Any:
+    tokens = [int(t) if isinstance(t, bool) else t for t in SD._token_list(token_ids)]
+    ints = [int(v) if isinstance(v, bool) else v for v in (num, lo, hi)]
+    SD.propose_ngram(tokens, *ints)
+    return _proposal(tokens, *ints)
+
+
+@mutant("spec_decode", "propose_ngram", "compares the ids in int32 (truncated)")
+def ngram_int32_ids(token_ids: Any, num: Any, lo: Any, hi: Any) -> Any:
+    SD.propose_ngram(token_ids, num, lo, hi)
+    tokens = SD._token_list(token_ids)
+    start, stop = _lookup([(t + 2**31) % 2**32 - 2**31 for t in tokens], num, lo, hi)
+    return tokens[start:stop]
+
+
+@mutant("spec_decode", "propose_ngram", "reads a list through np.asarray(token_ids, int64)")
+def ngram_int64_lists(token_ids: Any, num: Any, lo: Any, hi: Any) -> Any:
+    SD.propose_ngram(token_ids, num, lo, hi)
+    if isinstance(token_ids, list) and token_ids:
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+    return _proposal(SD._token_list(token_ids), num, lo, hi)
+
+
+@mutant("spec_decode", "propose_ngram", "reads an array's buffer as if it were contiguous")
+def ngram_ignores_strides(token_ids: Any, num: Any, lo: Any, hi: Any) -> Any:
+    SD.propose_ngram(token_ids, num, lo, hi)
+    if library_of(token_ids) == "torch":
+        token_ids = token_ids.as_strided(token_ids.shape, (1,))
+    elif isinstance(token_ids, np.ndarray) and token_ids.size:
+        token_ids = np.lib.stride_tricks.as_strided(
+            token_ids, token_ids.shape, (token_ids.itemsize,)
+        )
+    return _proposal(SD._token_list(token_ids), num, lo, hi)
+
+
+@mutant("spec_decode", "propose_ngram", "reverses the token ids in place to scan them")
+def ngram_reverses_in_place(token_ids: Any, num: Any, lo: Any, hi: Any) -> Any:
+    out = SD.propose_ngram(token_ids, num, lo, hi)
+    if isinstance(token_ids, list):
+        token_ids.reverse()
+    elif library_of(token_ids) == "torch":
+        token_ids.copy_(token_ids.flip(0))
+    elif isinstance(token_ids, np.ndarray):
+        token_ids[:] = token_ids[::-1].copy()
+    return out
+
+
 # --- tokenize -------------------------------------------------------------------------------
 # A tokenize mutant is a loader of the embedded vocabulary (`tokenize.embedded`): it returns
 # the reference's encoding of it as a subclass with one method changed.

@@ -58,6 +58,7 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
             np.array([1, 2]),
             np.array([0, 3]),
         ),
+        "spec_decode.propose_ngram": lambda: (np.array([1, 2, 3, 1, 2]), 2, 1, 2),
         "hashing.cbor_encode": lambda: ([1, b"a", "b", [-2]],),
         "hashing.root_hash": lambda: ("sha256",),
         "hashing.hash_block": lambda: (bytes(32), [1, 2, 3], [("salt", "s")], "sha256"),

@@ -95,6 +95,23 @@ def logsumexp64(row: np.ndarray) -> float:
     return mx + math.log(math.fsum(np.exp(x - mx).tolist()))
 
 
+# --- prompt lookup (spec_decode.propose_ngram), read literally ------------------------------
+
+
+def ngram_proposal(tokens: list[Any], num: int, lookup_min: int, lookup_max: int) -> list[Any]:
+    """Prompt lookup by brute force: for L = lookup_max down to lookup_min, the latest j
+    with tokens[j : j + L] equal to the last L tokens and j + L < n (an earlier occurrence,
+    followed by a token); the first such (L, j) gives tokens[j + L : j + L + num]. [] when
+    no n-gram matches. Quadratic at worst; ids are compared with ==."""
+    n = len(tokens)
+    for length in range(lookup_max, lookup_min - 1, -1):
+        suffix = tokens[n - length :]
+        for j in range(n - length - 1, -1, -1):
+            if tokens[j] == suffix[0] and tokens[j : j + length] == suffix:
+                return tokens[j + length : j + length + num]
+    return []
+
+
 # --- deterministic CBOR (RFC 8949 section 4.2.1), written independently --------------------
 
 

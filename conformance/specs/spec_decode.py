@@ -1,9 +1,10 @@
 """Properties of `ops.spec_decode` (see `pyagent_ref/ops/spec_decode.py` for the contract).
 
-Cases are drawn per request (k in 0-4 drafts, a vocabulary of 1-12 tokens so that drafts
-often equal the target's argmax, logits with ties and -inf, drafts that are the argmax or
-any token, q = None, a random distribution with zeros, or p itself) and flattened into the
-op's layout, so that batch invariance can move whole requests around.
+Verification (`verify_greedy`, `rejection_sample`): cases are drawn per request (k in 0-4
+drafts, a vocabulary of 1-12 tokens so that drafts often equal the target's argmax, logits
+with ties and -inf, drafts that are the argmax or any token, q = None, a random
+distribution with zeros, or p itself) and flattened into the op's layout, so that batch
+invariance can move whole requests around.
 
 The oracle re-derives the verification per request from the docstring, on
 `oracles.philox_uniform` and float64 softmax; it also says which requests hold a decision
@@ -11,6 +12,14 @@ inside the contract's 1e-9 band, where implementations may differ. The statistic
 property is the one that matters for users: decoding with speculation, step after step,
 emits tokens distributed exactly as decoding the target alone (chi-square on the joint
 distribution of the first k + 1 tokens).
+
+Prompt lookup (`propose_ngram`): up to 40 token ids over alphabets of 1-3 tokens (so that
+repeats, overlapping matches and ties between lengths are the rule), plus long sequences
+(1000-6000 ids) whose suffix may be planted earlier; the oracle is the
+docstring read literally (`oracles.ngram_proposal`: the longest L first, then the latest
+occurrence followed by a token). The ids come as lists, tuples and integer arrays of
+several dtypes, relabelled to values at the limits of int64 (and beyond, for Python
+ints) so that only equality may matter.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from hypothesis import strategies as st
 import pyagent_ref.ops.spec_decode  # noqa: F401 - binds pyagent_ref.ops.spec_decode for the reference
 
 from .. import checks, contract, oracles
-from ..core import Case, Ctx, Spec
+from ..core import Case, Ctx, Spec, to_numpy
 from ._common import (
     FLOAT_DTYPES,
     NEG_INF,
@@ -515,3 +524,193 @@ for _shape, _extra in ((GREEDY, None), (REJECTION, rejection_errors)):
         comparing(greedy=_op == "verify_greedy"),
         "The reference's tokens (requests with a decision in the 1e-9 band excused).",
     )
+
+
+# --- propose_ngram --------------------------------------------------------------------------
+
+NGRAM = SHAPES["propose_ngram"]
+NGRAM_DTYPES = (np.int64, np.int32, np.uint8, np.uint64)
+# Relabellings of ids 0, 1, 2 that a narrowing bug collapses: equal modulo 2**32 (int64 arrays)
+# and modulo 2**64 (Python ints).
+LABELS_INT64 = (7, 7 + 2**32, 7 - 2**63)
+LABELS_BIG = (7, 7 + 2**64, 7 - 2**70)
+
+
+@st.composite
+def lookups(draw: Any) -> Case:
+    """Up to 40 ids over 1-3 tokens, num_speculative_tokens 1-6, prompt_lookup_min 1-5 and
+    prompt_lookup_max up to 4 more."""
+    alphabet, n = draw(st.integers(1, 3)), draw(st.integers(0, 40))  # lists' sizes skew small
+    lookup_min = draw(st.integers(1, 5))
+    return Case(
+        token_ids=draw(st.lists(st.integers(0, alphabet - 1), min_size=n, max_size=n)),
+        num_speculative_tokens=draw(st.integers(1, 6)),
+        prompt_lookup_min=lookup_min,
+        prompt_lookup_max=lookup_min + draw(st.integers(0, 4)),
+    )
+
+
+@st.composite
+def long_lookups(draw: Any) -> Case:
+    """1000-6000 random ids (2, 16 or 1000 tokens) whose last 1-12 ids may also occur at
+    a random earlier place, settings as `lookups`."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(1000, 6000))
+    tokens = rng.integers(0, draw(st.sampled_from((2, 16, 1000))), n)
+    if draw(st.booleans()):
+        m = draw(st.integers(1, 12))
+        at = draw(st.integers(0, n - 2 * m - 1))
+        tokens[at : at + m] = tokens[n - m :]
+    case = draw(lookups())
+    case.token_ids = tokens.tolist()
+    return case
+
+
+def ngram_args(case: Case, token_ids: Any = None) -> tuple[Any, ...]:
+    """The call's arguments: a copy of the case's token ids, or the ids given."""
+    _, *settings = NGRAM.call_args(case)
+    return (list(case.token_ids) if token_ids is None else token_ids, *settings)
+
+
+def expected_proposal(case: Case, tokens: list[int] | None = None) -> list[int]:
+    ids = case.token_ids if tokens is None else tokens
+    return oracles.ngram_proposal(ids, *NGRAM.call_args(case)[1:])
+
+
+def check_proposal(got: Any, want: list[int], what: str = "proposal") -> None:
+    """`got` is a list of Python ints equal to `want`."""
+    assert isinstance(got, list), f"{what}: returned {type(got).__name__}, not a list"
+    bad = [t for t in got if isinstance(t, bool) or not isinstance(t, int)]
+    assert not bad, f"{what}: {got} holds {type(bad[0]).__name__} items, not ints"
+    assert got == want, f"{what}: proposed {got}, the contract gives {want}"
+
+
+@spec.prop("propose_ngram", lookups())
+def proposes_what_the_contract_says(ctx: Ctx, case: Case) -> None:
+    """The tokens after the latest earlier occurrence (followed by a token, overlapping
+    the suffix or not) of the longest suffix of length in [prompt_lookup_min,
+    prompt_lookup_max] that occurs earlier, at most num_speculative_tokens of them; []
+    when none occurs."""
+    check_proposal(ctx.call_raw("propose_ngram", *ngram_args(case)), expected_proposal(case))
+
+
+@spec.prop("propose_ngram", long_lookups())
+def long_sequences_follow_the_contract(ctx: Ctx, case: Case) -> None:
+    """The same on 1000-6000 ids, given as a list and as an int64 array: a match planted
+    anywhere (or nowhere) is found."""
+    want = expected_proposal(case)
+    check_proposal(ctx.call_raw("propose_ngram", *ngram_args(case)), want, "list input")
+    ids = np.array(case.token_ids, dtype=np.int64)
+    check_proposal(ctx.call_raw("propose_ngram", *ngram_args(case, ids)), want, "array input")
+
+
+@spec.prop("propose_ngram", lookups())
+def proposes_at_most_num_tokens_after_a_match(ctx: Ctx, case: Case) -> None:
+    """A list of 0 to num_speculative_tokens ints; a proposal is token_ids[p : p + m] for
+    some p >= prompt_lookup_min with m = min(num_speculative_tokens, n - p); nothing is
+    proposed from fewer than prompt_lookup_min + 1 ids."""
+    s, num, lookup_min, _ = ngram_args(case)
+    got = ctx.call_raw("propose_ngram", *ngram_args(case))
+    assert isinstance(got, list), f"returned {type(got).__name__}, not a list"
+    assert len(got) <= num, f"proposed {len(got)} tokens, more than {num}: {got}"
+    if len(s) <= lookup_min:
+        assert got == [], f"proposed {got} from {len(s)} ids"
+    if got:
+        starts = [
+            p
+            for p in range(lookup_min, len(s))
+            if s[p : p + len(got)] == got and len(got) == min(num, len(s) - p)
+        ]
+        assert starts, f"{got} is not the next min({num}, n - p) ids at any p >= {lookup_min}"
+
+
+@spec.prop("propose_ngram", lookups())
+def more_tokens_extend_the_proposal(ctx: Ctx, case: Case) -> None:
+    """num_speculative_tokens only cuts the proposal: with more of them, the proposal with
+    fewer is its prefix (the match does not depend on it)."""
+    fewer = ctx.call_raw("propose_ngram", *ngram_args(case))
+    args = list(ngram_args(case))
+    args[1] += 5
+    more = ctx.call_raw("propose_ngram", *args)
+    assert more[: len(fewer)] == fewer and len(more) >= len(fewer), (
+        f"{fewer} with num_speculative_tokens={args[1] - 5}, {more} with {args[1]}"
+    )
+
+
+@spec.prop("propose_ngram", lookups())
+def accepts_sequences_and_integer_arrays(ctx: Ctx, case: Case) -> None:
+    """A tuple, and 1-D arrays of int64, int32, uint8 and uint64 (contiguous or a strided
+    view, in the library under test) propose what the list does, as a list of ints."""
+    want = expected_proposal(case)
+    tuple_ids = tuple(case.token_ids)
+    check_proposal(ctx.call_raw("propose_ngram", *ngram_args(case, tuple_ids)), want, "tuple")
+    for dtype in NGRAM_DTYPES:
+        ids = np.array(case.token_ids, dtype=dtype)
+        what = f"{np.dtype(dtype).name} array"
+        check_proposal(ctx.call_raw("propose_ngram", *ngram_args(case, ctx.arr(ids))), want, what)
+        view = ctx.strided(ids, "every other column")  # `call_raw` would copy it
+        assert np.array_equal(to_numpy(view), ids), "suite: bad view"
+        check_proposal(ctx.fn("propose_ngram")(*ngram_args(case, view)), want, f"{what} view")
+
+
+@spec.prop("propose_ngram", lookups())
+def depends_only_on_which_ids_are_equal(ctx: Ctx, case: Case) -> None:
+    """Relabelling the ids one-to-one, to values at the limits of int64 that agree in
+    their low 32 bits, relabels the proposal the same way (list and int64 array)."""
+    relabelled = [LABELS_INT64[t] for t in case.token_ids]
+    want = [LABELS_INT64[t] for t in expected_proposal(case)]
+    check_proposal(ctx.call_raw("propose_ngram", *ngram_args(case, relabelled)), want, "list")
+    ids = np.array(relabelled, dtype=np.int64)
+    check_proposal(ctx.call_raw("propose_ngram", *ngram_args(case, ctx.arr(ids))), want, "array")
+
+
+@spec.prop("propose_ngram", lookups())
+def takes_python_ints_of_any_size(ctx: Ctx, case: Case) -> None:
+    """A list of ints beyond the range of int64 (equal modulo 2**64) proposes the same ids
+    the relabelling of the small ones gives: token ids are ints, not int64."""
+    relabelled = [LABELS_BIG[t] for t in case.token_ids]
+    want = [LABELS_BIG[t] for t in expected_proposal(case)]
+    check_proposal(ctx.call_raw("propose_ngram", *ngram_args(case, relabelled)), want)
+
+
+@spec.prop("propose_ngram", lookups())
+def does_not_modify_its_input(ctx: Ctx, case: Case) -> None:
+    """The token ids, a list or an array, are the same after the call."""
+    tokens = list(case.token_ids)
+    ctx.call_raw("propose_ngram", *ngram_args(case, tokens))
+    assert tokens == case.token_ids, f"the list became {tokens}"
+    ids = ctx.arr(np.array(case.token_ids, dtype=np.int64))
+    ctx.call_raw("propose_ngram", *ngram_args(case, ids))
+    checks.assert_equal(to_numpy(ids), np.array(case.token_ids, dtype=np.int64), what="array")
+
+
+def ngram_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    """One thing wrong (or two, to check the order: settings before token ids)."""
+    s, num, lo, hi = ngram_args(case)
+    floats = np.array(s, dtype=np.float64)
+    return [
+        ("num_speculative_tokens = 0", (s, 0, lo, hi), ValueError),
+        ("a negative num_speculative_tokens", (s, -1, lo, hi), ValueError),
+        ("prompt_lookup_min = 0", (s, num, 0, hi), ValueError),
+        ("prompt_lookup_max = 0", (s, num, lo, 0), ValueError),
+        ("prompt_lookup_min > prompt_lookup_max", (s, num, hi + 1, hi), ValueError),
+        ("a float num_speculative_tokens", (s, float(num), lo, hi), TypeError),
+        ("a bool prompt_lookup_min", (s, num, True, hi), TypeError),
+        ("None as prompt_lookup_max", (s, num, lo, None), TypeError),
+        ("a numpy integer setting", (s, np.int64(num), lo, hi), TypeError),
+        ("prompt_lookup_min = 0, then a float max", (s, num, 0, float(hi)), ValueError),
+        ("a float token id", ([*s, 1.5], num, lo, hi), TypeError),
+        ("a bool token id", ([True, *s], num, lo, hi), TypeError),
+        ("a str token id", ([*s, "1"], num, lo, hi), TypeError),
+        ("a float array", (floats, num, lo, hi), TypeError),
+        ("a bool array", (floats > 0, num, lo, hi), TypeError),
+        ("a 2-D array", (np.array([s], dtype=np.int64), num, lo, hi), TypeError),
+        ("a 0-d array", (np.array(len(s)), num, lo, hi), TypeError),
+        ("None as token_ids", (None, num, lo, hi), TypeError),
+        ("an int as token_ids", (len(s), num, lo, hi), TypeError),
+        ("a float array and num_speculative_tokens = 0", (floats, 0, lo, hi), ValueError),
+        ("a float token id and min > max", ([*s, 1.5], num, hi + 1, hi), ValueError),
+    ]
+
+
+add_rejects_invalid_input(spec, NGRAM, error_variants(lookups(), ngram_errors))

@@ -19,6 +19,7 @@ pub mod float;
 pub mod grammar;
 pub mod hashing;
 pub mod layers;
+pub mod ngram;
 pub mod philox;
 pub mod py_util;
 pub mod rope;
@@ -38,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     structured::register(m)?;
     grammar::register(m)?;
     spec_decode::register(m)?;
+    ngram::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Kernels of `pyagent_accel.ops.spec_decode` (verifying draft tokens) and their Python
 //! bindings (contract: `pyagent_ref.ops.spec_decode`, whose module docstring gives the
-//! flattened layout and the uniforms).
+//! flattened layout and the uniforms). Proposing drafts by prompt lookup is `ngram`.
 //!
 //! A batch is verified request by request (requests in parallel for large batches, the
 //! GIL released). Request b owns the k_b + 1 target rows starting at flat row

@@ -290,3 +290,105 @@ def test_tensors_on_other_devices_are_a_type_error():
         moved[i] = moved[i].to("meta")
         with pytest.raises(TypeError, match=f"{name} is a torch tensor on device meta"):
             A.rejection_sample(*moved)
+
+
+# --- propose_ngram ----------------------------------------------------------------------------
+
+
+def repetitive(rng, n, vocab=50):
+    """n ids that repeat passages of earlier ones (edits and chats copy their context),
+    with a few fresh ids between the copies."""
+    ids = list(rng.integers(0, vocab, 64))
+    while len(ids) < n:
+        start = int(rng.integers(0, len(ids)))
+        ids += ids[start : start + int(rng.integers(1, 40))]
+        ids += rng.integers(0, vocab, int(rng.integers(0, 3))).tolist()
+    return [int(t) for t in ids[:n]]
+
+
+NGRAM_SETTINGS = [(1, 1, 1), (4, 1, 3), (5, 2, 2), (8, 3, 7), (3, 6, 9)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 100, 4097, 50_000])
+@pytest.mark.parametrize("vocab", [2, 50, 32000])
+def test_propose_ngram_is_the_references(n, vocab):
+    """Lists, tuples, arrays of several integer dtypes and torch tensors, on both sides
+    of the size above which the GIL is released."""
+    rng = np.random.default_rng(n * 7 + vocab)
+    ids = repetitive(rng, n, vocab)
+    inputs = [ids, tuple(ids), np.array(ids, np.int64), torch.tensor(ids, dtype=torch.int64)]
+    if vocab < 256:
+        inputs += [np.array(ids, np.uint8), torch.tensor(ids, dtype=torch.int16)]
+    for settings in NGRAM_SETTINGS:
+        want = R.propose_ngram(ids, *settings)
+        for token_ids in inputs:
+            assert A.propose_ngram(token_ids, *settings) == want, (type(token_ids), settings)
+
+
+def test_propose_ngram_reads_strided_and_unsigned_arrays():
+    ids = np.array([3, 1, 2, 3, 1, 9, 2**64 - 1, 3, 1], np.uint64)
+    wide = np.zeros(2 * ids.size, np.uint64)
+    wide[::2] = ids
+    for token_ids in (ids, wide[::2], ids[::-1], torch.tensor(ids.astype(np.int64))[::2]):
+        assert A.propose_ngram(token_ids, 3, 1, 3) == R.propose_ngram(token_ids, 3, 1, 3)
+    assert A.propose_ngram(ids, 3, 1, 3) == [9, 2**64 - 1, 3]
+
+
+def test_propose_ngram_takes_ints_of_any_size_and_returns_the_inputs_items():
+    big = [2**70, -(2**64), 5, 2**70, -(2**64), 7, 2**70, -(2**64)]
+    assert A.propose_ngram(big, 2, 1, 2) == R.propose_ngram(big, 2, 1, 2) == [7, 2**70]
+    items = [1000, 2000, 1000]
+    assert A.propose_ngram(items, 1, 1, 1)[0] is items[1]  # sliced from the input, as the reference
+    huge = 2**100  # a setting beyond int64 acts as an unbounded one
+    ids = [1, 2, 3, 1, 2, 3, 1]
+    assert A.propose_ngram(ids, huge, 1, huge) == R.propose_ngram(ids, huge, 1, huge) == [2, 3, 1]
+    assert A.propose_ngram(ids, 2, huge, huge) == []
+
+
+def test_propose_ngram_leaves_its_input_alone():
+    ids = repetitive(np.random.default_rng(1), 5000)
+    array, before = np.array(ids), list(ids)
+    A.propose_ngram(ids, 5, 1, 4)
+    A.propose_ngram(array, 5, 1, 4)
+    assert ids == before and array.tolist() == before
+
+
+def test_propose_ngram_errors_are_the_references():
+    """Class and message, settings first (in argument order), then the token ids."""
+    s = [1, 2, 1]
+    bad = [
+        (s, 0, 1, 2),
+        (s, 1, 0, 2),
+        (s, 1, 1, 0),
+        (s, 1, 3, 2),
+        (s, 2**70, 3, 2),
+        (s, 1.0, 1, 2),
+        (s, 1, True, 2),
+        (s, 1, 1, None),
+        (s, np.int64(1), 1, 2),
+        (s, 1, 0, 2.0),
+        ([1, 2.0], 1, 1, 1),
+        ([1, False], 1, 1, 1),
+        ([1, "2"], 1, 1, 1),
+        ((1, np.int64(2)), 1, 1, 1),
+        ([2**70, 1.5], 1, 1, 1),
+        (np.array([1.0, 2.0]), 1, 1, 1),
+        (np.array([True]), 1, 1, 1),
+        (np.zeros((2, 2), np.int64), 1, 1, 1),
+        (np.int64(3), 1, 1, 1),
+        (torch.tensor([1.0]), 1, 1, 1),
+        (torch.zeros((1, 2), dtype=torch.int64), 1, 1, 1),
+        (None, 1, 1, 1),
+        (5, 1, 1, 1),
+        (np.array([1.0]), 0, 1, 1),
+        ([1.5], 1, 2, 1),
+    ]
+    for args in bad:
+        want = _error(R.propose_ngram, *args)
+        assert want is not None, f"the reference accepts {args}"
+        assert _error(A.propose_ngram, *args) == want, args
+
+
+def test_propose_ngram_rejects_tensors_on_other_devices():
+    with pytest.raises(TypeError, match="token_ids is a torch tensor on device meta"):
+        A.propose_ngram(torch.zeros(4, dtype=torch.int64, device="meta"), 2, 1, 2)

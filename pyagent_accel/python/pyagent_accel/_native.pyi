@@ -105,6 +105,12 @@ def rejection_sample(
     seeds: np.ndarray,
     positions: np.ndarray,
 ) -> np.ndarray: ...
+def ngram_proposal(
+    token_ids: list[int] | np.ndarray,
+    num_speculative_tokens: int,
+    prompt_lookup_min: int,
+    prompt_lookup_max: int,
+) -> tuple[int, int]: ...
 def apply_rope(
     positions: np.ndarray,
     query: np.ndarray,

@@ -1,4 +1,4 @@
-"""Verifying draft tokens in Rust: a drop-in replacement for `pyagent_ref.ops.spec_decode`.
+"""Speculative decoding in Rust: a drop-in replacement for `pyagent_ref.ops.spec_decode`.
 
 Same functions, signatures and exceptions (classes, messages, check order) as the
 reference, whose docstrings are the contract (the flattened layout and the uniforms are
@@ -7,6 +7,13 @@ optional and never imported here); the draft ids, counts and per-request paramet
 also be sequences, converted as the reference converts them. The result, int64
 (batch, 1 + max k), comes back in the target logits' library. One native call verifies
 the whole batch, requests in parallel for large batches, with the GIL released.
+
+`propose_ngram` (prompt lookup) runs the reference's linear-time scan, a Z-function over
+the reversed tokens, in one native call that stops at the first match of length
+prompt_lookup_max; the GIL is released for sequences of more than 4096 tokens. The
+tokens are read where they are (an int64 array) or converted once (any other integer
+dtype; a list's items are checked and read in Rust). The proposal is sliced from the
+input, so its ints are the reference's, whatever their size.
 
 Exactness: `verify_greedy`, greedy requests and the bonus token (the race over the
 logits, as `sampling.sample` draws it) are the reference's tokens exactly. The
@@ -26,12 +33,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .. import _native
 from . import _common as _c
 
-__all__ = ["verify_greedy", "rejection_sample"]
+__all__ = ["verify_greedy", "rejection_sample", "propose_ngram"]
 
 _LOGITS = "target_logits"
+_SETTING_CAP = 2**63 - 1  # a setting this large acts as an unbounded one
 
 
 def verify_greedy(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> Any:
@@ -70,3 +80,66 @@ def rejection_sample(
         _c.check_logits(x, _LOGITS)  # the reference checks the rows first
         raise
     return _c.wrap(_native.rejection_sample(x, drafts, counts, q, t, seed, pos), torch_in)
+
+
+def _check_settings(num_speculative_tokens: Any, lookup_min: Any, lookup_max: Any) -> None:
+    """The reference's checks of `propose_ngram`'s settings, in argument order."""
+    settings = {
+        "num_speculative_tokens": num_speculative_tokens,
+        "prompt_lookup_min": lookup_min,
+        "prompt_lookup_max": lookup_max,
+    }
+    for name, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if lookup_min > lookup_max:
+        raise ValueError(
+            f"prompt_lookup_min must be <= prompt_lookup_max, got "
+            f"prompt_lookup_min={lookup_min}, prompt_lookup_max={lookup_max}"
+        )
+
+
+def _token_array(token_ids: Any) -> tuple[np.ndarray, np.ndarray]:
+    """An integer array of token ids, checked as the reference checks it: (the int64
+    codes Rust reads, the ids as a numpy array to slice the proposal from). uint64 ids
+    are read as their int64 bits, which are equal exactly when the ids are."""
+    kind = _c.dtype_name(token_ids)
+    if "int" not in kind or token_ids.ndim != 1:
+        raise TypeError(
+            f"token_ids must be a 1-D integer array or a sequence of ints, got dtype "
+            f"{kind} and shape {tuple(token_ids.shape)}"
+        )
+    if _c.is_torch(token_ids):
+        _c.check_cpu(token_ids, "token_ids")
+        ids = _c.tensor_to_numpy(token_ids)
+    elif isinstance(token_ids, np.ndarray):
+        ids = token_ids
+    else:
+        raise TypeError(
+            f"token_ids must be a numpy array, a torch tensor or a sequence of ints, got "
+            f"{type(token_ids).__name__}"
+        )
+    codes = ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
+    return _c.native_array(codes), ids
+
+
+def propose_ngram(
+    token_ids: Any, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int
+) -> list[int]:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the longest
+    matching suffix of the sequence.
+
+    Contract: `pyagent_ref.ops.spec_decode.propose_ngram`.
+    """
+    settings = (num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)
+    _check_settings(*settings)
+    capped = tuple(min(value, _SETTING_CAP) for value in settings)  # results do not change
+    if hasattr(token_ids, "dtype"):
+        codes, ids = _token_array(token_ids)
+        start, stop = _native.ngram_proposal(codes, *capped)
+        return ids[start:stop].tolist()
+    tokens = token_ids if type(token_ids) is list else list(token_ids)
+    start, stop = _native.ngram_proposal(tokens, *capped)
+    return tokens[start:stop]

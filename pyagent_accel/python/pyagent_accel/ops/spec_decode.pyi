@@ -1,6 +1,6 @@
 from typing import Any
 
-__all__ = ["verify_greedy", "rejection_sample"]
+__all__ = ["verify_greedy", "rejection_sample", "propose_ngram"]
 
 def verify_greedy(target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any) -> Any: ...
 def rejection_sample(
@@ -12,3 +12,6 @@ def rejection_sample(
     seeds: Any,
     positions: Any,
 ) -> Any: ...
+def propose_ngram(
+    token_ids: Any, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int
+) -> list[int]: ...
