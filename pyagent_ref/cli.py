@@ -128,11 +128,19 @@ def _percentiles(values: list[float]) -> str:
 def _steps_line(stats) -> str:
     """The engine's step totals (`EngineStats`) in one line."""
     per_step = stats.scheduled_tokens / stats.steps if stats.steps else 0.0
-    return (
+    line = (
         f"steps {stats.steps}: {per_step:.1f} tokens/step ({stats.prefill_tokens} prefill, "
         f"{stats.decode_tokens} decode), up to {stats.max_running} running, "
         f"{stats.preemptions} preemptions, peak KV usage {stats.max_kv_usage:.0%}"
     )
+    spec = stats.spec
+    if spec.num_draft_tokens:
+        line += (
+            f"; speculative drafts {spec.num_accepted_tokens}/{spec.num_draft_tokens} "
+            f"accepted ({spec.acceptance_rate:.0%}), {spec.mean_accepted_length:.2f} "
+            "tokens per verifying step"
+        )
+    return line
 
 
 def run_demo(

@@ -51,7 +51,7 @@ from ..sched.outputs import (
 from ..sched.policy import POLICIES
 from ..sched.request import Request, RequestStatus
 from ..sched.scheduler import Scheduler, SchedulerConfig
-from ..spec_decode import NgramProposer, SpeculativeConfig
+from ..spec_decode import SpeculativeConfig, make_proposer
 from ..tokenize.loader import TOKENIZER_BACKENDS
 from ..worker.cuda_graph import DEFAULT_CAPTURE_SIZES
 from ..worker.model_runner import GRAPH_MODES, ModelRunner
@@ -338,7 +338,7 @@ class EngineCore:
         self.accepting = True
         self.stats = EngineStats()
         spec = config.speculative_config
-        self.proposer = NgramProposer(spec, self.ops) if spec is not None else None
+        self.proposer = make_proposer(spec, self.ops) if spec is not None else None
         self._lock = threading.RLock()
 
     def _fit_max_model_len(self, model_len: int) -> int:
@@ -408,7 +408,10 @@ class EngineCore:
         """End requests wherever they are (abort, or an error found outside the core);
         their blocks are freed at once. Returns their final outputs."""
         with self._lock:
-            return self.scheduler.finish_requests(request_ids, status, error)
+            outputs = self.scheduler.finish_requests(request_ids, status, error)
+            if self.proposer is not None:
+                self._finish_proposals(outputs)
+            return outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -441,8 +444,15 @@ class EngineCore:
             outputs = self.scheduler.update_from_output(sched, result)
             self.stats.add(outputs.stats)
             if self.proposer is not None:
+                self._finish_proposals(outputs.outputs)
                 self._propose_drafts()
             return outputs
+
+    def _finish_proposals(self, outputs: list[EngineCoreOutput]) -> None:
+        """Tell the proposer which requests ended, so that it drops their state."""
+        for out in outputs:
+            if out.finish_reason is not None:
+                self.proposer.finish(out.req_id)
 
     def _propose_drafts(self) -> None:
         """Speculative decoding: drafts for the next step of each running request that
@@ -461,7 +471,10 @@ class EngineCore:
                 self.max_model_len - request.num_tokens,
             )
             if room > 0:
-                request.spec_token_ids = self.proposer.propose(request.all_token_ids)[:room]
+                drafts = self.proposer.propose(
+                    request.request_id, request.prompt_token_ids, request.output_token_ids
+                )
+                request.spec_token_ids = drafts[:room]
 
     def _fill_grammar_bitmasks(self, sched: SchedulerOutput) -> dict[str, str]:
         """Structured outputs: the bitmask of the tokens each grammar allows next, for the

@@ -8,6 +8,12 @@ Read from the engine at scrape time (a custom collector, nothing to keep in sync
     pyagent:prefix_cache_queries_total tokens looked up in the prefix cache
     pyagent:prefix_cache_hits_total    of those, tokens found there
     pyagent:num_preemptions_total      preemptions since the engine started
+    pyagent:spec_decode_num_drafts_total, pyagent:spec_decode_num_draft_tokens_total,
+    pyagent:spec_decode_num_accepted_tokens_total
+        speculative decoding: request-steps that verified drafts, drafts proposed,
+        drafts accepted (only with a speculative_config)
+    pyagent:spec_decode_num_accepted_tokens_per_pos_total{position}
+        drafts accepted at each position of the draft
 
 Counted by the server as outputs stream by (`ServerMetrics.observe`):
 
@@ -59,8 +65,27 @@ class _EngineCollector:
             (CounterMetricFamily, "num_preemptions",
              "Requests preempted since the engine started.", core.stats.preemptions),
         ]  # fmt: skip
+        spec = core.stats.spec
+        if core.proposer is not None:
+            values += [
+                (CounterMetricFamily, "spec_decode_num_drafts",
+                 "Request-steps that verified speculative drafts.", spec.num_verified),
+                (CounterMetricFamily, "spec_decode_num_draft_tokens",
+                 "Speculative draft tokens proposed and verified.", spec.num_draft_tokens),
+                (CounterMetricFamily, "spec_decode_num_accepted_tokens",
+                 "Speculative draft tokens accepted.", spec.num_accepted_tokens),
+            ]  # fmt: skip
         for family, name, doc, value in values:
             yield family(f"pyagent:{name}", doc, value=value)
+        if core.proposer is not None:
+            per_position = CounterMetricFamily(
+                "pyagent:spec_decode_num_accepted_tokens_per_pos",
+                "Speculative draft tokens accepted, by position in the draft.",
+                labels=["position"],
+            )
+            for position, count in enumerate(spec.accepted_per_position):
+                per_position.add_metric([str(position)], count)
+            yield per_position
 
 
 class ServerMetrics:

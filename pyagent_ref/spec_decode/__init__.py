@@ -4,13 +4,45 @@ The guesses (drafts) are verified by the target model with `ops.spec_decode`, wh
 the output distribution exactly that of the target; a proposer only decides how many of
 them get accepted, that is, how fast decoding goes.
 
-    config = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_max=3)
-    drafts = NgramProposer(config).propose(prompt_ids + output_ids)
+Every proposer has the `Proposer` interface, which the engine calls after each step:
+
+    proposer = make_proposer(SpeculativeConfig("ngram", num_speculative_tokens=4), ops)
+    drafts = proposer.propose("req-1", prompt_ids, output_ids)   # 0 to 4 token ids
+    proposer.finish("req-1")                                      # the request ended
 """
 
 from __future__ import annotations
 
-from .config import SpeculativeConfig
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Protocol
+
+from .config import METHODS, SpeculativeConfig
 from .ngram import NgramProposer
 
-__all__ = ["NgramProposer", "SpeculativeConfig"]
+
+class Proposer(Protocol):
+    """What the engine asks of a proposer.
+
+    propose: drafts for the next tokens of a decoding request, given all its tokens so
+        far (at most num_speculative_tokens; the engine may cut them shorter). It is
+        called once per step of each decoding request, in step order, so a proposer
+        may keep per-request state and update it incrementally.
+    finish: the request ended (finished, aborted or failed): drop its state.
+    """
+
+    def propose(
+        self, request_id: str, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]
+    ) -> list[int]: ...
+
+    def finish(self, request_id: str) -> None: ...
+
+
+def make_proposer(config: SpeculativeConfig, ops: ModuleType | None = None) -> Proposer:
+    """The proposer of `config.method` (one of `METHODS`), running on `ops`."""
+    if config.method == "ngram":
+        return NgramProposer(config, ops)
+    raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
+
+
+__all__ = ["METHODS", "NgramProposer", "Proposer", "SpeculativeConfig", "make_proposer"]

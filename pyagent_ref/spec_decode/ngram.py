@@ -25,10 +25,18 @@ class NgramProposer:
         self.config = config
         self._propose = (ops.spec_decode if ops is not None else ref_spec_decode).propose_ngram
 
-    def propose(self, token_ids: Sequence[int]) -> list[int]:
-        """The request's next tokens guessed from its prompt + output tokens: at most
-        num_speculative_tokens drafts, maybe none."""
+    def propose(
+        self, request_id: str, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]
+    ) -> list[int]:
+        """`propose_ngram` over the request's prompt + output tokens: at most
+        num_speculative_tokens drafts, maybe none. Stateless."""
         c = self.config
         return self._propose(
-            token_ids, c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max
+            [*prompt_token_ids, *output_token_ids],
+            c.num_speculative_tokens,
+            c.prompt_lookup_min,
+            c.prompt_lookup_max,
         )
+
+    def finish(self, request_id: str) -> None:
+        """Nothing is kept per request."""

@@ -55,8 +55,8 @@ def test_overlapping_match_and_short_proposals():
 
 def test_proposer_uses_the_config():
     config = SpeculativeConfig(num_speculative_tokens=1, prompt_lookup_min=2, prompt_lookup_max=2)
-    assert NgramProposer(config).propose([1, 2, 3, 1, 2]) == [3]
-    assert NgramProposer(config).propose([1, 2, 3, 2]) == []  # a unigram is too short
+    assert NgramProposer(config).propose("a", [1, 2, 3], [1, 2]) == [3]
+    assert NgramProposer(config).propose("a", [1, 2], [3, 2]) == []  # a unigram is too short
 
 
 @pytest.mark.parametrize(
