@@ -11,7 +11,7 @@ needs the model is checked here:
              vLLM's dict forms {"prompt": str} and {"prompt_token_ids": [int, ...]}
     ids      prompt ids, stop_token_ids and logit_bias keys in [0, vocab_size)
     n        at most MAX_N completions per prompt (the OpenAI API's bound)
-    logprobs at most max_logprobs
+    logprobs and prompt_logprobs at most max_logprobs
     length   prompt + max_tokens <= max_model_len (max_tokens=None takes the rest)
 """
 
@@ -80,11 +80,13 @@ def check_request(request: Request, limits: Limits) -> None:
     _check_ids("prompt", request.prompt_token_ids, limits.vocab_size)
     _check_ids("stop_token_ids", params.stop_token_ids, limits.vocab_size)
     _check_ids("logit_bias", (params.logit_bias or {}).keys(), limits.vocab_size)
-    if params.logprobs is not None and params.logprobs > limits.max_logprobs:
-        raise ValueError(
-            f"logprobs must be <= max_logprobs={limits.max_logprobs} (an engine option), "
-            f"got {params.logprobs}"
-        )
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is not None and value > limits.max_logprobs:
+            raise ValueError(
+                f"{name} must be <= max_logprobs={limits.max_logprobs} (an engine option), "
+                f"got {value}"
+            )
     num_prompt = request.num_prompt_tokens
     if num_prompt >= limits.max_model_len:
         raise ValueError(

@@ -41,6 +41,7 @@ from ..kv_cache.eviction import EVICTION_POLICIES
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..ops import load as load_ops
+from ..sample.sampler import LOGPROBS_MODES
 from ..sched.outputs import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -146,6 +147,11 @@ class EngineConfig:
     cudagraph_capture_sizes: the decode batch sizes CUDA graphs are captured for.
     compile: torch.compile the forward: True (inductor) or a backend name.
     max_logprobs: the most log-probabilities a request may ask for per token.
+    logprobs_mode: what the returned log-probabilities are taken from (vLLM's names):
+        "raw_logprobs" (the model's distribution, before any sampling parameter),
+        "raw_logits", "processed_logprobs" (the distribution tokens are drawn from:
+        after penalties, bias, masks, temperature and truncation) or "processed_logits".
+        Prompt logprobs are always raw log-probabilities.
     tokenizer_backend: "library" (HF tokenizers / tiktoken), "pyagent" (our byte-level
         BPE, `tokenize.bpe`, in Rust when the ops are the accelerator's) or "auto" (ours
         where it supports the vocabulary, else the library).
@@ -179,6 +185,7 @@ class EngineConfig:
     cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
     compile: bool | str = False
     max_logprobs: int = 20
+    logprobs_mode: str = "raw_logprobs"
     tokenizer_backend: str = "auto"
     kv_offload: KVOffloadConfig | dict | None = None
     disable_hybrid_kv_cache_manager: bool = False
@@ -235,6 +242,7 @@ _CONFIG_RULES = {
     ),
     "compile": ((bool, str), _ANY, "a bool or a torch.compile backend name"),
     "max_logprobs": (int, lambda v: v >= 0, "an int >= 0"),
+    "logprobs_mode": (str, lambda v: v in LOGPROBS_MODES, f"one of {LOGPROBS_MODES}"),
     "tokenizer_backend": (str, lambda v: v in TOKENIZER_BACKENDS, f"one of {TOKENIZER_BACKENDS}"),
     "kv_offload": (
         (KVOffloadConfig, dict, type(None)),
@@ -323,6 +331,7 @@ class EngineCore:
             capture_sizes=config.cudagraph_capture_sizes,
             compile=config.compile,
             kv_groups=groups,
+            logprobs_mode=config.logprobs_mode,
         )
         if config.kv_offload is not None:
             self.kv.enable_offload(

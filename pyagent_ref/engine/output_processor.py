@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..sample.logprobs import Logprobs
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
 from ..sched.request import Request
@@ -39,6 +40,8 @@ class _Parent:
     prompt_token_ids: list[int]
     children: dict[str, _Child]
     stream: bool
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs_sent: bool = False  # in a delta already
 
 
 class OutputProcessor:
@@ -105,6 +108,8 @@ class OutputProcessor:
             child = parent.children[out.req_id]
             if child.completion.finished:
                 continue
+            if out.prompt_logprobs is not None and parent.prompt_logprobs is None:
+                parent.prompt_logprobs = [None, *map(self._entry, out.prompt_logprobs)]
             try:
                 ended_here = self._apply(child, out)
             except Exception as exc:
@@ -143,10 +148,7 @@ class OutputProcessor:
         child.new_ids.extend(out.new_token_ids)
         if out.logprobs is not None and comp.logprobs is not None:
             for logprobs in out.logprobs:  # one per new token
-                position = {
-                    token: Logprob(value, rank, self.tokenizer.decode([token]))
-                    for token, (value, rank) in logprobs.ranked().items()
-                }
+                position = self._entry(logprobs)
                 comp.logprobs.append(position)
                 child.new_logprobs.append(position)
         core_done = out.finish_reason is not None
@@ -169,6 +171,13 @@ class OutputProcessor:
             comp.error = out.error
         return False
 
+    def _entry(self, logprobs: Logprobs) -> dict[int, Logprob]:
+        """One position's logprobs as users get them: token -> (logprob, rank, text)."""
+        return {
+            token: Logprob(value, rank, self.tokenizer.decode([token]))
+            for token, (value, rank) in logprobs.ranked().items()
+        }
+
     def _delta(self, parent: _Parent, done: bool) -> RequestOutput:
         """What each completion gained since the last delta (text, token ids, their
         logprobs if asked for); the last delta also carries the requests' metrics."""
@@ -188,8 +197,17 @@ class OutputProcessor:
             )
             c.new_text, c.new_ids, c.new_logprobs = "", [], []
         metrics = [RequestMetrics.of(c.request) for c in parent.children.values()] if done else []
+        prompt_logprobs = None
+        if parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent:
+            prompt_logprobs, parent.prompt_logprobs_sent = parent.prompt_logprobs, True
         return RequestOutput(
-            parent.request_id, parent.prompt, parent.prompt_token_ids, comps, done, metrics
+            parent.request_id,
+            parent.prompt,
+            parent.prompt_token_ids,
+            comps,
+            done,
+            metrics,
+            prompt_logprobs,
         )
 
     def _final(self, parent: _Parent) -> RequestOutput:
@@ -201,4 +219,5 @@ class OutputProcessor:
             [c.completion for c in children],
             finished=True,
             metrics=[RequestMetrics.of(c.request) for c in children],
+            prompt_logprobs=parent.prompt_logprobs,
         )

@@ -86,3 +86,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     metrics: list[RequestMetrics] = field(default_factory=list)
+    # with SamplingParams.prompt_logprobs: per prompt token, its entry (the prompt token
+    # first, then the top ones, as `CompletionOutput.logprobs`); None for the first token,
+    # which nothing predicts. Streamed: in the first delta that has it, else None.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

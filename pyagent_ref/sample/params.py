@@ -121,6 +121,8 @@ class SamplingParams:
         stop_token_ids: tokens that do (None or a list).
         ignore_eos: keep going past EOS. include_stop_str_in_output: keep the stop string.
         logprobs: how many top log-probabilities to return per generated token (None: none).
+        prompt_logprobs: how many top log-probabilities to return per prompt token (None:
+            none); the prompt is then computed in full, never taken from the prefix cache.
         skip_special_tokens, spaces_between_special_tokens: detokenization options.
         structured_outputs: a constraint on the output (`StructuredOutputsParams`, or a
             dict of its fields): JSON Schema, regex, choice, grammar or JSON object.
@@ -147,6 +149,7 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
@@ -214,8 +217,10 @@ class SamplingParams:
             raise bad("stop", "must hold non-empty strings")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must hold token ids >= 0")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise bad("logprobs", "must be None or an int >= 0")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise bad(name, "must be None or an int >= 0")
         for token, value in (self.logit_bias or {}).items():
             if not _is_int(token) or token < 0 or not _is_float32(value) or abs(value) > 100:
                 raise ValueError(

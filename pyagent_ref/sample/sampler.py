@@ -2,8 +2,10 @@
 
 The pipeline, in vLLM's order, every stage an op of the chosen ops namespace:
     grammar bitmask (structured outputs) -> penalties -> logit bias -> min_tokens mask
-    -> (log-probabilities of these logits)
     -> temperature -> min_p -> top_k -> top_p -> sample
+The log-probabilities a request asks for are taken where `LOGPROBS_MODES` says: of the
+model's logits as they come ("raw") or of the final logits `sample` draws from
+("processed"), as log-probabilities or as the logits themselves.
 A stage is skipped when no row of the batch uses it; a disabled stage is the identity
 per row, so skipping never changes a row's token and sampling stays batch-invariant.
 
@@ -22,8 +24,12 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from .logprobs import Logprobs
+from .logprobs import Logprobs, logprobs_rows
 from .params import SamplingParams
+
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+"""vLLM's names: raw = before every stage of the pipeline (the model's own distribution),
+processed = after all of them (temperature and truncation included)."""
 
 
 @dataclass
@@ -64,7 +70,12 @@ def _padded(rows: Sequence[Sequence[int]]) -> np.ndarray:
 class Sampler:
     """Applies the sampling ops of `ops` (ref or accel) to a batch of rows."""
 
-    def __init__(self, ops: ModuleType) -> None:
+    def __init__(self, ops: ModuleType, logprobs_mode: str = "raw_logprobs") -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
+            )
+        self.logprobs_mode = logprobs_mode
         self.ops = ops.sampling
         self.structured = ops.structured
         self.spec = ops.spec_decode
@@ -128,10 +139,11 @@ class Sampler:
         ]
 
     def _process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]):
-        """Every stage before the draw: (final logits, their logprobs if any row asks,
-        the temperatures as `sample` takes them)."""
+        """Every stage before the draw: (final logits, the values logprobs are taken from
+        if any row asks (`LOGPROBS_MODES`), the temperatures as `sample` takes them)."""
         s, p = self.ops, [r.params for r in rows]
-        x = self._mask_by_grammar(logits.float(), rows)
+        raw = logits.float()
+        x = self._mask_by_grammar(raw, rows)
         if any(q.repetition_penalty != 1 or q.frequency_penalty or q.presence_penalty for q in p):
             x = s.apply_penalties(
                 x,
@@ -149,7 +161,6 @@ class Sampler:
                 np.array(_padded_values([[v for _, v in b] for b in biases]), dtype=np.float64),
             )
         x = self._mask_early_stops(x, rows)
-        logprobs = self._logprobs(x, rows)
         temperature = np.array([q.sampling_temperature for q in p], dtype=np.float32)
         x = s.apply_temperature(x, temperature)
         if any(q.min_p > 0 for q in p):
@@ -158,7 +169,11 @@ class Sampler:
             x = s.apply_top_k(x, np.array([q.top_k_or_disabled for q in p], dtype=np.int64))
         if any(q.top_p < 1 for q in p):
             x = s.apply_top_p(x, np.array([q.top_p for q in p], dtype=np.float32))
-        return x, logprobs, temperature
+        return (
+            x,
+            self._logprobs(raw if self.logprobs_mode.startswith("raw") else x, rows),
+            temperature,
+        )
 
     def _mask_by_grammar(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         """Structured outputs: a token its row's grammar does not allow next is masked
@@ -187,33 +202,17 @@ class Sampler:
         return x
 
     def _logprobs(self, x: torch.Tensor, rows: Sequence[SamplingRow]):
+        """What the logprobs are taken from, or None if no row asks for them."""
         if not any(r.params.logprobs is not None for r in rows):
             return None
-        return self.ops.log_softmax(x)
+        return self.ops.log_softmax(x) if self.logprobs_mode.endswith("logprobs") else x
 
     def _with_sampled(self, logprobs, tokens, rows):
         if logprobs is None:
             return [None] * len(rows)
         num = max(r.params.logprobs or 0 for r in rows)
-        values, ids, chosen, rank = self.ops.topk_logprobs(
-            logprobs, num, np.array(tokens, dtype=np.int64)
-        )
-        out = []
-        for i, r in enumerate(rows):
-            k = r.params.logprobs
-            if k is None:
-                out.append(None)
-                continue
-            out.append(
-                Logprobs(
-                    top_ids=tuple(int(t) for t in ids[i, :k]),
-                    top_logprobs=tuple(float(v) for v in values[i, :k]),
-                    sampled_id=tokens[i],
-                    sampled_logprob=float(chosen[i]),
-                    sampled_rank=int(rank[i]),
-                )
-            )
-        return out
+        topk = self.ops.topk_logprobs(logprobs, num, np.array(tokens, dtype=np.int64))
+        return logprobs_rows(topk, tokens, [r.params.logprobs for r in rows])
 
 
 def _padded_values(rows: Sequence[Sequence[float]]) -> list[list[float]]:

@@ -80,6 +80,9 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[Logprobs] | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     pooled: dict[str, list[float]] = field(default_factory=dict)  # pooling requests done
+    # request -> (first prompt position, the Logprobs of the prompt tokens its chunk
+    # predicts, from that position + 1 on), for requests with prompt_logprobs
+    prompt_logprobs: dict[str, tuple[int, list[Logprobs]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -93,6 +96,8 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None  # the stop token id, when a stop token ended it
     error: str | None = None  # what went wrong, when finish_reason is "error"
     pooled: list[float] | None = None  # a pooling request's embedding
+    # with its first token, if asked for: the Logprobs of prompt tokens 1 .. P-1
+    prompt_logprobs: tuple[Logprobs, ...] | None = None
 
 
 @dataclass

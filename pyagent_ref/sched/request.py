@@ -107,6 +107,9 @@ class Request:
             pooled into one vector (`model.pooling`), and it finishes without sampling.
         spec_token_ids: speculative decoding: the drafts proposed for its next tokens,
             verified in its next step (then cleared).
+        prompt_logprobs: with sampling_params.prompt_logprobs, the `Logprobs` of prompt
+            tokens 1 .. P-1 as the chunks of its prompt are computed (by position, so a
+            recomputation after preemption overwrites them); sent with its first token.
     """
 
     request_id: str
@@ -132,6 +135,7 @@ class Request:
     grammar: Any = None
     pooling_params: PoolingParams | None = None
     spec_token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -187,9 +187,8 @@ class Scheduler:
             and len(self.running) < cfg.max_num_seqs
         ):
             request = self.waiting.peek()
-            pooling = request.pooling_params
             computed, num_computed = self.kv.get_computed_blocks(
-                request, use_cache=pooling is None or not pooling.needs_every_token
+                request, use_cache=not _needs_every_token(request)
             )
             num_new = request.num_tokens - num_computed
             if num_new > budget and not cfg.enable_chunked_prefill:
@@ -306,6 +305,12 @@ class Scheduler:
                     EngineCoreOutput(rid, (), finish_reason="stop", pooled=result.pooled[rid])
                 )
                 continue
+            if rid in result.prompt_logprobs:
+                start, entries = result.prompt_logprobs[rid]
+                known = request.prompt_logprobs
+                known[start : start + len(entries)] = (
+                    entries  # by position: recomputed ones overwrite
+                )
             tokens = sampled.get(rid)
             if not tokens:
                 continue
@@ -341,6 +346,7 @@ class Scheduler:
         None if its structured output failed (it is finished with the error)."""
         appended = []
         status = stop_reason = None
+        first = request.num_output_tokens == 0
         for token in tokens:
             if request.grammar is not None and not request.grammar.accept_token(token):
                 self.running.remove(request)  # a mask was not applied: never silently go on
@@ -358,12 +364,14 @@ class Scheduler:
                 request.stop_reason = stop_reason
                 self._finish(request, status)
                 break
+        asked = request.sampling_params.prompt_logprobs is not None
         return EngineCoreOutput(
             request.request_id,
             tuple(appended),
             None if logprobs is None else tuple(logprobs[: len(appended)]),
             status.value if status else None,
             stop_reason,
+            prompt_logprobs=tuple(request.prompt_logprobs) if first and asked else None,
         )
 
     def _check_stop(self, request: Request, token: int) -> tuple[RequestStatus | None, int | None]:
@@ -424,6 +432,15 @@ class Scheduler:
             prefix_hit_rate=metrics.hit_rate,
             spec=spec,
         )
+
+
+def _needs_every_token(request: Request) -> bool:
+    """A request whose every prompt token must be computed, none taken from the prefix
+    cache: it pools over all of them, or it wants their log-probabilities."""
+    pooling = request.pooling_params
+    return (pooling is not None and pooling.needs_every_token) or (
+        request.sampling_params.prompt_logprobs is not None
+    )
 
 
 def _final_output(request: Request) -> EngineCoreOutput:

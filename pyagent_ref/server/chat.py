@@ -55,7 +55,7 @@ from .protocol import (
 )
 from .sampling import CHAT_FIELDS, chat_params
 from .state import ServerState
-from .streaming import DONE, collect, sse, sse_error, until_disconnected
+from .streaming import DONE, collect, prompt_logprobs_field, sse, sse_error, until_disconnected
 
 # --- the model's text -> an assistant message -------------------------------------------
 
@@ -355,7 +355,13 @@ async def chat_response(run: ChatRun, request: Request) -> ChatCompletionRespons
         completion_tokens=generated,
         total_tokens=prompt_tokens[0] + generated,
     )
-    return ChatCompletionResponse(id=run.rid, model=run.model, choices=out, usage=usage)
+    first = next(iter(choices.values()), None)
+    prompt_logprobs = None
+    if req.prompt_logprobs is not None and first is not None:
+        prompt_logprobs = prompt_logprobs_field(first.prompt_logprobs)
+    return ChatCompletionResponse(
+        id=run.rid, model=run.model, choices=out, usage=usage, prompt_logprobs=prompt_logprobs
+    )
 
 
 async def _sse(run: ChatRun) -> AsyncIterator[str]:

@@ -21,7 +21,7 @@ from .protocol import (
 )
 from .sampling import completion_params
 from .state import ServerState
-from .streaming import DONE, collect, sse, sse_error, until_disconnected
+from .streaming import DONE, collect, prompt_logprobs_field, sse, sse_error, until_disconnected
 
 
 def _prompts(prompt) -> list:
@@ -31,19 +31,33 @@ def _prompts(prompt) -> list:
     return list(prompt)
 
 
-def completion_logprobs(logprobs: list[dict[int, Logprob]], offset: int) -> CompletionLogprobs:
+def completion_logprobs(
+    logprobs: list[dict[int, Logprob] | None], offset: int, first_token: str = ""
+) -> CompletionLogprobs:
     """The completions API's parallel lists: each token's text and log-probability, the
     top tokens at its position (the sampled one included, as vLLM does), and where its
-    text starts (from the single tokens' texts, counted from ``offset``)."""
+    text starts (from the single tokens' texts, counted from ``offset``). A None
+    position is an echoed prompt's first token, whose text is ``first_token``."""
     out = CompletionLogprobs()
     for position in logprobs:
-        sampled = next(iter(position.values()))
-        out.tokens.append(sampled.decoded_token)
-        out.token_logprobs.append(sampled.logprob)
-        out.top_logprobs.append({lp.decoded_token: lp.logprob for lp in position.values()})
+        if position is None:
+            text, value, top = first_token, None, None
+        else:
+            sampled = next(iter(position.values()))
+            text, value = sampled.decoded_token, sampled.logprob
+            top = {lp.decoded_token: lp.logprob for lp in position.values()}
+        out.tokens.append(text)
+        out.token_logprobs.append(value)
+        out.top_logprobs.append(top)
         out.text_offset.append(offset)
-        offset += len(sampled.decoded_token)
+        offset += len(text)
     return out
+
+
+def _echo_logprobs(state: ServerState, prompt_ids: list[int], entries, completion, offset=0):
+    """An echoed prompt's logprobs (its first token None) followed by the completion's."""
+    first = state.tokenizer.decode(prompt_ids[:1])
+    return completion_logprobs([*(entries or [None]), *completion], offset, first)
 
 
 async def create_completion(
@@ -70,10 +84,16 @@ async def create_completion(
         return StreamingResponse(events, media_type="text/event-stream")
     choices, prompt_tokens = await until_disconnected(request, collect(streams, req.n))
     prompt_texts = [state.tokenizer.decode(p) if not isinstance(p, str) else p for p in prompts]
+    prompt_ids = [state.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
     response = []
     for index, c in choices.items():
         echo = prompt_texts[index // req.n] if req.echo else ""
-        logprobs = completion_logprobs(c.logprobs, len(echo)) if req.logprobs is not None else None
+        logprobs = None
+        if req.logprobs is not None and req.echo:
+            ids = prompt_ids[index // req.n]
+            logprobs = _echo_logprobs(state, ids, c.prompt_logprobs, c.logprobs)
+        elif req.logprobs is not None:
+            logprobs = completion_logprobs(c.logprobs, 0)
         response.append(
             CompletionChoice(
                 index=index,
@@ -81,6 +101,9 @@ async def create_completion(
                 logprobs=logprobs,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
+                prompt_logprobs=prompt_logprobs_field(c.prompt_logprobs)
+                if req.prompt_logprobs is not None
+                else None,
             )
         )
     generated = sum(len(c.token_ids) for c in choices.values())
@@ -114,11 +137,15 @@ async def _stream(
                 yield sse_error(f"the request failed in the engine: {comp.error}")
                 ended.add(index)
                 continue
-            text = comp.text
-            if req.echo and index not in offsets:
+            text, logprobs = comp.text, None
+            echo = req.echo and index not in offsets
+            if echo:
                 text = (out.prompt or state.tokenizer.decode(out.prompt_token_ids)) + text
-            logprobs = None
-            if req.logprobs is not None:
+            if req.logprobs is not None and echo:
+                logprobs = _echo_logprobs(
+                    state, out.prompt_token_ids, out.prompt_logprobs, comp.logprobs or []
+                )
+            elif req.logprobs is not None:
                 logprobs = completion_logprobs(comp.logprobs or [], offsets.get(index, 0))
             offsets[index] = offsets.get(index, 0) + len(text)
             generated += len(comp.token_ids)

@@ -15,6 +15,7 @@ with the parameter's name; `bad_request` keeps that name as ``param``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from ..sample.params import SamplingParams
 from .protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -73,30 +75,8 @@ def bad_request(exc: Exception, fields: Mapping[str, str] | None = None) -> APIE
     return APIError(400, message, fields.get(name, name) if name in _KNOWN | set(fields) else None)
 
 
-# Names the engine's messages start with (SamplingParams' fields and admission's checks).
-_KNOWN = {
-    "n",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "seed",
-    "max_tokens",
-    "min_tokens",
-    "stop",
-    "stop_token_ids",
-    "logprobs",
-    "prompt",
-    "ignore_eos",
-    "include_stop_str_in_output",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "structured_outputs",
-}
+# Names the engine's messages start with: SamplingParams' fields, and admission's "prompt".
+_KNOWN = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt"}
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:

@@ -54,6 +54,7 @@ class SamplingFields(Request):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool = True
     structured_outputs: dict[str, Any] | None = None
+    prompt_logprobs: int | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -211,12 +212,25 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """The completions API's log-probabilities: parallel lists, one entry per token."""
+    """The completions API's log-probabilities: parallel lists, one entry per token (None
+    for an echoed prompt's first token, which nothing predicts)."""
 
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's ``prompt_logprobs`` entry of one token at one prompt position."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+"""Per prompt token (None for the first): token id -> its entry, the prompt's token first."""
 
 
 class CompletionChoice(BaseModel):
@@ -225,6 +239,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -291,6 +306,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatChunkChoice(BaseModel):

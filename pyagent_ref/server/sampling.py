@@ -55,6 +55,7 @@ def _common(req: SamplingFields, skip_special_tokens: bool) -> dict:
         "ignore_eos": req.ignore_eos,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "spaces_between_special_tokens": req.spaces_between_special_tokens,
+        "prompt_logprobs": req.prompt_logprobs,
         "skip_special_tokens": skip_special_tokens
         if req.skip_special_tokens is None
         else req.skip_special_tokens,
@@ -71,7 +72,8 @@ def _build(kwargs: dict, fields: dict[str, str] | None = None) -> SamplingParams
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
     """/v1/completions: ``max_tokens`` defaults to 16 (OpenAI's), None takes the rest of
-    the context; ``logprobs`` is the number of top tokens per position."""
+    the context; ``logprobs`` is the number of top tokens per position, the echoed
+    prompt's positions included."""
     if req.suffix is not None:
         raise APIError(
             400, "suffix is not supported: the engine does not do fill-in-the-middle", "suffix"
@@ -80,14 +82,9 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
         raise APIError(
             400, f"best_of is not supported (it must equal n), got {req.best_of}", "best_of"
         )
-    if req.echo and req.logprobs is not None:
-        raise APIError(
-            400,
-            "echo with logprobs needs the prompt's log-probabilities, which the engine does "
-            "not compute; ask for one or the other",
-            "echo",
-        )
     kwargs = _common(req, skip_special_tokens=True)
+    if req.echo and req.logprobs is not None:  # the echoed prompt's tokens get logprobs too
+        kwargs["prompt_logprobs"] = max(req.logprobs, req.prompt_logprobs or 0)
     kwargs.update(
         max_tokens=req.max_tokens,
         logprobs=req.logprobs,

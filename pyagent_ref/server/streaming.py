@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from ..engine.outputs import CompletionOutput, Logprob, RequestOutput
 from .engine import merge
 from .errors import APIError
+from .protocol import PromptLogprob, PromptLogprobs
 
 DONE = "data: [DONE]\n\n"
 
@@ -40,6 +41,7 @@ class Collected:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     error: str | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # if asked for
 
     def add(self, comp: CompletionOutput) -> None:
         self.text += comp.text
@@ -57,14 +59,35 @@ async def collect(
     and the prompts' token counts. A completion that failed is a 500 (its message)."""
     choices: dict[int, Collected] = {}
     prompt_tokens = [0] * len(streams)
+    prompt_logprobs = [None] * len(streams)
     async for i, out in merge(streams):
         prompt_tokens[i] = len(out.prompt_token_ids)
+        prompt_logprobs[i] = out.prompt_logprobs or prompt_logprobs[i]
         for comp in out.outputs:
             choices.setdefault(i * n + comp.index, Collected()).add(comp)
+    for index, choice in choices.items():
+        choice.prompt_logprobs = prompt_logprobs[index // n]
     for choice in choices.values():
         if choice.finish_reason == "error":
             raise APIError(500, f"the request failed in the engine: {choice.error}")
     return dict(sorted(choices.items())), prompt_tokens
+
+
+def prompt_logprobs_field(
+    entries: list[dict[int, Logprob] | None] | None,
+) -> PromptLogprobs | None:
+    """vLLM's ``prompt_logprobs`` response field from a `RequestOutput`'s."""
+    if entries is None:
+        return None
+    return [
+        None
+        if entry is None
+        else {
+            t: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=lp.decoded_token)
+            for t, lp in entry.items()
+        }
+        for entry in entries
+    ]
 
 
 async def until_disconnected(request: Request, work: Awaitable):

@@ -28,6 +28,7 @@ import torch
 from ..kv_cache import KVCacheGroup
 from ..model.llama import AttentionMetadata
 from ..model.pooling import pool
+from ..sample.logprobs import logprobs_rows
 from ..sample.sampler import Sampler, SamplingRow
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
 from .cuda_graph import (
@@ -63,6 +64,7 @@ class ModelRunner:
         kv_groups: the KV cache groups, in the KV cache config's order; a group's
             layer_names are decoder layer paths "layers.<i>". None: one group of every
             layer.
+        logprobs_mode: what the sampler's logprobs are taken from (`LOGPROBS_MODES`).
     Raises:
         ValueError: an unknown graph_mode or compile backend; kv_groups that name an
             unknown layer or do not hold every layer exactly once.
@@ -81,6 +83,7 @@ class ModelRunner:
         capture_sizes=DEFAULT_CAPTURE_SIZES,
         compile: bool | str = False,
         kv_groups: Sequence[KVCacheGroup] | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
@@ -103,7 +106,7 @@ class ModelRunner:
             max_num_reqs, max_model_len, max_num_tokens, block_size, len(self.layer_groups)
         )
         self.ops = ops
-        self.sampler = Sampler(ops)
+        self.sampler = Sampler(ops, logprobs_mode)
         self.forward = model.forward
         if compile:
             backend = compile if isinstance(compile, str) else "inductor"
@@ -210,6 +213,7 @@ class ModelRunner:
                 self.kv_caches,
             )
         pooled = self._pool(prep, hidden)
+        prompt_logprobs = self._prompt_logprobs(prep, hidden)
         rows = [i for i, s in enumerate(prep.samples) if s and prep.req_ids[i] not in pooled]
         sampled: dict[str, list[int]] = {rid: [] for rid in prep.req_ids}
         logprobs, errors = {}, {}
@@ -231,7 +235,31 @@ class ModelRunner:
                 else:
                     errors[row.request_id] = error
         self.batch.after_step(sched, sampled)
-        return ModelRunnerOutput(sampled, logprobs, errors, pooled)
+        return ModelRunnerOutput(sampled, logprobs, errors, pooled, prompt_logprobs)
+
+    def _prompt_logprobs(self, prep, hidden: torch.Tensor) -> dict[str, tuple[int, list]]:
+        """Requests that asked for prompt logprobs: request -> (first position, the
+        `Logprobs` of the prompt tokens this step's chunk predicts). The logits at
+        position j give prompt token j + 1's entry, from the model's own distribution
+        (raw log-probabilities, whatever the logprobs_mode); the last prompt position
+        predicts the first output token, which is sampling's business."""
+        out = {}
+        for i, rid in enumerate(prep.req_ids):
+            state = self.batch.states[rid]
+            num = state.data.sampling_params.prompt_logprobs
+            start = state.num_computed_tokens
+            scheduled = int(prep.query_start_loc[i + 1] - prep.query_start_loc[i])
+            end = min(start + scheduled, state.num_prompt_tokens - 1)
+            if num is None or end <= start:
+                continue
+            index = torch.arange(end - start) + int(prep.query_start_loc[i])
+            logits = self.model.compute_logits(hidden[index.to(self.device)]).float().cpu()
+            targets = state.token_ids[start + 1 : end + 1]
+            topk = self.ops.sampling.topk_logprobs(
+                self.ops.sampling.log_softmax(logits), num, np.array(targets, dtype=np.int64)
+            )
+            out[rid] = (start, logprobs_rows(topk, targets, [num] * len(targets)))
+        return out
 
     def _pool(self, prep, hidden: torch.Tensor) -> dict[str, list[float]]:
         """Pooling requests: keep this step's hidden states of their prompt tokens (only

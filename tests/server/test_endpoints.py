@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import httpx
 import pytest
 
@@ -185,3 +187,44 @@ def test_disconnect_aborts_and_frees_blocks(server, stream):
             with pytest.raises(httpx.ReadTimeout):
                 http.post(server.url + "/v1/completions", json=body, headers=AUTH, timeout=1.0)
     wait_until(lambda: kv_all_free(engine), timeout=20, what="the request to be aborted")
+
+
+def test_echo_with_logprobs_and_prompt_logprobs(server, client):
+    """echo + logprobs scores the prompt too (its first token has none, as OpenAI's
+    API says); vLLM's prompt_logprobs field returns the entries by token id."""
+    out = client.completions.create(
+        model=MODEL, prompt="def fib(n):", max_tokens=3, temperature=0, echo=True, logprobs=2
+    )
+    choice = out.choices[0]
+    lp = choice.logprobs
+    num_prompt = out.usage.prompt_tokens
+    assert len(lp.tokens) == num_prompt + 3 and "".join(lp.tokens) == choice.text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.text_offset[0] == 0 and lp.text_offset[num_prompt] == len("def fib(n):")
+    body = {"model": MODEL, "prompt": "def fib(n):", "max_tokens": 2, "prompt_logprobs": 1}
+    raw = httpx.post(server.url + "/v1/completions", json=body, headers=AUTH).json()
+    entries = raw["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == num_prompt
+    first = entries[1]
+    assert 1 <= len(first) <= 2 and all(
+        set(v) == {"logprob", "rank", "decoded_token"} for v in first.values()
+    )
+    assert math.isclose(next(iter(first.values()))["logprob"], lp.token_logprobs[1], abs_tol=1e-5)
+    chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "prompt_logprobs": 0}
+    raw = httpx.post(server.url + "/v1/chat/completions", json=chat, headers=AUTH).json()
+    assert (
+        raw["prompt_logprobs"][0] is None
+        and len(raw["prompt_logprobs"]) == raw["usage"]["prompt_tokens"]
+    )
+    stream = client.completions.create(
+        model=MODEL,
+        prompt="def fib(n):",
+        max_tokens=3,
+        temperature=0,
+        echo=True,
+        logprobs=2,
+        stream=True,
+    )
+    tokens = [t for chunk in stream for t in chunk.choices[0].logprobs.tokens]
+    assert tokens == lp.tokens
