@@ -19,6 +19,7 @@ from typing import Protocol
 
 from .config import METHODS, SpeculativeConfig
 from .ngram import NgramProposer
+from .suffix import SuffixProposer
 
 
 class Proposer(Protocol):
@@ -42,7 +43,16 @@ def make_proposer(config: SpeculativeConfig, ops: ModuleType | None = None) -> P
     """The proposer of `config.method` (one of `METHODS`), running on `ops`."""
     if config.method == "ngram":
         return NgramProposer(config, ops)
+    if config.method == "suffix":
+        return SuffixProposer(config)  # plain Python: no op to take from `ops`
     raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
 
 
-__all__ = ["METHODS", "NgramProposer", "Proposer", "SpeculativeConfig", "make_proposer"]
+__all__ = [
+    "METHODS",
+    "NgramProposer",
+    "Proposer",
+    "SpeculativeConfig",
+    "SuffixProposer",
+    "make_proposer",
+]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "suffix")
 """The proposers that exist (vLLM's method names)."""
 
 
@@ -17,40 +18,76 @@ class SpeculativeConfig:
     """How a request's next tokens are proposed before the target model verifies them.
 
     method: the proposer, one of `METHODS`: "ngram" looks the tokens up in the request's
-        own prompt and output (`ngram.propose_ngram`).
+        own prompt and output (`ngram.propose_ngram`); "suffix" proposes the most
+        frequent continuation in a tree of the request's tokens and one of past
+        requests' outputs (`suffix`).
     num_speculative_tokens: drafts proposed per step, an int >= 1; a step then emits
         between 1 and num_speculative_tokens + 1 tokens.
     prompt_lookup_min, prompt_lookup_max: for "ngram", the shortest and the longest
         suffix of the sequence that is searched for, ints with
         1 <= prompt_lookup_min <= prompt_lookup_max.
+    suffix_decoding_max_tree_depth: for "suffix", the longest string a tree counts, so
+        the most tokens a match and its drafts have together; an int >= 1.
+    suffix_decoding_max_cached_requests: for "suffix", how many finished requests'
+        outputs the global tree keeps (the oldest goes first); an int >= 0, 0 turning
+        the global tree off.
+    suffix_decoding_max_spec_factor: for "suffix", a match of m tokens earns at most
+        floor(max_spec_factor * m) drafts; a finite number > 0.
+    suffix_decoding_min_token_prob: for "suffix", drafts stop before the one whose
+        cumulative probability falls below it; a number in [0, 1].
+
+    Every field is checked whatever the method; the fields of one method are ignored by
+    the others.
 
     Raises ValueError naming the field and the value for a value out of range, an
     unknown method, or prompt_lookup_min > prompt_lookup_max; TypeError for a value that
-    is not an int (or not a str, for method).
+    is not an int (a number, for the two suffix_decoding floats; a str, for method).
     """
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str):
             raise TypeError(f"method must be a str, got {self.method!r}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+        for name, lowest in (
+            ("num_speculative_tokens", 1),
+            ("prompt_lookup_min", 1),
+            ("prompt_lookup_max", 1),
+            ("suffix_decoding_max_tree_depth", 1),
+            ("suffix_decoding_max_cached_requests", 0),
+        ):
             value = getattr(self, name)
             if not _is_int(value):
                 raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+            if value < lowest:
+                raise ValueError(f"{name} must be >= {lowest}, got {value}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
                 "prompt_lookup_min must be <= prompt_lookup_max, got "
                 f"prompt_lookup_min={self.prompt_lookup_min}, "
                 f"prompt_lookup_max={self.prompt_lookup_max}"
             )
+        for name in ("suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+        factor = self.suffix_decoding_max_spec_factor
+        if not (0 < factor < math.inf):
+            raise ValueError(
+                f"suffix_decoding_max_spec_factor must be finite and > 0, got {factor}"
+            )
+        prob = self.suffix_decoding_min_token_prob
+        if not 0 <= prob <= 1:
+            raise ValueError(f"suffix_decoding_min_token_prob must be in [0, 1], got {prob}")
 
     @classmethod
     def from_dict(cls, value: dict) -> SpeculativeConfig:

@@ -8,13 +8,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 from pyagent_ref.sched import Request, RequestStatus  # noqa: E402
-from pyagent_ref.spec_decode import SpeculativeConfig  # noqa: E402
+from pyagent_ref.spec_decode import METHODS, SpeculativeConfig  # noqa: E402
 from tests.worker.helpers import ENGINE_SETTINGS, tiny_model  # noqa: E402
 
 MODEL = tiny_model()
@@ -61,6 +61,7 @@ def greedy_outputs(core, workload, **params):
     return [r.output_token_ids for r in reqs]
 
 
+@pytest.mark.parametrize("method", METHODS)
 @settings(deadline=None)
 @given(
     workload=REPETITIVE_WORKLOADS,
@@ -69,13 +70,17 @@ def greedy_outputs(core, workload, **params):
     **ENGINE_SETTINGS,
 )
 def test_greedy_speculation_equals_greedy_decoding(
-    workload, k, lookup_max, block_size, num_blocks, budget, caching
+    method, workload, k, lookup_max, block_size, num_blocks, budget, caching
 ):
     """Chunked prefill, prefix caching and preemption (few blocks) included; every block
-    comes back at the end."""
+    comes back at the end. For "suffix", later requests also get drafts from the outputs
+    of earlier ones (the global tree)."""
     setup = dict(block_size=block_size, num_blocks=num_blocks, budget=budget, caching=caching)
-    plain = greedy_outputs(make_core(**setup), workload)
-    spec = SpeculativeConfig("ngram", k, 1, lookup_max)
+    plain_core = make_core(**setup)
+    # few blocks lower max_model_len: a request that does not fit is refused, not run
+    assume(all(len(p) + n <= plain_core.max_model_len for p, n in workload))
+    plain = greedy_outputs(plain_core, workload)
+    spec = SpeculativeConfig(method, k, 1, lookup_max)  # each ignores the others' fields
     core = make_core(spec, **setup)
     assert greedy_outputs(core, workload) == plain
     assert core.kv.pool.num_free_blocks == num_blocks - 1

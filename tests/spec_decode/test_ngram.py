@@ -67,7 +67,11 @@ def test_proposer_uses_the_config():
         ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, ValueError, "prompt_lookup_min=3"),
         ({"prompt_lookup_max": 2.0}, TypeError, "prompt_lookup_max must be an int, got 2.0"),
         ({"num_speculative_tokens": True}, TypeError, "num_speculative_tokens must be an int"),
-        ({"method": "medusa"}, ValueError, "method must be one of ('ngram',), got 'medusa'"),
+        (
+            {"method": "medusa"},
+            ValueError,
+            "method must be one of ('ngram', 'suffix'), got 'medusa'",
+        ),
     ],
 )
 def test_bad_settings_name_the_field_and_value(kwargs, error, names):
