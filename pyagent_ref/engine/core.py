@@ -161,9 +161,9 @@ class EngineConfig:
         block kept) instead of their own KV cache groups (see `kv_cache_groups`).
     speculative_config: None, or speculative decoding: how drafts of each request's
         next tokens are proposed and verified in one forward pass (`SpeculativeConfig`,
-        or a dict of its fields under vLLM's names: method, num_speculative_tokens,
-        prompt_lookup_min, prompt_lookup_max). Greedy outputs stay the same token for
-        token, sampled ones the same in distribution.
+        or a dict of its fields under vLLM's names: method "ngram" or "suffix",
+        num_speculative_tokens, prompt_lookup_min/max, suffix_decoding_*). Greedy
+        outputs stay the same token for token, sampled ones the same in distribution.
     """
 
     model: str | Path | None = None
@@ -417,9 +417,10 @@ class EngineCore:
         """End requests wherever they are (abort, or an error found outside the core);
         their blocks are freed at once. Returns their final outputs."""
         with self._lock:
+            known = dict(self.scheduler.requests) if self.proposer is not None else {}
             outputs = self.scheduler.finish_requests(request_ids, status, error)
             if self.proposer is not None:
-                self._finish_proposals(outputs)
+                self._finish_proposals(outputs, known)
             return outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -440,6 +441,7 @@ class EngineCore:
         with self._lock:
             if self.asleep:
                 raise RuntimeError("the engine is asleep: call wake_up() first")
+            known = dict(self.scheduler.requests) if self.proposer is not None else {}
             sched = self.scheduler.schedule()
             grammar_errors = self._fill_grammar_bitmasks(sched)
             try:
@@ -453,15 +455,16 @@ class EngineCore:
             outputs = self.scheduler.update_from_output(sched, result)
             self.stats.add(outputs.stats)
             if self.proposer is not None:
-                self._finish_proposals(outputs.outputs)
+                self._finish_proposals(outputs.outputs, known)
                 self._propose_drafts()
             return outputs
 
-    def _finish_proposals(self, outputs: list[EngineCoreOutput]) -> None:
-        """Tell the proposer which requests ended, so that it drops their state."""
+    def _finish_proposals(self, outputs: list[EngineCoreOutput], known: dict) -> None:
+        """Tell the proposer which requests ended, and their outputs (`known`: the
+        requests before they ended)."""
         for out in outputs:
-            if out.finish_reason is not None:
-                self.proposer.finish(out.req_id)
+            if out.finish_reason is not None and out.req_id in known:
+                self.proposer.finish(out.req_id, known[out.req_id].output_token_ids)
 
     def _propose_drafts(self) -> None:
         """Speculative decoding: drafts for the next step of each running request that

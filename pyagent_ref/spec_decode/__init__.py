@@ -8,7 +8,7 @@ Every proposer has the `Proposer` interface, which the engine calls after each s
 
     proposer = make_proposer(SpeculativeConfig("ngram", num_speculative_tokens=4), ops)
     drafts = proposer.propose("req-1", prompt_ids, output_ids)   # 0 to 4 token ids
-    proposer.finish("req-1")                                      # the request ended
+    proposer.finish("req-1", output_ids)                          # the request ended
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ class Proposer(Protocol):
         far (at most num_speculative_tokens; the engine may cut them shorter). It is
         called once per step of each decoding request, in step order, so a proposer
         may keep per-request state and update it incrementally.
-    finish: the request ended (finished, aborted or failed): drop its state.
+    finish: the request ended (finished, aborted or failed) with these output tokens:
+        drop its state (a proposer that learns across requests may keep the output).
     """
 
     def propose(
         self, request_id: str, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]
     ) -> list[int]: ...
 
-    def finish(self, request_id: str) -> None: ...
+    def finish(self, request_id: str, output_token_ids: Sequence[int]) -> None: ...
 
 
 def make_proposer(config: SpeculativeConfig, ops: ModuleType | None = None) -> Proposer:

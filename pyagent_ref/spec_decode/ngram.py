@@ -38,5 +38,5 @@ class NgramProposer:
             c.prompt_lookup_max,
         )
 
-    def finish(self, request_id: str) -> None:
+    def finish(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         """Nothing is kept per request."""

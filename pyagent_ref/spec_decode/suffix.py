@@ -197,14 +197,13 @@ class SuffixProposer:
                     best = max(best, (score, m, is_request_tree, drafts))
         return best[3]
 
-    def finish(self, request_id: str) -> None:
-        """Drop the request's tree; its output, as far as seen, goes to the global tree."""
-        state = self._requests.pop(request_id, None)
+    def finish(self, request_id: str, output_token_ids: Sequence[int]) -> None:
+        """Drop the request's tree; its whole output goes to the global tree (even a
+        request that was never proposed for)."""
+        self._requests.pop(request_id, None)
         limit = self.config.suffix_decoding_max_cached_requests
-        if state is None or limit == 0:
-            return
-        output = state.tokens[state.num_prompt_tokens :]
-        if not output:
+        output = list(output_token_ids)
+        if limit == 0 or not output:
             return
         self.global_tree.add(output)
         self.cached_outputs.append(output)

@@ -94,7 +94,7 @@ def test_matches_the_brute_force_rules(config, past, prompt, output, steps):
     proposer = make_proposer(config)
     for i, (past_prompt, past_output) in enumerate(past):
         proposer.propose(f"past-{i}", past_prompt, past_output)
-        proposer.finish(f"past-{i}")
+        proposer.finish(f"past-{i}", past_output)
     kept = config.suffix_decoding_max_cached_requests
     cached = [list(o) for _, o in past if o]
     cached = cached[-kept:] if kept else []
@@ -114,7 +114,7 @@ def test_eviction_leaves_the_counts_of_a_rebuild(outputs, kept, depth):
     proposer = SuffixProposer(config)
     for i, output in enumerate(outputs):
         proposer.propose(str(i), [7], output)
-        proposer.finish(str(i))
+        proposer.finish(str(i), output)
     rebuilt = SuffixTrie(depth)
     remaining = [o for o in outputs if o][-kept:]
     for output in remaining:
@@ -128,8 +128,8 @@ def test_the_global_tree_learns_across_requests():
     first_output = [10, 11, 12, 13, 14, 15]
     proposer.propose("a", [1, 2, 3], first_output)
     assert proposer.propose("b", [4, 5], [10, 11]) == []  # "a" is not finished yet
-    proposer.finish("a")
-    proposer.finish("b")
+    proposer.finish("a", first_output)
+    proposer.finish("b", [10, 11])
     # the prompt of "a" did not go to the global tree; its output did
     assert proposer.propose("c", [4, 1, 2], []) == []
     assert proposer.propose("c", [4, 1, 2], [10, 11]) == [12, 13]  # 2 tokens matched: 2 drafts
@@ -139,7 +139,7 @@ def test_the_global_tree_learns_across_requests():
 def test_ties_go_to_the_longer_match_then_to_the_request_tree():
     proposer = SuffixProposer(suffix_config(num_speculative_tokens=1))
     proposer.propose("a", [], [1, 2, 3])
-    proposer.finish("a")
+    proposer.finish("a", [1, 2, 3])
     # [1, 2] is followed by 4 in the request, by 3 in the global tree: both sure
     assert proposer.propose("b", [1, 2, 4], [1, 2]) == [4]
     # [2] is followed by 4 in the request; [1, 2] only by 3, in the global tree
@@ -149,7 +149,7 @@ def test_ties_go_to_the_longer_match_then_to_the_request_tree():
 def test_the_request_tree_wins_when_it_is_surer():
     proposer = SuffixProposer(suffix_config(num_speculative_tokens=2))
     proposer.propose("a", [], [1, 2, 3, 1, 2, 4])  # after [1, 2]: 3 or 4
-    proposer.finish("a")
+    proposer.finish("a", [1, 2, 3, 1, 2, 4])
     assert proposer.propose("b", [1, 2, 5, 6], [1, 2]) == [5, 6]  # its own: always 5
 
 
@@ -176,11 +176,20 @@ def test_the_tree_depth_bounds_match_and_drafts_together():
     assert SuffixProposer(shallow).propose("a", sequence, []) == [3, 4, 5]  # m=1: 3 drafts
 
 
+def test_finish_learns_the_whole_output_even_unproposed():
+    proposer = SuffixProposer(suffix_config(num_speculative_tokens=2))
+    proposer.propose("a", [1], [5])
+    proposer.finish("a", [5, 6, 7, 8])  # its last tokens came after the last propose
+    proposer.finish("b", [9, 6, 7])  # never proposed for
+    assert proposer.propose("c", [2], [6]) == [7]  # 6 -> 7 twice, then 8 or end: sure of 7
+    assert list(proposer.cached_outputs) == [[5, 6, 7, 8], [9, 6, 7]]
+
+
 def test_finish_forgets_the_request_and_ignores_unknown_ids():
     proposer = SuffixProposer(suffix_config(suffix_decoding_max_cached_requests=0))
     proposer.propose("a", [1, 2, 1], [2])
-    proposer.finish("a")
-    proposer.finish("never-seen")
+    proposer.finish("a", [2])
+    proposer.finish("never-seen", [3])
     assert proposer.propose("a", [1, 2], []) == []  # a new request "a", a new tree
     assert proposer.global_tree.root.children == {}
 
