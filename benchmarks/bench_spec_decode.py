@@ -16,6 +16,9 @@ outputs are checked to be the same token for token.
 Suffix decoding's global tree learns the outputs of the warm-up and of earlier repeats,
 which decode the same prompts again: its figures are those of a workload that repeats
 itself (the case the global tree is for); "no-cache" shows the request's own tree alone.
+On a shared machine, use --threads 1: torch's multi-threaded matrix products (the k + 1
+rows of a verifying step) wait for busy cores, while a decode's single row does not, which
+slows speculation alone by up to 20x there.
 Targets (issue 14): n-gram >= 1.8x on the repetitive workload at batch 1 on CPU; no
 proposer slower than 0.9x on the plain one.
 """
@@ -80,7 +83,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
+    )
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     num_prompts, max_tokens = (2, 32) if args.quick else (5, args.max_tokens)
     repeats = 1 if args.quick else args.repeats
     try:
