@@ -6,11 +6,11 @@ given per row as arrays of shape (batch,). Masking a token means setting its log
 numpy arrays and torch tensors on any device; results come back in the input's library,
 dtype and device.
 
-The order a sampler applies them in (vLLM's, with HF's extra warpers beside vLLM's):
-the masks `apply_allowed_token_ids`, `apply_bad_words`, `apply_no_repeat_ngram`,
-penalties and logit bias on the raw logits, then `apply_temperature`, then
-`apply_min_p`, `apply_typical_p`, `apply_epsilon_cutoff`, `apply_eta_cutoff`,
-`apply_top_k`, `apply_top_p`, then `sample`.
+The order a sampler applies them in (vLLM's, with HF's extra warpers after top-p as
+HF orders them): the masks `apply_allowed_token_ids`, `apply_bad_words`,
+`apply_no_repeat_ngram`, penalties and logit bias on the raw logits, then
+`apply_temperature`, then `apply_min_p`, `apply_top_k`, `apply_top_p`,
+`apply_typical_p`, `apply_epsilon_cutoff`, `apply_eta_cutoff`, then `sample`.
 
 Randomness: `sample` draws with the exponential race over `philox_uniform`, a
 counter-based generator keyed by each row's seed and counted by (output position,
