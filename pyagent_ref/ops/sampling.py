@@ -501,7 +501,7 @@ def apply_bad_words(logits: Any, token_ids: Any, bad_words: Any) -> Any:
     dev = device(words)
     # Entry k < L - 1 of a sequence must equal the row's token n - (L - 1) + k.
     k = xp.reshape(xp.arange(max(words.shape[2] - 1, 0), dtype=xp.int64, device=dev), (1, 1, -1))
-    prefix_len = xp.reshape(length - 1, (batch, -1, 1))
+    prefix_len = xp.expand_dims(length - 1, axis=2)
     expected = _at(xp, tokens, xp.reshape(n, (-1, 1, 1)) - prefix_len + k)
     same = (k >= prefix_len) | (expected == words[:, :, : k.shape[2]])
     matched = xp.all(same, axis=2) & (length > 0)
