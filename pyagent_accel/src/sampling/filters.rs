@@ -3,47 +3,69 @@
 //! log_softmax and the entropy), and the token masks of allowed ids, bad words and
 //! no-repeat n-grams (exact: no arithmetic).
 //!
-//! The float64 filters compute q = x - max - ln(sum exp(x - max)) with `exp_f64` (1 ulp)
-//! and numpy's pairwise sum, p = exp(q), H = -sum p * q: within a few ulp of the
-//! reference, so only the decisions inside the specification's 1e-9 bands can differ.
+//! The float64 filters compute e = exp(x - max) with `exp_f64` (1 ulp), S = sum e
+//! (numpy's pairwise order), p = e / S and H = ln S - sum(e * (x - max)) / S, the
+//! reference's p = exp(q) and -sum p * q within a few ulp: only the decisions inside
+//! the specification's 1e-9 bands can differ.
+
+use std::cell::RefCell;
 
 use super::row_scan::{pairwise_sum, scan, RowStatus};
-use crate::float::{exp_f64, Float};
+use crate::float::{exp_f64, multiversion, Float};
 
-/// exp(x) with exp(-inf) exactly 0 (`exp_f64` clamps its argument).
-fn exp_or_zero(x: f64) -> f64 {
-    if x == f64::NEG_INFINITY {
-        0.0
-    } else {
-        exp_f64(x)
-    }
+/// Per-thread buffers of the float64 filters: exp(x - max), distances, and (distance
+/// bits, e) pairs sorted by distance.
+#[derive(Default)]
+struct Buffers {
+    e: Vec<f64>,
+    d: Vec<f64>,
+    by_distance: Vec<(u64, f64)>,
 }
 
-/// q (log_softmax), p = exp(q) and the entropy H of a valid row whose max is `max`;
-/// -inf entries get q = -inf and p = 0.
-fn surprisal<T: Float>(row: &[T], max: T, q: &mut Vec<f64>, p: &mut Vec<f64>) -> f64 {
+thread_local! {
+    static BUFFERS: RefCell<Buffers> = RefCell::default();
+}
+
+/// This thread's buffers, taken out of the thread-local (the kernels' loops must not run
+/// inside a closure, which would not get their `multiversion!` target features).
+fn take_buffers() -> Buffers {
+    BUFFERS.with(|cell| std::mem::take(&mut *cell.borrow_mut()))
+}
+
+fn give_back(buffers: Buffers) {
+    BUFFERS.with(|cell| *cell.borrow_mut() = buffers);
+}
+
+/// Of a valid row whose max is `max`: e = exp(x - max) (0 for -inf entries) written to
+/// `e`, its sum S, and the entropy H = ln S - sum(e * (x - max)) / S (the docstring's
+/// -sum p * q with p = e / S and q = x - max - ln S), computed only if `entropy`.
+#[inline(always)]
+fn softmax_stats<T: Float>(row: &[T], max: T, e: &mut Vec<f64>, entropy: bool) -> (f64, f64) {
     let max = max.to_f64();
-    q.clear();
-    q.extend(row.iter().map(|&x| x.to_f64() - max));
-    p.clear();
-    p.extend(q.iter().map(|&d| exp_or_zero(d)));
-    let log_sum = pairwise_sum(p).ln();
-    for (qi, pi) in q.iter_mut().zip(p.iter_mut()) {
-        *qi -= log_sum;
-        *pi = exp_or_zero(*qi);
+    e.resize(row.len(), 0.0);
+    for (ei, &x) in e.iter_mut().zip(row) {
+        *ei = exp_f64(x.to_f64() - max);
     }
-    let terms: Vec<f64> = q
+    let sum = pairwise_sum(e);
+    if !entropy {
+        return (sum, 0.0);
+    }
+    let weighted = row
         .iter()
-        .zip(p.iter())
-        .map(|(&qi, &pi)| if pi > 0.0 { pi * qi } else { 0.0 })
-        .collect();
-    -pairwise_sum(&terms)
+        .zip(e.iter())
+        .map(|(&x, &ei)| {
+            if ei > 0.0 {
+                ei * (x.to_f64() - max)
+            } else {
+                0.0
+            }
+        })
+        .fold(0.0, |acc, v| acc + v);
+    (sum, sum.ln() - weighted / sum)
 }
 
-/// `apply_typical_p` for one row: keep the tokens whose distance |-q - H| to the
-/// entropy is <= that of the token where the cumulative mass (in distance order,
-/// ties by index) first reaches `mass`; `mass` >= 1 leaves the row unchanged.
-pub fn typical_row<T: Float>(row: &[T], out: &mut [T], mass: f64) -> RowStatus {
+#[inline(always)]
+fn typical_row_impl<T: Float>(row: &[T], out: &mut [T], mass: f64) -> RowStatus {
     let (status, max) = scan(row);
     if status != RowStatus::Ok {
         return status;
@@ -52,25 +74,45 @@ pub fn typical_row<T: Float>(row: &[T], out: &mut [T], mass: f64) -> RowStatus {
         out.copy_from_slice(row);
         return RowStatus::Ok;
     }
-    let (mut q, mut p) = (Vec::new(), Vec::new());
-    let entropy = surprisal(row, max, &mut q, &mut p);
-    let d: Vec<f64> = q.iter().map(|&qi| (-qi - entropy).abs()).collect();
-    let mut order: Vec<usize> = (0..row.len()).collect();
-    order.sort_by(|&a, &b| d[a].total_cmp(&d[b]).then(a.cmp(&b)));
-    let mut cum = 0.0;
-    let mut last = order[row.len() - 1];
-    for &i in &order {
-        cum += p[i];
-        if cum >= mass {
-            last = i;
-            break;
+    let mut buffers = take_buffers();
+    {
+        let Buffers { e, d, by_distance } = &mut buffers;
+        let (sum, entropy) = softmax_stats(row, max, e, true);
+        // d = |-q - H| with q = x - max - ln S; +inf for -inf entries
+        let offset = sum.ln() - entropy;
+        let max = max.to_f64();
+        d.resize(row.len(), 0.0);
+        for (di, &x) in d.iter_mut().zip(row) {
+            *di = (offset - (x.to_f64() - max)).abs();
+        }
+        // d >= 0, so its bits order like its values; the threshold below does not
+        // depend on the order of equal distances (they are kept or masked together)
+        by_distance.clear();
+        by_distance.extend(d.iter().zip(e.iter()).map(|(&di, &ei)| (di.to_bits(), ei)));
+        by_distance.sort_unstable_by_key(|&(bits, _)| bits);
+        let mut cum = 0.0;
+        let mut last = by_distance[row.len() - 1].0;
+        for &(bits, ei) in by_distance.iter() {
+            cum += ei / sum;
+            if cum >= mass {
+                last = bits;
+                break;
+            }
+        }
+        let threshold = f64::from_bits(last);
+        for ((o, &x), &di) in out.iter_mut().zip(row).zip(d.iter()) {
+            *o = if di <= threshold { x } else { T::NEG_INF };
         }
     }
-    let threshold = d[last];
-    for ((o, &x), &di) in out.iter_mut().zip(row).zip(&d) {
-        *o = if di <= threshold { x } else { T::NEG_INF };
-    }
+    give_back(buffers);
     RowStatus::Ok
+}
+
+multiversion! {
+    /// `apply_typical_p` for one row: keep the tokens whose distance |-q - H| to the
+    /// entropy is <= that of the token where the cumulative mass (in distance order)
+    /// first reaches `mass`; `mass` >= 1 leaves the row unchanged.
+    pub fn typical_row<T>(row: &[T], out: &mut [T], mass: f64) -> RowStatus = typical_row_impl;
 }
 
 /// The cutoff of `apply_epsilon_cutoff` (`Cutoff::Epsilon`) or `apply_eta_cutoff`.
@@ -80,9 +122,8 @@ pub enum Cutoff {
     Eta(f64),
 }
 
-/// `apply_epsilon_cutoff` / `apply_eta_cutoff` for one row: mask p < threshold except
-/// the tokens tied for the max (threshold epsilon, or min(eta, sqrt(eta) * exp(-H))).
-pub fn cutoff_row<T: Float>(row: &[T], out: &mut [T], cutoff: Cutoff) -> RowStatus {
+#[inline(always)]
+fn cutoff_row_impl<T: Float>(row: &[T], out: &mut [T], cutoff: Cutoff) -> RowStatus {
     let (status, max) = scan(row);
     if status != RowStatus::Ok {
         return status;
@@ -92,20 +133,32 @@ pub fn cutoff_row<T: Float>(row: &[T], out: &mut [T], cutoff: Cutoff) -> RowStat
         out.copy_from_slice(row);
         return RowStatus::Ok;
     }
-    let (mut q, mut p) = (Vec::new(), Vec::new());
-    let entropy = surprisal(row, max, &mut q, &mut p);
-    let threshold = match cutoff {
-        Cutoff::Epsilon(eps) => eps,
-        Cutoff::Eta(eta) => eta.min(eta.sqrt() * (-entropy).exp()),
-    };
-    for ((o, &x), &pi) in out.iter_mut().zip(row).zip(&p) {
-        *o = if pi < threshold && x != max {
-            T::NEG_INF
-        } else {
-            x
+    let mut buffers = take_buffers();
+    {
+        let e = &mut buffers.e;
+        let (sum, entropy) = softmax_stats(row, max, e, matches!(cutoff, Cutoff::Eta(_)));
+        let threshold = match cutoff {
+            Cutoff::Epsilon(eps) => eps,
+            Cutoff::Eta(eta) => eta.min(eta.sqrt() * (-entropy).exp()),
         };
+        // p < threshold as e < threshold * S (the same decision but within rounding)
+        let bound = threshold * sum;
+        for ((o, &x), &ei) in out.iter_mut().zip(row).zip(e.iter()) {
+            *o = if ei < bound && x != max {
+                T::NEG_INF
+            } else {
+                x
+            };
+        }
     }
+    give_back(buffers);
     RowStatus::Ok
+}
+
+multiversion! {
+    /// `apply_epsilon_cutoff` / `apply_eta_cutoff` for one row: mask p < threshold except
+    /// the tokens tied for the max (threshold epsilon, or min(eta, sqrt(eta) * exp(-H))).
+    pub fn cutoff_row<T>(row: &[T], out: &mut [T], cutoff: Cutoff) -> RowStatus = cutoff_row_impl;
 }
 
 /// The leading entries >= 0 of a right-padded id row (the wrapper has checked that no

@@ -33,7 +33,7 @@ Exactness, against the numpy and the torch paths of the reference:
 - `apply_typical_p`, `apply_epsilon_cutoff`, `apply_eta_cutoff` compute log_softmax,
   p and the entropy in float64 with the 1-ulp exp and numpy's pairwise sums, so only
   decisions inside the specification's 1e-9 bands may differ; typical-p sorts the row
-  by distance to the entropy (ties by index).
+  by distance to the entropy.
 - `log_softmax` sums in numpy's pairwise order, so the only difference is the last bit
   of exp/log: |accel - ref| <= 2 * eps * max(1, |ref|) (eps of the dtype; measured
   under 1 eps, with about 98% of entries identical, the same as torch vs numpy).
