@@ -90,3 +90,25 @@ def test_typical_p_and_eta_cutoff_run_and_are_seeded(llm):
 
 def test_typical_p_one_keeps_the_plain_draw(llm):
     assert generate(llm, seed=5, typical_p=1.0).token_ids == generate(llm, seed=5).token_ids
+
+
+FILTERS = [
+    dict(allowed_token_ids=list(range(40, 90))),
+    dict(bad_words=["the", "is"]),
+    dict(no_repeat_ngram_size=2, temperature=0),
+    dict(typical_p=0.5),
+    dict(epsilon_cutoff=0.01),
+    dict(eta_cutoff=0.01),
+]
+
+
+@pytest.fixture(scope="module")
+def accel_llm(tiny_llm_dir):
+    pytest.importorskip("pyagent_accel.ops")
+    return LLM(tiny_llm_dir[1], **(ENGINE | {"ops": "accel"}))
+
+
+@pytest.mark.parametrize("kwargs", FILTERS, ids=lambda k: ",".join(k))
+def test_accel_ops_draw_the_reference_tokens(llm, accel_llm, kwargs):
+    params = dict(seed=3) | kwargs
+    assert generate(accel_llm, **params).token_ids == generate(llm, **params).token_ids
