@@ -191,8 +191,14 @@ class Sampler:
 
     def _mask_tokens(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         """allowed_token_ids, bad words (matched against the output, as vLLM does) and
-        no-repeat n-grams (over prompt + output, as HF does)."""
+        no-repeat n-grams (over prompt + output, as HF does). A row they leave without
+        any token is a ValueError naming its request (the model runner fails that request
+        alone)."""
         s, p = self.ops, [r.params for r in rows]
+        if not any(
+            q.allowed_token_ids or q.bad_words_token_ids or q.no_repeat_ngram_size for q in p
+        ):
+            return x
         if any(q.allowed_token_ids for q in p):
             x = s.apply_allowed_token_ids(x, _padded([q.allowed_token_ids or () for q in p]))
         if any(q.bad_words_token_ids for q in p):
@@ -209,6 +215,13 @@ class Sampler:
                 x,
                 _padded([[*r.prompt_token_ids, *r.output_token_ids] for r in rows]),
                 np.array([q.no_repeat_ngram_size for q in p], dtype=np.int64),
+            )
+        dead = torch.isneginf(torch.as_tensor(x)).all(dim=1)
+        if bool(dead.any()):
+            rid = rows[int(dead.int().argmax())].request_id
+            raise ValueError(
+                f"request {rid}: its allowed_token_ids, bad_words and no_repeat_ngram_size "
+                "(with the other constraints of this step) leave no token to sample"
             )
         return x
 

@@ -111,3 +111,14 @@ def test_verify_sees_drafts_as_output(sampler):
     ]
     out = processed(sampler, logits(3), expanded)
     assert [bool(np.isinf(o[4])) for o in out] == [False, True, False]
+
+
+def test_a_row_left_without_tokens_names_its_request(sampler):
+    rows = [
+        row(),
+        dataclasses.replace(
+            row(output=(3,), allowed_token_ids=[3], no_repeat_ngram_size=1), request_id="r-dead"
+        ),
+    ]
+    with pytest.raises(ValueError, match="request r-dead: its allowed_token_ids"):
+        sampler(logits(2), rows)
