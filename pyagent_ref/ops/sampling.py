@@ -542,16 +542,17 @@ def apply_no_repeat_ngram(logits: Any, token_ids: Any, n: Any) -> Any:
         raise ValueError(f"n[{row}] must be >= 0 (0 disables), got {int(ngram[row])}")
     batch, width = tokens.shape
     dev = device(tokens)
-    # window i, position k < N - 1 of it against the row's k-th token of its last N - 1
-    i = xp.reshape(xp.arange(width, dtype=xp.int64, device=dev), (1, -1, 1))
+    # Window s (the N-gram t[s : s + N]) matches when its first N - 1 tokens are the
+    # row's last N - 1: entry k < N - 1 compares t[s + k] with t[len - N + 1 + k].
+    start = xp.reshape(xp.arange(width, dtype=xp.int64, device=dev), (1, -1))
     longest = int(xp.max(ngram)) if batch else 0
     k = xp.reshape(xp.arange(max(longest - 1, 0), dtype=xp.int64, device=dev), (1, 1, -1))
-    big_n = xp.reshape(ngram, (-1, 1, 1))
-    suffix = _at(xp, tokens, xp.reshape(size, (-1, 1, 1)) - big_n + 1 + k)
-    same = (k >= big_n - 1) | (_at(xp, tokens, i + k) == suffix)
-    i2, big_n2 = i[..., 0], big_n[..., 0]
-    matched = xp.all(same, axis=2) & (big_n2 > 0) & (i2 + big_n2 <= xp.reshape(size, (-1, 1)))
-    return _mask_tokens(xp, logits, xp.where(matched, _at(xp, tokens, i2 + big_n2 - 1), -1))
+    big_n = xp.reshape(ngram, (-1, 1))
+    tail = _at(xp, tokens, xp.reshape(size - ngram + 1, (-1, 1, 1)) + k)
+    same = (k >= big_n[..., None] - 1) | (_at(xp, tokens, start[..., None] + k) == tail)
+    fits = start + big_n <= xp.reshape(size, (-1, 1))
+    matched = xp.all(same, axis=2) & (big_n > 0) & fits
+    return _mask_tokens(xp, logits, xp.where(matched, _at(xp, tokens, start + big_n - 1), -1))
 
 
 def log_softmax(logits: Any) -> Any:
