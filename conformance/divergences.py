@@ -61,6 +61,20 @@ _HF_BIAS_DUPLICATES = (
     "SequenceBiasLogitsProcessor turns the (tokens, bias) list into a dict: a token listed "
     "twice gets its last bias, not the sum"
 )
+_HF_WARPERS_FLOAT32 = (
+    "TypicalLogitsWarper, EpsilonLogitsWarper and EtaLogitsWarper take log_softmax, the "
+    "entropy and the cumulative masses in the logits' dtype: float32 rounding (~1e-7) decides "
+    "tokens outside the 1e-9 band of the float64 rule"
+)
+_HF_ETA_FLOAT32 = (
+    "EtaLogitsWarper keeps eta in a float32 tensor (torch.tensor(epsilon)), so the threshold "
+    "is computed from eta rounded to float32 (~6e-8 relative) even for float64 logits"
+)
+_HF_ALLOWED_FORCED = (
+    "PrefixConstrainedLogitsProcessor forces a row's allowed tokens to logit 0 when all of "
+    "them are already -inf ('so the constraint holds'); the contract leaves them -inf, the row "
+    "entirely masked, and does not invent logits"
+)
 _HF_NO_VALIDATION = (
     "HF processors validate only their scalar parameter: integer logits are processed (or "
     "fail inside torch with RuntimeError/NotImplementedError), NaN/+inf logits pass through"
@@ -624,6 +638,32 @@ DIVERGENCES: tuple[Divergence, ...] = (
         "rejects_invalid_input",
         _HF_NO_VALIDATION,
         "NaN and infinite biases are accepted",
+    ),
+    *(
+        _hf(op, prop, _HF_WARPERS_FLOAT32)
+        for op, prop in (
+            ("apply_typical_p", "keeps_the_smallest_typical_set"),
+            ("apply_typical_p", "matches_reference"),
+            ("apply_epsilon_cutoff", "masks_below_epsilon"),
+            ("apply_epsilon_cutoff", "matches_reference"),
+        )
+    ),
+    _hf("apply_eta_cutoff", "masks_below_entropy_scaled_eta", _HF_WARPERS_FLOAT32, _HF_ETA_FLOAT32),
+    _hf("apply_eta_cutoff", "matches_reference", _HF_WARPERS_FLOAT32, _HF_ETA_FLOAT32),
+    *(
+        _hf("apply_allowed_token_ids", prop, _HF_ALLOWED_FORCED)
+        for prop in ("masks_every_unlisted_token", "rows_are_independent", "matches_reference")
+    ),
+    *(
+        _hf(op, "rejects_invalid_input", _HF_NO_VALIDATION)
+        for op in (
+            "apply_typical_p",
+            "apply_epsilon_cutoff",
+            "apply_eta_cutoff",
+            "apply_allowed_token_ids",
+            "apply_bad_words",
+            "apply_no_repeat_ngram",
+        )
     ),
     _hf("log_softmax", "rejects_invalid_input", _HF_NO_VALIDATION),
     *(

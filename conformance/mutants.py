@@ -490,6 +490,25 @@ for _op, _arg, _fix, _what in (
         lambda t: np.where(np.isfinite(t) & (t >= 0), t, 0.0),
         "a bad temperature means greedy",
     ),
+    (
+        "apply_typical_p",
+        1,
+        lambda p: np.clip(np.nan_to_num(p, nan=1.0), 1e-9, 1.0),
+        "typical_p outside (0, 1] is clipped",
+    ),
+    (
+        "apply_epsilon_cutoff",
+        1,
+        lambda e: np.clip(np.nan_to_num(e, nan=0.0), 0.0, 0.999),
+        "epsilon outside [0, 1) is clipped",
+    ),
+    (
+        "apply_eta_cutoff",
+        1,
+        lambda e: np.clip(np.nan_to_num(e, nan=0.0), 0.0, 0.999),
+        "eta outside [0, 1) is clipped",
+    ),
+    ("apply_no_repeat_ngram", 2, lambda n: np.clip(n, 0, None), "a negative n means 0"),
     ("philox_uniform", 1, lambda p: np.abs(p), "negative positions are made positive"),
     ("topk_logprobs", 2, lambda s: np.clip(s, 0, None), "negative sampled ids are clipped to 0"),
 ):
@@ -527,6 +546,12 @@ for _op in (
     "apply_min_p",
     "apply_penalties",
     "apply_logit_bias",
+    "apply_typical_p",
+    "apply_epsilon_cutoff",
+    "apply_eta_cutoff",
+    "apply_allowed_token_ids",
+    "apply_bad_words",
+    "apply_no_repeat_ngram",
     "log_softmax",
 ):
     MUTANTS.append(
@@ -635,6 +660,353 @@ def sample_scores_in_place(logits: Any, temperature: Any, seeds: Any, positions:
     out = S.sample(logits, temperature, seeds, positions)
     logits[...] = logits - 1
     return out
+
+
+def _typical(
+    logits: Any,
+    typical_p: Any,
+    *,
+    key: str = "distance",
+    dtype: Any = np.float64,
+    ties: bool = True,
+    one_disables: bool = True,
+) -> Any:
+    """apply_typical_p with one thing changed: the order (`key`: distance, reversed or
+    surprisal), the dtype, tie handling, or typical_p == 1 not disabling."""
+    S.apply_typical_p(logits, typical_p)
+    x, mass = _np(logits).astype(dtype), _np(typical_p).astype(np.float64)
+    keep = np.ones(x.shape, bool)
+    for b, row in enumerate(x):
+        if mass[b] == 1 and one_disables:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = row - row.max() - np.log(np.exp(row - row.max()).sum())
+            p = np.exp(q)
+            h = -np.sum(np.where(p > 0, p * q, 0))
+            d = {"distance": np.abs(-q - h), "reversed": -np.abs(-q - h), "surprisal": -q}[key]
+        d = np.where(np.isfinite(row), d, np.inf)
+        order = np.argsort(d, kind="stable")
+        m = min(int(np.sum(np.cumsum(p[order]) < mass[b])) + 1, row.size)
+        if ties:
+            keep[b] = d <= d[order[m - 1]]
+        else:
+            keep[b] = False
+            keep[b, order[:m]] = True
+    return _keep(logits, keep)
+
+
+@mutant("sampling", "apply_typical_p", "orders tokens by distance to the entropy descending")
+def typical_reversed(logits: Any, typical_p: Any) -> Any:
+    return _typical(logits, typical_p, key="reversed")
+
+
+@mutant("sampling", "apply_typical_p", "orders tokens by surprisal (top-p), not its distance to H")
+def typical_by_surprisal(logits: Any, typical_p: Any) -> Any:
+    return _typical(logits, typical_p, key="surprisal")
+
+
+@mutant("sampling", "apply_typical_p", "keeps exactly m tokens, dropping ties with the last one")
+def typical_drops_ties(logits: Any, typical_p: Any) -> Any:
+    return _typical(logits, typical_p, ties=False)
+
+
+@mutant("sampling", "apply_typical_p", "computes the entropy and the masses in float32")
+def typical_float32(logits: Any, typical_p: Any) -> Any:
+    return _typical(logits, typical_p, dtype=np.float32)
+
+
+@mutant("sampling", "apply_typical_p", "treats typical_p == 1 like any other value")
+def typical_one_filters(logits: Any, typical_p: Any) -> Any:
+    return _typical(logits, typical_p, one_disables=False)
+
+
+def _cutoff(
+    logits: Any,
+    threshold: Any,
+    *,
+    keep_max: bool = True,
+    dtype: Any = np.float64,
+) -> Any:
+    """Mask p < threshold(row, p, H) (a function), by default sparing the tied maxima."""
+    x = _np(logits).astype(dtype)
+    keep = np.ones(x.shape, bool)
+    for b, row in enumerate(x):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = row - row.max() - np.log(np.exp(row - row.max()).sum())
+            p = np.exp(q)
+            h = float(-np.sum(np.where(p > 0, p * q, 0)))
+        t = threshold(b, h)
+        keep[b] = ~(p < t)
+        if keep_max:
+            keep[b] |= row == row.max()
+    return _keep(logits, keep)
+
+
+@mutant("sampling", "apply_epsilon_cutoff", "may mask the most likely token (no keep-max rule)")
+def epsilon_masks_max(logits: Any, epsilon: Any) -> Any:
+    S.apply_epsilon_cutoff(logits, epsilon)
+    e = _np(epsilon).astype(np.float64)
+    return _cutoff(logits, lambda b, h: e[b], keep_max=False)
+
+
+@mutant("sampling", "apply_epsilon_cutoff", "compares exp(x - max) (min-p's ratio), not p")
+def epsilon_on_ratio(logits: Any, epsilon: Any) -> Any:
+    S.apply_epsilon_cutoff(logits, epsilon)
+    x, e = _np(logits).astype(np.float64), _np(epsilon).astype(np.float64)
+    return _keep(logits, ~(np.exp(x - x.max(1, keepdims=True)) < e[:, None]))
+
+
+@mutant("sampling", "apply_epsilon_cutoff", "computes the probabilities in float32")
+def epsilon_float32(logits: Any, epsilon: Any) -> Any:
+    S.apply_epsilon_cutoff(logits, epsilon)
+    e = _np(epsilon).astype(np.float32)
+    return _cutoff(logits, lambda b, h: e[b], dtype=np.float32)
+
+
+@mutant("sampling", "apply_eta_cutoff", "drops the sqrt: min(eta, eta * exp(-H))")
+def eta_without_sqrt(logits: Any, eta: Any) -> Any:
+    S.apply_eta_cutoff(logits, eta)
+    e = _np(eta).astype(np.float64)
+    return _cutoff(logits, lambda b, h: min(e[b], e[b] * math.exp(-h)))
+
+
+@mutant("sampling", "apply_eta_cutoff", "takes the entropy in bits")
+def eta_entropy_in_bits(logits: Any, eta: Any) -> Any:
+    S.apply_eta_cutoff(logits, eta)
+    e = _np(eta).astype(np.float64)
+    return _cutoff(logits, lambda b, h: min(e[b], math.sqrt(e[b]) * math.exp(-h / math.log(2))))
+
+
+@mutant("sampling", "apply_eta_cutoff", "may mask the most likely token (no keep-max rule)")
+def eta_masks_max(logits: Any, eta: Any) -> Any:
+    S.apply_eta_cutoff(logits, eta)
+    e = _np(eta).astype(np.float64)
+    return _cutoff(logits, lambda b, h: min(e[b], math.sqrt(e[b]) * math.exp(-h)), keep_max=False)
+
+
+def _ban(logits: Any, banned: list[set[int]]) -> Any:
+    keep = np.ones(_np(logits).shape, bool)
+    for b, ids in enumerate(banned):
+        keep[b, sorted(ids)] = False
+    return _keep(logits, keep)
+
+
+def _rows(ids: Any) -> list[list[int]]:
+    """Right-padded rows as lists of their leading ids >= 0."""
+    out = []
+    for row in _np(ids).tolist():
+        n = next((i for i, t in enumerate(row) if t < 0), len(row))
+        out.append(row[:n])
+    return out
+
+
+@mutant("sampling", "apply_allowed_token_ids", "a row without ids masks every token")
+def allowed_empty_row_masks_all(logits: Any, allowed: Any) -> Any:
+    S.apply_allowed_token_ids(logits, allowed)
+    vocab = _np(logits).shape[1]
+    listed = [{t for t in row if t >= 0} for row in _np(allowed).tolist()]
+    return _ban(logits, [set(range(vocab)) - ids for ids in listed])
+
+
+@mutant("sampling", "apply_allowed_token_ids", "padding ids wrap around to the end of the vocab")
+def allowed_padding_wraps(logits: Any, allowed: Any) -> Any:
+    S.apply_allowed_token_ids(logits, allowed)
+    vocab = _np(logits).shape[1]
+    banned = []
+    for row in _np(allowed).tolist():
+        listed = {t % vocab for t in row} if any(t >= 0 for t in row) else set(range(vocab))
+        banned.append(set(range(vocab)) - listed)
+    return _ban(logits, banned)
+
+
+def _bad_words(logits: Any, token_ids: Any, bad_words: Any, rule: Callable[..., bool]) -> Any:
+    """Ban each sequence's last token where rule(tokens, sequence) holds."""
+    S.apply_bad_words(logits, token_ids, bad_words)
+    words = _np(bad_words)
+    banned = []
+    for b, tokens in enumerate(_rows(token_ids)):
+        seqs = [s for s in _rows(words[b]) if s] if words.shape[1] else []
+        banned.append({s[-1] for s in seqs if rule(tokens, s)})
+    return _ban(logits, banned)
+
+
+@mutant("sampling", "apply_bad_words", "bans where the tokens end with the whole sequence")
+def bad_words_full_sequence(logits: Any, token_ids: Any, bad_words: Any) -> Any:
+    return _bad_words(
+        logits, token_ids, bad_words, lambda t, s: len(s) <= len(t) and t[len(t) - len(s) :] == s
+    )
+
+
+@mutant("sampling", "apply_bad_words", "bans every sequence's last token, prefix or not")
+def bad_words_ignore_prefix(logits: Any, token_ids: Any, bad_words: Any) -> Any:
+    return _bad_words(logits, token_ids, bad_words, lambda t, s: True)
+
+
+@mutant("sampling", "apply_bad_words", "matches the prefix anywhere in the tokens, not at the end")
+def bad_words_prefix_anywhere(logits: Any, token_ids: Any, bad_words: Any) -> Any:
+    def anywhere(t: list[int], s: list[int]) -> bool:
+        k = len(s) - 1
+        return any(t[i : i + k] == s[:-1] for i in range(len(t) - k + 1))
+
+    return _bad_words(logits, token_ids, bad_words, anywhere)
+
+
+def _ngrams(logits: Any, token_ids: Any, n: Any, shift: int = 0, last_window: bool = True) -> Any:
+    """apply_no_repeat_ngram with n + shift, or without the last window of the row."""
+    S.apply_no_repeat_ngram(logits, token_ids, n)
+    banned = []
+    for tokens, size in zip(_rows(token_ids), _np(n).tolist(), strict=True):
+        size = size + shift if size else 0
+        ids: set[int] = set()
+        if size > 0 and len(tokens) >= size:
+            tail = tokens[len(tokens) - size + 1 :]
+            stop = len(tokens) - size + (1 if last_window else 0)
+            ids = {tokens[i + size - 1] for i in range(stop) if tokens[i : i + size - 1] == tail}
+        banned.append(ids)
+    return _ban(logits, banned)
+
+
+@mutant("sampling", "apply_no_repeat_ngram", "matches (n - 1)-grams (off by one in n)")
+def ngram_one_short(logits: Any, token_ids: Any, n: Any) -> Any:
+    return _ngrams(logits, token_ids, n, shift=-1)
+
+
+@mutant("sampling", "apply_no_repeat_ngram", "matches (n + 1)-grams (off by one in n)")
+def ngram_one_long(logits: Any, token_ids: Any, n: Any) -> Any:
+    return _ngrams(logits, token_ids, n, shift=1)
+
+
+@mutant("sampling", "apply_no_repeat_ngram", "skips the last window of the row")
+def ngram_skips_last_window(logits: Any, token_ids: Any, n: Any) -> Any:
+    return _ngrams(logits, token_ids, n, last_window=False)
+
+
+@mutant("sampling", "apply_typical_p", "takes the entropy over the whole batch (batch-dependent)")
+def typical_batch_entropy(logits: Any, typical_p: Any) -> Any:
+    S.apply_typical_p(logits, typical_p)
+    x = _np(logits).astype(np.float64)
+    mass = _np(typical_p).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = x - x.max(1, keepdims=True)
+        q = q - np.log(np.exp(q).sum(1, keepdims=True))
+        p = np.exp(q)
+        h = -np.sum(np.where(p > 0, p * q, 0)) / x.shape[0]  # the batch's mean entropy
+    keep = np.ones(x.shape, bool)
+    for b in range(x.shape[0]):
+        if mass[b] == 1:
+            continue
+        d = np.where(np.isfinite(x[b]), np.abs(-q[b] - h), np.inf)
+        order = np.argsort(d, kind="stable")
+        m = min(int(np.sum(np.cumsum(p[b][order]) < mass[b])) + 1, d.size)
+        keep[b] = d <= d[order[m - 1]]
+    return _keep(logits, keep)
+
+
+@mutant("sampling", "apply_epsilon_cutoff", "normalises the softmax over the whole batch")
+def epsilon_batch_softmax(logits: Any, epsilon: Any) -> Any:
+    S.apply_epsilon_cutoff(logits, epsilon)
+    x, e = _np(logits).astype(np.float64), _np(epsilon).astype(np.float64)
+    z = np.exp(x - x.max())
+    p = z / z.sum()
+    return _keep(logits, ~(p < e[:, None]) | (x == x.max(1, keepdims=True)))
+
+
+@mutant("sampling", "apply_epsilon_cutoff", "epsilon 0 falls back to a default of 3e-4")
+def epsilon_zero_default(logits: Any, epsilon: Any) -> Any:
+    S.apply_epsilon_cutoff(logits, epsilon)
+    e = _np(epsilon).astype(np.float64)
+    return _cutoff(logits, lambda b, h: e[b] or 3e-4)
+
+
+@mutant("sampling", "apply_eta_cutoff", "eta 0 falls back to a default of 3e-4")
+def eta_zero_default(logits: Any, eta: Any) -> Any:
+    S.apply_eta_cutoff(logits, eta)
+    e = np.where(_np(eta) == 0, 3e-4, _np(eta)).astype(np.float64)
+    return _cutoff(logits, lambda b, h: min(e[b], math.sqrt(e[b]) * math.exp(-h)))
+
+
+@mutant("sampling", "apply_eta_cutoff", "uses the first row's entropy for every row")
+def eta_first_row_entropy(logits: Any, eta: Any) -> Any:
+    S.apply_eta_cutoff(logits, eta)
+    e = _np(eta).astype(np.float64)
+    first: list[float] = []
+
+    def threshold(b: int, h: float) -> float:
+        first.append(h) if not first else None
+        return min(e[b], math.sqrt(e[b]) * math.exp(-first[0]))
+
+    return _cutoff(logits, threshold)
+
+
+@mutant("sampling", "apply_allowed_token_ids", "a row without ids allows the ids of any row")
+def allowed_union_for_empty_rows(logits: Any, allowed: Any) -> Any:
+    S.apply_allowed_token_ids(logits, allowed)
+    vocab = _np(logits).shape[1]
+    rows = [{t for t in row if t >= 0} for row in _np(allowed).tolist()]
+    union = set().union(*rows) or set(range(vocab))
+    return _ban(logits, [set(range(vocab)) - (ids or union) for ids in rows])
+
+
+@mutant("sampling", "apply_allowed_token_ids", "ids >= vocab are ignored, not rejected")
+def allowed_ignores_big_ids(logits: Any, allowed: Any) -> Any:
+    vocab = _np(logits).shape[1]
+    ids = _np(allowed)
+    if ids.dtype.kind in "iu":
+        ids = np.where(ids >= vocab, -1, ids)
+        if ids.ndim == 2 and ids.shape[0] == _np(logits).shape[0]:
+            return S.apply_allowed_token_ids(logits, ids)
+    return S.apply_allowed_token_ids(logits, allowed)
+
+
+@mutant("sampling", "apply_bad_words", "matches each row's tokens against every row's sequences")
+def bad_words_batch_sequences(logits: Any, token_ids: Any, bad_words: Any) -> Any:
+    S.apply_bad_words(logits, token_ids, bad_words)
+    words = _np(bad_words)
+    every = [s for b in range(words.shape[0]) for s in _rows(words[b]) if s] if words.size else []
+    banned = [
+        {s[-1] for s in every if len(s) - 1 <= len(t) and t[len(t) - len(s) + 1 :] == s[:-1]}
+        for t in _rows(token_ids)
+    ]
+    return _ban(logits, banned)
+
+
+@mutant("sampling", "apply_bad_words", "takes a sequence's last token from its last column")
+def bad_words_last_column(logits: Any, token_ids: Any, bad_words: Any) -> Any:
+    S.apply_bad_words(logits, token_ids, bad_words)
+    words = _np(bad_words)
+    banned = []
+    for b, t in enumerate(_rows(token_ids)):
+        ids = set()
+        for s in words[b].tolist() if words.shape[2] else []:
+            prefix = s[:-1]
+            if s[-1] >= 0 and len(prefix) <= len(t) and t[len(t) - len(prefix) :] == prefix:
+                ids.add(s[-1])
+        banned.append(ids)
+    return _ban(logits, banned)
+
+
+@mutant("sampling", "apply_bad_words", "a token id after padding is ignored, not rejected")
+def bad_words_ignore_after_padding(logits: Any, token_ids: Any, bad_words: Any) -> Any:
+    words = _np(bad_words)
+    if words.dtype.kind in "iu" and words.ndim == 3:
+        after = np.cumsum(words < 0, axis=-1) > 0
+        bad_words = _back(logits, np.where(after, -1, words))
+    return S.apply_bad_words(logits, token_ids, bad_words)
+
+
+@mutant("sampling", "apply_no_repeat_ngram", "n == 0 bans every seen token, like n == 1")
+def ngram_zero_bans_seen(logits: Any, token_ids: Any, n: Any) -> Any:
+    S.apply_no_repeat_ngram(logits, token_ids, n)
+    ones = _back(logits, np.maximum(_np(n), 1).astype(np.int64))
+    return S.apply_no_repeat_ngram(logits, token_ids, ones)
+
+
+@mutant("sampling", "apply_no_repeat_ngram", "uses the batch's largest n for every enabled row")
+def ngram_batch_max(logits: Any, token_ids: Any, n: Any) -> Any:
+    S.apply_no_repeat_ngram(logits, token_ids, n)
+    sizes = _np(n).astype(np.int64)
+    same = np.where(sizes > 0, sizes.max(initial=0), 0)
+    return S.apply_no_repeat_ngram(logits, token_ids, _back(logits, same))
 
 
 # --- hashing --------------------------------------------------------------------------------

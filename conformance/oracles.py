@@ -95,6 +95,34 @@ def logsumexp64(row: np.ndarray) -> float:
     return mx + math.log(math.fsum(np.exp(x - mx).tolist()))
 
 
+def surprisal64(row: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """(q, p, H) of one row in float64: q = log_softmax (x - logsumexp, -inf for -inf
+    entries), p = exp(q), and the entropy H = -sum p * q over the tokens with p > 0 (fsum)."""
+    x = np.asarray(row, dtype=np.float64)
+    q = x - logsumexp64(x)
+    p = np.exp(q)
+    live = p > 0
+    return q, p, -math.fsum((p[live] * q[live]).tolist())
+
+
+def ngram_bans(tokens: list[int], n: int) -> set[int]:
+    """The tokens v for which tokens + [v] would end with an n-gram already in `tokens`."""
+    if n <= 0 or len(tokens) < n:
+        return set()
+    tail = tokens[len(tokens) - n + 1 :]
+    return {tokens[i + n - 1] for i in range(len(tokens) - n + 1) if tokens[i : i + n - 1] == tail}
+
+
+def bad_word_bans(tokens: list[int], words: list[list[int]]) -> set[int]:
+    """The last token of each non-empty word whose other tokens end `tokens`."""
+    banned = set()
+    for word in words:
+        prefix = word[:-1]
+        if word and len(prefix) <= len(tokens) and tokens[len(tokens) - len(prefix) :] == prefix:
+            banned.add(word[-1])
+    return banned
+
+
 # --- prompt lookup (spec_decode.propose_ngram), read literally ------------------------------
 
 

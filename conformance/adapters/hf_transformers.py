@@ -12,12 +12,22 @@
                        ids (padding removed); skipped where r == 1. transformers has no
                        frequency/presence penalty: a non-zero one raises NotImplementedError
     apply_logit_bias   SequenceBiasLogitsProcessor      per row, single-token sequences
+    apply_typical_p    TypicalLogitsWarper              per row; skipped where typical_p >= 1
+    apply_epsilon_cutoff EpsilonLogitsWarper            per row; skipped where epsilon == 0
+    apply_eta_cutoff   EtaLogitsWarper                  per row; skipped where eta == 0
+    apply_allowed_token_ids PrefixConstrainedLogitsProcessor  per row, the row's ids as the
+                       allowed tokens; skipped where the row has none
+    apply_bad_words    NoBadWordsLogitsProcessor        per row, input_ids = the row's tokens
+                       (padding removed), its non-empty sequences; skipped where it has none
+    apply_no_repeat_ngram NoRepeatNGramLogitsProcessor  per row, input_ids = the row's
+                       tokens (padding removed); skipped where n == 0
     log_softmax        LogitNormalization
 
 The glue does what `GenerationMixin._get_logits_processor` does and nothing more: it
 builds one processor per row (HF takes one scalar parameter per processor), skips a
 processor where generate() would not add it (temperature 1, top_k 0, top_p >= 1,
-repetition_penalty 1), converts numpy inputs to torch and the result back to the input's
+repetition_penalty 1, typical_p >= 1, epsilon/eta 0, no_repeat_ngram_size 0, no bad
+words or allowed ids), converts numpy inputs to torch and the result back to the input's
 library, and raises ValueError when a per-row parameter does not have one entry per
 row. It does not validate anything else: what HF accepts or rejects is what is tested.
 
@@ -213,6 +223,94 @@ def apply_logit_bias(logits: Any, token_ids: Any, bias: Any) -> Any:
         rows,
         lambda b: lp.SequenceBiasLogitsProcessor(sequence_bias=pairs[b]),
         lambda b: not pairs[b],
+    )
+
+
+def apply_typical_p(logits: Any, typical_p: Any) -> Any:
+    """TypicalLogitsWarper(mass) per row; generate() adds none for typical_p >= 1."""
+    lp = _hf()
+    ms = _per_row(typical_p, len(logits), "typical_p")
+    return _rowwise(logits, ms, lambda v: lp.TypicalLogitsWarper(mass=float(v)), lambda v: v >= 1)
+
+
+def apply_epsilon_cutoff(logits: Any, epsilon: Any) -> Any:
+    """EpsilonLogitsWarper(epsilon) per row; generate() adds none for epsilon_cutoff 0."""
+    lp = _hf()
+    es = _per_row(epsilon, len(logits), "epsilon")
+    return _rowwise(logits, es, lambda v: lp.EpsilonLogitsWarper(float(v)), lambda v: v == 0)
+
+
+def apply_eta_cutoff(logits: Any, eta: Any) -> Any:
+    """EtaLogitsWarper(eta) per row; generate() adds none for eta_cutoff 0."""
+    lp = _hf()
+    es = _per_row(eta, len(logits), "eta")
+    return _rowwise(logits, es, lambda v: lp.EtaLogitsWarper(float(v)), lambda v: v == 0)
+
+
+def _leading(ids: Any) -> list[int]:
+    """A right-padded id row as a list: its entries before the first negative one."""
+    out = []
+    for t in _torch(ids).tolist():
+        if t < 0:
+            break
+        out.append(int(t))
+    return out
+
+
+def _row_ids(token_ids: Any, batch: int, name: str) -> Any:
+    """The (1, len) input_ids of each row, padding removed."""
+    import torch
+
+    ids = _torch(token_ids)
+    if len(ids) != batch:
+        raise ValueError(f"{name} must have {batch} rows")
+    return lambda b: torch.tensor([_leading(ids[b])], dtype=torch.long).reshape(1, -1)
+
+
+def apply_allowed_token_ids(logits: Any, allowed: Any) -> Any:
+    """PrefixConstrainedLogitsProcessor allowing the row's ids, on rows that list some."""
+    lp = _hf()
+    batch = len(logits)
+    ids = _torch(allowed)
+    if len(ids) != batch:
+        raise ValueError(f"allowed must have {batch} rows")
+    lists = [[int(t) for t in ids[b].tolist() if t >= 0] for b in range(batch)]
+    return _rowwise(
+        logits,
+        list(range(batch)),
+        lambda b: lp.PrefixConstrainedLogitsProcessor(lambda _batch, _ids: lists[b], 1),
+        lambda b: not lists[b],
+    )
+
+
+def apply_bad_words(logits: Any, token_ids: Any, bad_words: Any) -> Any:
+    """NoBadWordsLogitsProcessor with the row's non-empty sequences, on the row's tokens."""
+    lp = _hf()
+    batch = len(logits)
+    words = _torch(bad_words)
+    if len(words) != batch:
+        raise ValueError(f"bad_words must have {batch} rows")
+    seqs = [[s for s in (_leading(w) for w in words[b]) if s] for b in range(batch)]
+    return _rowwise(
+        logits,
+        list(range(batch)),
+        lambda b: lp.NoBadWordsLogitsProcessor(bad_words_ids=seqs[b], eos_token_id=None),
+        lambda b: not seqs[b],
+        _row_ids(token_ids, batch, "token_ids"),
+    )
+
+
+def apply_no_repeat_ngram(logits: Any, token_ids: Any, n: Any) -> Any:
+    """NoRepeatNGramLogitsProcessor(n) per row on the row's tokens; none for n == 0."""
+    lp = _hf()
+    batch = len(logits)
+    ns = _per_row(n, batch, "n")
+    return _rowwise(
+        logits,
+        ns,
+        lambda v: lp.NoRepeatNGramLogitsProcessor(v),
+        lambda v: v == 0,
+        _row_ids(token_ids, batch, "token_ids"),
     )
 
 

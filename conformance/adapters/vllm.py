@@ -73,6 +73,18 @@ import numpy as np
 from . import lazy_namespaces
 
 CONFORMANCE_MISSING = {
+    "sampling.apply_typical_p": "vLLM has no typical sampling (a transformers warper)",
+    "sampling.apply_epsilon_cutoff": "vLLM has no epsilon sampling (a transformers warper)",
+    "sampling.apply_eta_cutoff": "vLLM has no eta sampling (a transformers warper)",
+    "sampling.apply_no_repeat_ngram": "vLLM has no no-repeat n-gram filter (a transformers one)",
+    "sampling.apply_allowed_token_ids": (
+        "not wrapped yet: vLLM masks allowed_token_ids inside Sampler.apply_logits_processors "
+        "with a mask InputBatch builds per request"
+    ),
+    "sampling.apply_bad_words": (
+        "not wrapped yet: vllm.v1.sample.ops.bad_words.apply_bad_words takes Python lists per "
+        "request (the output ids, the tokenized words) inside the sampler"
+    ),
     "sampling.philox_uniform": (
         "vLLM draws from torch generators (the global one, or a torch.Generator per seeded "
         "request), not from a counter-based generator"

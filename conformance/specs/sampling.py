@@ -65,12 +65,18 @@ def add_common(
     add_rejects_invalid_input(spec, shape, errors)
     add_matches_reference(spec, shape, cases, compare, compare_doc)
     add_returns_like_logits(op, typical)
-    rule = {"apply_top_p": "top_p_rule", "apply_min_p": "min_p_rule"}.get(op)
+    rule = {
+        "apply_top_p": "top_p_rule",
+        "apply_min_p": "min_p_rule",
+        "apply_typical_p": "typical_rule",
+        "apply_epsilon_cutoff": "epsilon_rule",
+        "apply_eta_cutoff": "eta_rule",
+    }.get(op)
     add_accepts_strided_input(spec, shape, typical, None if rule is None else _boundary(rule))
 
 
 def _boundary(rule: str) -> Any:
-    """The (batch, vocab) band mask of `rule` (top_p_rule / min_p_rule) for (logits, p)."""
+    """The (batch, vocab) band mask of `rule` (top_p_rule, min_p_rule, ...) for (logits, p)."""
 
     def boundary(args: tuple[Any, ...]) -> np.ndarray:
         fn = globals()[rule]
@@ -1411,3 +1417,500 @@ def sample_returns_int64_tokens(ctx: Ctx, case: Case) -> None:
     assert problem is None, problem
     assert checks.dtype_name(tokens) == "int64", f"dtype {checks.dtype_name(tokens)}"
     assert tuple(tokens.shape) == (case.logits.shape[0],), f"shape {tuple(tokens.shape)}"
+
+
+# ====================================================== typical_p, epsilon and eta cutoffs
+
+
+def _rows_alone(ctx: Ctx, op: str, case: Case) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The op's result for the whole batch, and for each row given alone."""
+    names = SHAPES[op].args
+    whole = call(ctx, op, case)
+    alone = []
+    for b in range(case.logits.shape[0]):
+        one = Case(**{n: getattr(case, n)[b : b + 1] for n in names})
+        alone.append(call(ctx, op, one)[0])
+    return whole, alone
+
+
+def add_rows_are_independent(op: str, cases: Any, boundary: Any = None) -> None:
+    def rows_are_independent(ctx: Ctx, case: Case) -> None:
+        """Each row's result is the one it gets alone in a batch of one (batch-invariance);
+        for the float64 filters, decisions inside the 1e-9 band are excused."""
+        whole, alone = _rows_alone(ctx, op, case)
+        for b, row in enumerate(alone):
+            excused = None if boundary is None else boundary(case.logits[b], case, b)
+            checks.assert_masks_equal(whole[b : b + 1], row[None], excused, what=f"row {b}")
+            checks.assert_only_masks(whole[b : b + 1], case.logits[b : b + 1])
+
+    spec.add(op, rows_are_independent, cases)
+
+
+def typical_rule(row: np.ndarray, mass: float) -> tuple[np.ndarray, np.ndarray]:
+    """(keep, uncertain) per token of one row, by the docstring's rule.
+
+    keep[i] <=> S(i) < mass, S(i) = the mass of the tokens with d strictly smaller than
+    d[i] (d = |-q - H|); tokens with equal logits are ties, never before one another.
+    uncertain[i] when S(i) is within BAND (relative) of the mass, or when a token whose d
+    is within 1e-9 * (1 + |H| + |q| + |q_i|) of d[i] could tip it (the documented band);
+    -inf tokens are masked either way.
+    """
+    q, p, h = oracles.surprisal64(row)
+    finite = np.isfinite(row)
+    keep = np.ones(row.size, bool)
+    uncertain = ~finite
+    if mass == 1:
+        return keep, uncertain
+    d = np.where(finite, np.abs(-q - h), np.inf)
+    for i in np.flatnonzero(finite):
+        other = finite & (row != row[i])
+        near = other & (np.abs(d - d[i]) <= 1e-9 * (1 + abs(h) + np.abs(q) + abs(q[i])))
+        before = other & (d < d[i])
+        exact = math.fsum(p[before].tolist())
+        lo = math.fsum(p[before & ~near].tolist())
+        hi = math.fsum(p[before | near].tolist())
+        keep[i] = exact < mass
+        surely_kept = hi < mass * (1 - checks.BAND)
+        surely_masked = lo >= mass * (1 + checks.BAND)
+        uncertain[i] |= not (surely_kept or surely_masked)
+    return keep, uncertain
+
+
+def _cutoff_rule(row: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(masked, uncertain): masked iff p < threshold and not tied for the max."""
+    _, p, _ = oracles.surprisal64(row)
+    top = row == finite_max(row)
+    mask = (p < threshold) & ~top
+    return mask, (~top & (np.abs(p - threshold) <= checks.BAND * threshold)) | np.isneginf(row)
+
+
+def eta_threshold(row: np.ndarray, eta: float) -> float:
+    return min(eta, math.sqrt(eta) * math.exp(-oracles.surprisal64(row)[2]))
+
+
+def epsilon_rule(row: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    return _cutoff_rule(row, epsilon)
+
+
+def eta_rule(row: np.ndarray, eta: float) -> tuple[np.ndarray, np.ndarray]:
+    return _cutoff_rule(row, eta_threshold(row, eta))
+
+
+@st.composite
+def typical_cases(draw: Any) -> Case:
+    x = draw(logits_arrays())
+    plain = st.one_of(st.sampled_from((1.0, 0.5, 0.9, 0.2, 1e-6)), st.floats(1e-6, 1.0))
+    m = draw(row_values(x.shape[0], plain, FLOAT_DTYPES)).astype(np.float64)
+    for b, row in enumerate(x):
+        if draw(st.booleans()):  # typical_p on a cumulative mass in d order, or beside it
+            q, p, h = oracles.surprisal64(row)
+            order = np.argsort(np.where(np.isfinite(row), np.abs(-q - h), np.inf), kind="stable")
+            j = draw(st.integers(0, row.size - 1))
+            mass = float(np.cumsum(p[order])[j]) * draw(st.sampled_from(NEAR))
+            if 0 < mass <= 1:
+                m[b] = mass
+    return Case(logits=x, typical_p=m)
+
+
+@st.composite
+def cutoff_cases(draw: Any, name: str) -> Case:
+    """epsilon or eta per row; sometimes one whose threshold is a token's p (or beside it),
+    for eta through either branch of min(eta, sqrt(eta) * exp(-H))."""
+    x = draw(logits_arrays())
+    plain = st.one_of(st.sampled_from((0.0, 0.01, 0.1, 0.5, 0.999)), st.floats(0.0, 0.999))
+    v = draw(row_values(x.shape[0], plain, FLOAT_DTYPES)).astype(np.float64)
+    for b, row in enumerate(x):
+        if draw(st.booleans()):
+            _, p, h = oracles.surprisal64(row)
+            target = float(p[draw(st.integers(0, row.size - 1))]) * draw(st.sampled_from(NEAR))
+            if name == "eta" and target > math.exp(-2 * h):
+                target = (target * math.exp(h)) ** 2  # sqrt(eta) * exp(-H) == p
+            if 0 < target < 1:
+                v[b] = target
+    return Case(logits=x, **{name: v})
+
+
+def _check_rule(ctx: Ctx, op: str, case: Case, rule: Any, param: str, keeps: bool) -> None:
+    out = call(ctx, op, case)
+    for b, row in enumerate(case.logits):
+        decided, uncertain = rule(row, float(getattr(case, param)[b]))
+        expect_kept = decided if keeps else ~decided
+        wrong = (np.isfinite(out[b]) != expect_kept) & ~uncertain
+        assert not wrong.any(), (
+            f"row {b} token {int(np.argmax(wrong))} ({param} {float(getattr(case, param)[b])!r}): "
+            f"expected {'kept' if expect_kept[np.argmax(wrong)] else 'masked'}"
+        )
+
+
+def _band(rule: Any, param: str) -> Any:
+    return lambda row, case, b: rule(row, float(getattr(case, param)[b]))[1][None]
+
+
+def _rule_compare(rule: Any, param: str) -> Any:
+    def compare(case: Case, got: np.ndarray, ref: np.ndarray) -> None:
+        allowed = np.array(
+            [rule(row, float(getattr(case, param)[b]))[1] for b, row in enumerate(case.logits)]
+        ).reshape(got.shape)
+        checks.assert_masks_equal(got, ref, allowed, what=f"{param} decision")
+        checks.assert_only_masks(got, case.logits)
+
+    return compare
+
+
+@spec.prop("apply_typical_p", typical_cases())
+def keeps_the_smallest_typical_set(ctx: Ctx, case: Case) -> None:
+    """Token i is kept iff the mass of the tokens nearer the entropy (smaller |-log p - H|)
+    is < typical_p (outside the 1e-9 bands)."""
+    _check_rule(ctx, "apply_typical_p", case, typical_rule, "typical_p", keeps=True)
+
+
+@spec.prop("apply_typical_p", typical_cases())
+def keeps_a_nearest_token(ctx: Ctx, case: Case) -> None:
+    """Every row keeps at least one token, among them one of those nearest the entropy."""
+    out = call(ctx, "apply_typical_p", case)
+    for b, row in enumerate(case.logits):
+        q, _, h = oracles.surprisal64(row)
+        d = np.where(np.isfinite(row), np.abs(-q - h), np.inf)
+        nearest = d <= d.min() * (1 + 1e-9) + 1e-12
+        assert np.isfinite(out[b][nearest]).any(), f"row {b}: masked every nearest token"
+
+
+@spec.prop("apply_typical_p", typical_cases(), name="keeps_tied_tokens_together")
+def typical_keeps_ties_together(ctx: Ctx, case: Case) -> None:
+    """Tokens with equal logits get the same decision."""
+    out = call(ctx, "apply_typical_p", case)
+    for b, row in enumerate(case.logits):
+        for value in np.unique(row[np.isfinite(row)]):
+            group = np.isfinite(out[b][row == value])
+            assert group.all() or not group.any(), f"row {b}: tokens tied at {value!r} split"
+
+
+@spec.prop("apply_typical_p", typical_cases())
+def typical_p_one_changes_nothing(ctx: Ctx, case: Case) -> None:
+    """Rows with typical_p == 1 are returned unchanged."""
+    out = call(ctx, "apply_typical_p", case)
+    one = case.typical_p == 1
+    checks.assert_equal(out[one], case.logits[one], what="row with typical_p == 1")
+
+
+for _op, _cases, _rule, _param in (
+    ("apply_typical_p", typical_cases(), typical_rule, "typical_p"),
+    ("apply_epsilon_cutoff", cutoff_cases("epsilon"), epsilon_rule, "epsilon"),
+    ("apply_eta_cutoff", cutoff_cases("eta"), eta_rule, "eta"),
+):
+    add_rows_are_independent(_op, _cases, _band(_rule, _param))
+
+
+@spec.prop("apply_epsilon_cutoff", cutoff_cases("epsilon"))
+def masks_below_epsilon(ctx: Ctx, case: Case) -> None:
+    """A token is masked iff p < epsilon (float64, strict; 1e-9 band) and it is not tied for
+    the max."""
+    _check_rule(ctx, "apply_epsilon_cutoff", case, epsilon_rule, "epsilon", keeps=False)
+
+
+@spec.prop("apply_eta_cutoff", cutoff_cases("eta"))
+def masks_below_entropy_scaled_eta(ctx: Ctx, case: Case) -> None:
+    """A token is masked iff p < min(eta, sqrt(eta) * exp(-H)) (float64, strict; 1e-9 band)
+    and it is not tied for the max."""
+    _check_rule(ctx, "apply_eta_cutoff", case, eta_rule, "eta", keeps=False)
+
+
+for _op, _name in (("apply_epsilon_cutoff", "epsilon"), ("apply_eta_cutoff", "eta")):
+
+    def _keeps_max(ctx: Ctx, case: Case, op: str = _op) -> None:
+        """Tokens tied for the row's largest logit are never masked."""
+        out = call(ctx, op, case)
+        for b, row in enumerate(case.logits):
+            assert np.isfinite(out[b][row == finite_max(row)]).all(), f"row {b}: masked a max"
+
+    def _zero_disables(ctx: Ctx, case: Case, op: str = _op, name: str = _name) -> None:
+        """Rows whose cutoff is 0 are returned unchanged."""
+        out = call(ctx, op, case)
+        off = getattr(case, name) == 0
+        checks.assert_equal(out[off], case.logits[off], what=f"row with {name} == 0")
+
+    spec.add(_op, _keeps_max, cutoff_cases(_name), name="never_masks_most_likely_token")
+    spec.add(_op, _zero_disables, cutoff_cases(_name), name=f"{_name}_zero_changes_nothing")
+
+add_common(
+    "apply_typical_p",
+    typical_cases(),
+    logits_errors(
+        typical_cases(),
+        SHAPES["apply_typical_p"],
+        {
+            "typical_p": [
+                ("typical_p == 0", 0.0, ValueError),
+                ("typical_p > 1", 1.5, ValueError),
+                ("a NaN typical_p", math.nan, ValueError),
+            ]
+        },
+    ),
+    _rule_compare(typical_rule, "typical_p"),
+    "Same mask as the reference except tokens inside the documented 1e-9 bands; kept values exact.",
+)
+for _op, _name in (("apply_epsilon_cutoff", "epsilon"), ("apply_eta_cutoff", "eta")):
+    add_common(
+        _op,
+        cutoff_cases(_name),
+        logits_errors(
+            cutoff_cases(_name),
+            SHAPES[_op],
+            {
+                _name: [
+                    (f"a negative {_name}", -0.1, ValueError),
+                    (f"{_name} == 1", 1.0, ValueError),
+                    (f"a NaN {_name}", math.nan, ValueError),
+                ]
+            },
+        ),
+        _rule_compare(globals()[f"{_name}_rule"], _name),
+        f"Same mask as the reference except tokens whose p is within 1e-9 of the {_name} "
+        "threshold; kept values exact.",
+    )
+
+
+# ============================================= allowed_token_ids, bad_words, no-repeat n-grams
+
+
+def _sequences(batch: int, alphabet: int, max_len: int, width: int | None = None) -> Any:
+    """(batch, width) ids right-padded with -1 or -2, tokens from [0, alphabet): small
+    alphabets make repeated n-grams and matching prefixes common."""
+
+    @st.composite
+    def build(draw: Any) -> np.ndarray:
+        w = draw(st.integers(0, max_len)) if width is None else width
+        dtype = draw(st.sampled_from((np.int64, np.int32)))
+        out = np.full((batch, w), draw(st.sampled_from((-1, -2))), dtype)
+        for b in range(batch):
+            n = draw(st.integers(0, w))
+            out[b, :n] = draw(st.lists(st.integers(0, alphabet - 1), min_size=n, max_size=n))
+        return out
+
+    return build()
+
+
+def _listed(ids: np.ndarray) -> list[int]:
+    """A right-padded row as a list (its leading entries >= 0)."""
+    out = []
+    for t in ids.tolist():
+        if t < 0:
+            break
+        out.append(int(t))
+    return out
+
+
+def _masked_where(logits: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    return np.where(banned, np.array(NEG_INF, logits.dtype), logits)
+
+
+@st.composite
+def allowed_cases(draw: Any) -> Case:
+    x = draw(logits_arrays())
+    b, v = x.shape
+    ids = draw(token_id_arrays(b, v))
+    if ids.shape[1] and draw(st.booleans()):
+        ids[draw(st.integers(0, b - 1))] = -1  # a row that allows everything
+    return Case(logits=x, allowed=ids)
+
+
+def allowed_expected(case: Case) -> np.ndarray:
+    banned = np.zeros(case.logits.shape, bool)
+    for b, ids in enumerate(case.allowed):
+        listed = {int(t) for t in ids if t >= 0}
+        if listed:
+            banned[b] = [t not in listed for t in range(case.logits.shape[1])]
+    return _masked_where(case.logits, banned)
+
+
+@st.composite
+def bad_words_cases(draw: Any) -> Case:
+    x = draw(logits_arrays())
+    b, v = x.shape
+    alphabet = min(v, 3)
+    tokens = draw(_sequences(b, alphabet, 6))
+    words_n, longest = draw(st.integers(0, 3)), draw(st.integers(0, 4))
+    words = np.full((b, words_n, longest), -1, np.int64)
+    for row in range(b):
+        seq = _listed(tokens[row])
+        for w in range(words_n):
+            length = draw(st.integers(0, longest))
+            word = draw(st.lists(st.integers(0, v - 1), min_size=length, max_size=length))
+            if length > 1 and draw(st.booleans()) and len(seq) >= length - 1:
+                # a prefix taken from the end of the tokens (it matches) or from elsewhere
+                start = draw(st.sampled_from((len(seq) - length + 1, 0)))
+                word[:-1] = seq[start : start + length - 1]
+            words[row, w, :length] = word
+    return Case(
+        logits=x,
+        token_ids=tokens,
+        bad_words=words.astype(draw(st.sampled_from((np.int64, np.int32)))),
+    )
+
+
+def bad_words_expected(case: Case) -> np.ndarray:
+    banned = np.zeros(case.logits.shape, bool)
+    for b in range(case.logits.shape[0]):
+        words = [_listed(w) for w in case.bad_words[b]]
+        for t in oracles.bad_word_bans(_listed(case.token_ids[b]), words):
+            banned[b, t] = True
+    return _masked_where(case.logits, banned)
+
+
+@st.composite
+def no_repeat_cases(draw: Any) -> Case:
+    x = draw(logits_arrays())
+    b, v = x.shape
+    tokens = draw(_sequences(b, min(v, 3), 10))
+    n = np.array(draw(st.lists(st.integers(0, 4), min_size=b, max_size=b)))
+    return Case(logits=x, token_ids=tokens, n=n.astype(draw(st.sampled_from((np.int64, np.int32)))))
+
+
+def no_repeat_expected(case: Case) -> np.ndarray:
+    banned = np.zeros(case.logits.shape, bool)
+    for b in range(case.logits.shape[0]):
+        for t in oracles.ngram_bans(_listed(case.token_ids[b]), int(case.n[b])):
+            banned[b, t] = True
+    return _masked_where(case.logits, banned)
+
+
+@spec.prop("apply_allowed_token_ids", allowed_cases())
+def masks_every_unlisted_token(ctx: Ctx, case: Case) -> None:
+    """Rows with ids keep exactly the listed tokens' logits; rows of padding are unchanged."""
+    checks.assert_equal(call(ctx, "apply_allowed_token_ids", case), allowed_expected(case))
+
+
+@spec.prop("apply_allowed_token_ids", allowed_cases())
+def id_order_and_padding_do_not_matter(ctx: Ctx, case: Case) -> None:
+    """Reversed ids with padding columns around them give the same result."""
+    pad = np.full((case.allowed.shape[0], 1), -1, case.allowed.dtype)
+    other = Case(logits=case.logits, allowed=np.concatenate([pad, case.allowed[:, ::-1], pad], 1))
+    checks.assert_equal(
+        call(ctx, "apply_allowed_token_ids", other),
+        call(ctx, "apply_allowed_token_ids", case),
+        what="with padding and reversed ids",
+    )
+
+
+@spec.prop("apply_bad_words", bad_words_cases())
+def bans_the_last_token_after_a_matching_prefix(ctx: Ctx, case: Case) -> None:
+    """A sequence's last token is masked iff the row's tokens end with the rest of it (a
+    one-token sequence always); nothing else changes."""
+    checks.assert_equal(call(ctx, "apply_bad_words", case), bad_words_expected(case))
+
+
+@spec.prop("apply_bad_words", bad_words_cases())
+def extra_padding_does_not_matter(ctx: Ctx, case: Case) -> None:
+    """Padding appended to the tokens, to each sequence and as empty sequences changes
+    nothing."""
+    b = case.logits.shape[0]
+    tokens = np.concatenate([case.token_ids, np.full((b, 2), -1, case.token_ids.dtype)], 1)
+    words = np.pad(case.bad_words, ((0, 0), (0, 1), (0, 2)), constant_values=-1)
+    other = Case(logits=case.logits, token_ids=tokens, bad_words=words)
+    checks.assert_equal(
+        call(ctx, "apply_bad_words", other), call(ctx, "apply_bad_words", case), what="padded"
+    )
+
+
+@spec.prop("apply_no_repeat_ngram", no_repeat_cases())
+def bans_the_completions_of_seen_ngrams(ctx: Ctx, case: Case) -> None:
+    """Token v is masked iff the row's last n - 1 tokens followed by v form an n-gram that
+    occurs in the row (n == 1: every seen token; n == 0 or fewer than n tokens: none)."""
+    checks.assert_equal(call(ctx, "apply_no_repeat_ngram", case), no_repeat_expected(case))
+
+
+@spec.prop("apply_no_repeat_ngram", no_repeat_cases())
+def n_zero_changes_nothing(ctx: Ctx, case: Case) -> None:
+    """Rows with n == 0 are returned unchanged."""
+    out = call(ctx, "apply_no_repeat_ngram", case)
+    off = case.n == 0
+    checks.assert_equal(out[off], case.logits[off], what="row with n == 0")
+
+
+def _after_padding(ids: np.ndarray) -> np.ndarray:
+    """`ids` with two more columns, row 0 ending in padding followed by a token id."""
+    extra = np.full((ids.shape[0], 2), -1, ids.dtype)
+    extra[0, 1] = 0
+    return np.concatenate([ids, extra], axis=-1)
+
+
+def _with_id(ids: np.ndarray, value: int) -> np.ndarray:
+    """`ids` with `value` added: in front of every row of a 2-D array, as a new one-token
+    sequence of row 0 of a 3-D one."""
+    if ids.ndim == 3:
+        out = np.pad(ids, ((0, 0), (0, 1), (0, int(ids.shape[2] == 0))), constant_values=-1)
+        out[0, -1, 0] = value
+        return out
+    return np.concatenate([np.full((ids.shape[0], 1), value, ids.dtype), ids], axis=1)
+
+
+def _mask_errors(op: str, cases: Any, ids: str, extra: dict) -> Any:
+    def id_errors(name: str) -> list[tuple[str, Any, type]]:
+        return [
+            (f"float {name}", lambda c: getattr(c, name).astype(np.float64), TypeError),
+            (
+                f"{name} holding an id == vocab",
+                lambda c: _with_id(getattr(c, name), c.logits.shape[1]),
+                ValueError,
+            ),
+            (
+                f"{name} for batch + 1 rows",
+                lambda c: np.zeros((c.logits.shape[0] + 1, *getattr(c, name).shape[1:]), np.int64),
+                ValueError,
+            ),
+            (f"1-D {name}", lambda c: getattr(c, name).reshape(-1), ValueError),
+        ]
+
+    bad = {name: id_errors(name) for name in (ids, "token_ids") if name in SHAPES[op].args}
+    for name, more in extra.items():
+        bad[name] = bad.get(name, []) + more
+    return logits_errors(cases, SHAPES[op], bad)
+
+
+def _word_after_padding(words: np.ndarray) -> np.ndarray:
+    """`words` with one more sequence in row 0: padding, then a token id."""
+    out = np.pad(words, ((0, 0), (0, 1), (0, max(0, 2 - words.shape[2]))), constant_values=-1)
+    out[0, -1, 1] = 0
+    return out
+
+
+_AFTER_PADDING = [("a token id after padding", lambda c: _after_padding(c.token_ids), ValueError)]
+
+for _op, _cases, _ids, _extra in (
+    ("apply_allowed_token_ids", allowed_cases(), "allowed", {}),
+    (
+        "apply_bad_words",
+        bad_words_cases(),
+        "bad_words",
+        {
+            "token_ids": _AFTER_PADDING,
+            "bad_words": [
+                (
+                    "a sequence with a token id after padding",
+                    lambda c: _word_after_padding(c.bad_words),
+                    ValueError,
+                )
+            ],
+        },
+    ),
+    (
+        "apply_no_repeat_ngram",
+        no_repeat_cases(),
+        "token_ids",
+        {
+            "token_ids": _AFTER_PADDING,
+            "n": [
+                ("a negative n", -1, ValueError),
+                ("a float n", lambda c: c.n.astype(np.float64), TypeError),
+            ],
+        },
+    ),
+):
+    add_rows_are_independent(_op, _cases)
+    add_common(
+        _op,
+        _cases,
+        _mask_errors(_op, _cases, _ids, _extra),
+        lambda case, got, ref: checks.assert_equal(got, ref),
+        "Exactly the reference's result (no arithmetic is involved).",
+    )

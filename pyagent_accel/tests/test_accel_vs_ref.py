@@ -138,6 +138,59 @@ def test_threshold_filters(lib, dtype, shape):
             assert_masks_close(x, ref, acc, "min_p")
 
 
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_typical_epsilon_eta_filters(lib, dtype, shape):
+    """typical-p / epsilon / eta masks agree (only decisions within 1e-9 may differ)."""
+    rng = np.random.default_rng(11 + hash((lib, shape)) % 1000)
+    b, v = shape
+    for scale, masked, ties in ((3.0, 0.0, False), (1.0, 0.2, False), (2.0, 0.0, True)):
+        x = make_logits(rng, b, v, dtype, scale=scale, masked=masked, ties=ties)
+        xl = as_lib(x, lib)
+        for mass in (rng.uniform(0.01, 1.0, size=b), np.full(b, 1.0), np.full(b, 0.2)):
+            ref = to_np(R.apply_typical_p(xl, as_lib(mass, lib)))
+            assert_masks_close(x, ref, to_np(A.apply_typical_p(xl, as_lib(mass, lib))), "typical")
+        for cut in (rng.uniform(0, 0.2, size=b), np.zeros(b), np.full(b, 3e-4)):
+            for name in ("apply_epsilon_cutoff", "apply_eta_cutoff"):
+                ref = to_np(getattr(R, name)(xl, as_lib(cut, lib)))
+                acc = to_np(getattr(A, name)(xl, as_lib(cut, lib)))
+                assert_masks_close(x, ref, acc, name)
+
+
+def right_padded(rng, b, width, alphabet):
+    ids = np.full((b, width), -1, np.int64)
+    for row in range(b):
+        n = rng.integers(0, width + 1)
+        ids[row, :n] = rng.integers(0, alphabet, size=n)
+    return ids
+
+
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_token_masks_bit_exact(lib, dtype, shape):
+    rng = np.random.default_rng(13 + hash((lib, shape)) % 1000)
+    b, v = shape
+    x = make_logits(rng, b, v, dtype, masked=0.2)
+    xl = as_lib(x, lib)
+    alphabet = min(v, 4)
+    allowed = rng.integers(-1, v, size=(b, 5))
+    allowed[: b // 2] = -1
+    same_bits(
+        R.apply_allowed_token_ids(xl, as_lib(allowed, lib)),
+        A.apply_allowed_token_ids(xl, as_lib(allowed, lib)),
+    )
+    tokens = as_lib(right_padded(rng, b, 200, alphabet), lib)
+    words = right_padded(rng, b * 6, 3, alphabet).reshape(b, 6, 3)
+    same_bits(
+        R.apply_bad_words(xl, tokens, as_lib(words, lib)),
+        A.apply_bad_words(xl, tokens, as_lib(words, lib)),
+    )
+    n = as_lib(rng.integers(0, 5, size=b), lib)
+    same_bits(R.apply_no_repeat_ngram(xl, tokens, n), A.apply_no_repeat_ngram(xl, tokens, n))
+
+
 def assert_masks_close(x, ref, acc, what):
     # kept entries keep their bits; only the mask may differ, and only at the threshold
     diff = (ref == -np.inf) != (acc == -np.inf)
@@ -287,6 +340,25 @@ XI[0, :] = -np.inf
         ("apply_min_p", (X, [-0.1, 1.0])),
         ("apply_min_p", (X, [0.1, 1.0000001])),
         ("apply_min_p", (X, np.array(["a", "b"]))),
+        ("apply_typical_p", (X, [0.0, 1.0])),
+        ("apply_typical_p", (X, [0.5, np.nan])),
+        ("apply_typical_p", (XI, [0.5, 1.0])),
+        ("apply_epsilon_cutoff", (X, [0.1, 1.0])),
+        ("apply_epsilon_cutoff", (X, [-0.1, 0.0])),
+        ("apply_eta_cutoff", (X, [0.1, 1.5])),
+        ("apply_eta_cutoff", (X, [0.1])),
+        ("apply_allowed_token_ids", (X, [[1], [4]])),
+        ("apply_allowed_token_ids", (X, np.array([[1.0], [2.0]]))),
+        ("apply_allowed_token_ids", (X, [1, 2])),
+        ("apply_bad_words", (X, [[1, -1, 2], [0, 0, 0]], np.zeros((2, 1, 1), np.int64))),
+        ("apply_bad_words", (X, [[1], [2]], np.array([[[1, -1, 1]], [[0, 0, 0]]]))),
+        ("apply_bad_words", (X, [[1], [2]], np.array([[[4]], [[0]]]))),
+        ("apply_bad_words", (X, [[1], [2]], np.zeros((2, 1)))),
+        ("apply_bad_words", (X, [[1], [2]], np.zeros((2, 1), np.int64))),
+        ("apply_no_repeat_ngram", (X, [[1], [2]], [1, -2])),
+        ("apply_no_repeat_ngram", (X, [[1], [2]], [1.0, 2.0])),
+        ("apply_no_repeat_ngram", (X, [[-1], [2]], [1, 2, 3])),
+        ("apply_no_repeat_ngram", (X, [[-1, 3], [2, 2]], [1, 2])),
         ("apply_penalties", (X, [[1]], [[1], [2]], [1, 1], [0, 0], [0, 0])),
         ("apply_penalties", (X, [[1], [4]], [[1], [2]], [1, 1], [0, 0], [0, 0])),
         ("apply_penalties", (X, np.array([[1.0], [2.0]]), [[1], [2]], [1, 1], [0, 0], [0, 0])),

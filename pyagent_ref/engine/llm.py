@@ -116,6 +116,10 @@ class _Frontend:
                 t for t in self._extra_eos if t not in params.stop_token_ids
             ]
             params = dataclasses.replace(params, stop_token_ids=stops)
+        if params.bad_words:
+            params = dataclasses.replace(
+                params, bad_words_token_ids=self._bad_words_token_ids(params)
+            )
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         max_tokens = params.max_tokens or self.core.max_model_len - len(ids)
         constraint = params.structured_outputs
@@ -139,6 +143,20 @@ class _Frontend:
         for child in children:
             self.core.check_request(child)
         return _Admission(rid, text, ids, params, children, stream)
+
+    def _bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:
+        """params.bad_words_token_ids plus each bad word tokenized as vLLM does: the word
+        (leading spaces stripped) as it starts a text, and with one leading space, as it
+        follows another word; the second only where it gives other tokens of the same
+        count (a tokenizer that does not merge the space would ban the space itself)."""
+        out = [list(ids) for ids in params.bad_words_token_ids or ()]
+        for word in params.bad_words or ():
+            plain = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            out.append(plain)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                out.append(spaced)
+        return out
 
     def _admit(self, admissions: list[_Admission]) -> list[str]:
         """Queue validated requests, all or none (a failure rolls back what was queued)."""

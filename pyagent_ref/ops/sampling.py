@@ -6,9 +6,11 @@ given per row as arrays of shape (batch,). Masking a token means setting its log
 numpy arrays and torch tensors on any device; results come back in the input's library,
 dtype and device.
 
-The order a sampler applies them in (vLLM's): penalties and logit bias on the raw
-logits, then `apply_temperature`, then `apply_min_p`, `apply_top_k`, `apply_top_p`,
-then `sample`.
+The order a sampler applies them in (vLLM's, with HF's extra warpers after top-p as
+HF orders them): the masks `apply_allowed_token_ids`, `apply_bad_words`,
+`apply_no_repeat_ngram`, penalties and logit bias on the raw logits, then
+`apply_temperature`, then `apply_min_p`, `apply_top_k`, `apply_top_p`,
+`apply_typical_p`, `apply_epsilon_cutoff`, `apply_eta_cutoff`, then `sample`.
 
 Randomness: `sample` draws with the exponential race over `philox_uniform`, a
 counter-based generator keyed by each row's seed and counted by (output position,
@@ -18,6 +20,7 @@ conforming implementation, whatever else is in the batch.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from array_api_compat import device
@@ -29,8 +32,14 @@ __all__ = [
     "apply_top_k",
     "apply_top_p",
     "apply_min_p",
+    "apply_typical_p",
+    "apply_epsilon_cutoff",
+    "apply_eta_cutoff",
     "apply_penalties",
     "apply_logit_bias",
+    "apply_allowed_token_ids",
+    "apply_bad_words",
+    "apply_no_repeat_ngram",
     "log_softmax",
     "topk_logprobs",
     "philox_uniform",
@@ -162,6 +171,124 @@ def apply_min_p(logits: Any, min_p: Any) -> Any:
     return xp.where(ratio < xp.reshape(min_p, (-1, 1)), _NEG_INF, logits)
 
 
+def _log_probs64(xp: Any, logits: Any) -> tuple[Any, Any, Any]:
+    """(q, p, H) of each row in float64: q = log_softmax, p = exp(q) and the entropy
+    H = -sum of p * q over the tokens with p > 0 (-inf tokens have q = -inf, p = 0)."""
+    x = xp.astype(logits, xp.float64)
+    shifted = x - xp.max(x, axis=1, keepdims=True)
+    q = shifted - xp.log(xp.sum(xp.exp(shifted), axis=1, keepdims=True))
+    p = xp.exp(q)
+    entropy = -xp.sum(p * xp.where(p > 0, q, 0.0), axis=1)
+    return q, p, entropy
+
+
+def _cut_below(xp: Any, logits: Any, p: Any, threshold: Any) -> Any:
+    """Mask tokens with p < threshold (per row), except those tied for the row's max."""
+    top = logits == xp.max(logits, axis=1, keepdims=True)
+    return xp.where((p < xp.reshape(threshold, (-1, 1))) & ~top, _NEG_INF, logits)
+
+
+def apply_typical_p(logits: Any, typical_p: Any) -> Any:
+    """Locally typical sampling: keep the tokens whose surprisal is closest to the entropy.
+
+    Row b, in float64: q = log_softmax(logits[b]), p = exp(q), the entropy
+    H = -sum(p[i] * q[i] for p[i] > 0) and each token's distance d[i] = |-q[i] - H|
+    (+inf for -inf tokens). Order the tokens by d ascending and let m be the smallest
+    count whose cumulative p is >= typical_p[b] (m = vocab if none is); t = the m-th
+    smallest d. Tokens with d <= t are kept, the rest masked. Equivalently, token i is
+    kept iff the mass of the tokens with d strictly smaller than d[i] is < typical_p[b].
+    Ties: tokens with equal d (always those with equal logits) are kept or masked
+    together; the tokens with the smallest d are always kept (at least one token, HF's
+    min_tokens_to_keep=1), and the most likely token may be masked. typical_p[b] == 1
+    disables the filter for that row (HF's `TypicalLogitsWarper`, Meister et al. 2022).
+
+    Implementations may sum in another order: a decision whose cumulative mass is
+    within 1e-9 (relative) of typical_p[b], or that depends on the order of two tokens
+    whose d differ by less than 1e-9 * (1 + |H| + |q|), may differ between them.
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        typical_p: numbers, shape (batch,), each in (0, 1].
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, or a non-numeric typical_p.
+        ValueError: shapes disagree, or a typical_p outside (0, 1] (names row and value).
+    """
+    xp = check_logits(logits)
+    mass = row_param(logits, typical_p, "typical_p", xp.float64)
+    row = first_bad_row(xp, ~((mass > 0) & (mass <= 1)))
+    if row is not None:
+        raise ValueError(f"typical_p[{row}] must be in (0, 1], got {float(mass[row])}")
+    q, p, entropy = _log_probs64(xp, logits)
+    d = xp.abs(-q - xp.reshape(entropy, (-1, 1)))
+    order = xp.argsort(d, axis=1, stable=True)
+    cum = xp.cumulative_sum(xp.take_along_axis(p, order, axis=1), axis=1)
+    below = xp.sum(xp.astype(cum < xp.reshape(mass, (-1, 1)), xp.int64), axis=1)
+    m = xp.clip(below + 1, max=logits.shape[1])
+    t = xp.take_along_axis(xp.take_along_axis(d, order, axis=1), xp.reshape(m - 1, (-1, 1)), axis=1)
+    keep = (d <= t) | xp.reshape(mass == 1, (-1, 1))
+    return xp.where(keep, logits, _NEG_INF)
+
+
+def apply_epsilon_cutoff(logits: Any, epsilon: Any) -> Any:
+    """Epsilon sampling: mask tokens whose probability is below a fixed floor.
+
+    Row b: with p = exp(log_softmax(logits[b])) in float64, token i is masked iff
+    p[i] < epsilon[b] and logits[b, i] < max(logits[b]): the tokens tied for the max
+    are always kept (HF's `EpsilonLogitsWarper` with min_tokens_to_keep=1, Hewitt et
+    al. 2022). The comparison is strict (p == epsilon survives); epsilon[b] == 0 leaves
+    the row unchanged. Decisions within 1e-9 (relative) of epsilon[b] may differ
+    between implementations.
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        epsilon: numbers, shape (batch,), each in [0, 1).
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, or a non-numeric epsilon.
+        ValueError: shapes disagree, or an epsilon outside [0, 1) (names row and value).
+    """
+    xp = check_logits(logits)
+    eps = row_param(logits, epsilon, "epsilon", xp.float64)
+    row = first_bad_row(xp, ~((eps >= 0) & (eps < 1)))
+    if row is not None:
+        raise ValueError(f"epsilon[{row}] must be in [0, 1), got {float(eps[row])}")
+    _, p, _ = _log_probs64(xp, logits)
+    return _cut_below(xp, logits, p, eps)
+
+
+def apply_eta_cutoff(logits: Any, eta: Any) -> Any:
+    """Eta sampling: a probability floor that falls as the row's entropy rises.
+
+    Row b, in float64: q = log_softmax(logits[b]), p = exp(q), the entropy
+    H = -sum(p[i] * q[i] for p[i] > 0) and the floor
+    threshold = min(eta[b], sqrt(eta[b]) * exp(-H)). Token i is masked iff
+    p[i] < threshold and logits[b, i] < max(logits[b]): the tokens tied for the max are
+    always kept (HF's `EtaLogitsWarper` with min_tokens_to_keep=1, Hewitt et al. 2022).
+    The comparison is strict; eta[b] == 0 leaves the row unchanged. Decisions within
+    1e-9 (relative) of the threshold may differ between implementations.
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        eta: numbers, shape (batch,), each in [0, 1).
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, or a non-numeric eta.
+        ValueError: shapes disagree, or an eta outside [0, 1) (names row and value).
+    """
+    xp = check_logits(logits)
+    eta = row_param(logits, eta, "eta", xp.float64)
+    row = first_bad_row(xp, ~((eta >= 0) & (eta < 1)))
+    if row is not None:
+        raise ValueError(f"eta[{row}] must be in [0, 1), got {float(eta[row])}")
+    _, p, entropy = _log_probs64(xp, logits)
+    threshold = xp.minimum(eta, xp.sqrt(eta) * xp.exp(-entropy))
+    return _cut_below(xp, logits, p, threshold)
+
+
 def _token_ids(logits: Any, ids: Any, name: str) -> Any:
     """Padded (batch, n) int64 token ids; entries < 0 are padding."""
     xp = namespace(logits, "logits")
@@ -267,6 +394,165 @@ def apply_logit_bias(logits: Any, token_ids: Any, bias: Any) -> Any:
         raise ValueError("bias must be finite, got a NaN or infinite entry")
     total = bincount_rows(xp, ids, logits.shape[1], weights=b)
     return xp.astype(xp.astype(logits, xp.float64) + total, logits.dtype)
+
+
+def _lengths(xp: Any, ids: Any, name: str) -> Any:
+    """Lengths of the right-padded sequences along the last axis of `ids`: the count of
+    leading entries >= 0. A token id after padding is a ValueError naming its index."""
+    valid = ids >= 0
+    after_pad = xp.cumulative_sum(xp.astype(~valid, xp.int64), axis=-1) > 0
+    wrong = valid & after_pad
+    if bool(xp.any(wrong)):
+        index = [int(i[0]) for i in xp.nonzero(wrong)]
+        raise ValueError(
+            f"{name}{index} is a token id after padding (padding must come last), "
+            f"got {int(ids[tuple(index)])}"
+        )
+    return xp.sum(xp.astype(valid, xp.int64), axis=-1)
+
+
+def _at(xp: Any, tokens: Any, index: Any) -> Any:
+    """tokens[b, index[b, ...]] for a (batch, n) `tokens` and an index of shape (batch or
+    1, ...); an index outside [0, n) gives -1 (which equals no token id)."""
+    batch, n = tokens.shape
+    shape = (batch, *index.shape[1:])
+    pad = xp.full((batch, 1), -1, dtype=xp.int64, device=device(tokens))
+    inside = (index >= 0) & (index < n)
+    flat = xp.reshape(
+        xp.broadcast_to(xp.where(inside, index, n), shape), (batch, math.prod(shape[1:]))
+    )
+    return xp.reshape(xp.take_along_axis(xp.concat([tokens, pad], axis=1), flat, axis=1), shape)
+
+
+def _mask_tokens(xp: Any, logits: Any, banned_ids: Any) -> Any:
+    """logits with the ids in `banned_ids` (batch, ...; entries < 0 ignored) set to -inf."""
+    ids = xp.reshape(banned_ids, (logits.shape[0], math.prod(banned_ids.shape[1:])))
+    banned = bincount_rows(xp, ids, logits.shape[1]) > 0
+    return xp.where(banned, _NEG_INF, logits)
+
+
+def apply_allowed_token_ids(logits: Any, allowed: Any) -> Any:
+    """Restrict rows to a list of tokens (vLLM's `allowed_token_ids`).
+
+    Row b: if allowed[b] holds no id (every entry < 0, which is padding), the row is
+    unchanged; otherwise every token not listed in allowed[b] is masked and the listed
+    ones keep their logit (a listed token that is already -inf stays -inf, so a row can
+    end up entirely -inf). Order and repetitions of the ids do not matter.
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        allowed: integers, shape (batch, n), padded with negative values anywhere.
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, or non-integer allowed.
+        ValueError: wrong shapes, or a token id >= vocab.
+    """
+    xp = check_logits(logits)
+    ids = _token_ids(logits, allowed, "allowed")
+    listed = bincount_rows(xp, ids, logits.shape[1]) > 0
+    open_row = ~xp.any(ids >= 0, axis=1, keepdims=True)
+    return xp.where(listed | open_row, logits, _NEG_INF)
+
+
+def apply_bad_words(logits: Any, token_ids: Any, bad_words: Any) -> Any:
+    """Forbid the token that would complete a banned token sequence (vLLM's `bad_words`).
+
+    Row b has the tokens token_ids[b] (its previous tokens, oldest first) and the
+    banned sequences bad_words[b, w] for each w. For a sequence s of length L >= 1: its
+    last token s[L-1] is masked iff the row's tokens end with s[:L-1] (so a sequence of
+    length 1 always bans its token, and one whose prefix is longer than the row's tokens
+    bans nothing). A sequence of length 0 bans nothing. Every other logit is unchanged.
+
+    vLLM matches the sequences against the generated tokens only, not the prompt: a
+    sampler following it passes the output tokens as token_ids.
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        token_ids: integers, shape (batch, n); row b's tokens are its leading entries
+            >= 0 and the rest is padding (negative values).
+        bad_words: integers, shape (batch, words, max_len); bad_words[b, w] is one
+            sequence, its leading entries >= 0, right-padded with negative values. Rows
+            with fewer sequences pad with sequences of length 0.
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, non-integer token_ids or bad_words.
+        ValueError: wrong shapes, a token id >= vocab, or a token id after padding (the
+            message names its index).
+    """
+    xp = check_logits(logits)
+    batch, vocab = logits.shape
+    tokens = _token_ids(logits, token_ids, "token_ids")
+    n = _lengths(xp, tokens, "token_ids")
+    kind = str(getattr(bad_words, "dtype", "int")).removeprefix("torch.")
+    if "int" not in kind:
+        raise TypeError(f"bad_words must be an integer array, got dtype {kind}")
+    words = xp.asarray(bad_words, dtype=xp.int64, device=device(logits))
+    if words.ndim != 3 or words.shape[0] != batch:
+        raise ValueError(
+            f"bad_words must have shape ({batch}, words, max_len), got shape {tuple(words.shape)}"
+        )
+    if bool(xp.any(words >= vocab)):
+        raise ValueError(
+            f"bad_words holds token id {int(xp.max(words))}, outside the vocab of {vocab}"
+        )
+    length = _lengths(xp, words, "bad_words")  # (batch, words)
+    dev = device(words)
+    # Entry k < L - 1 of a sequence must equal the row's token n - (L - 1) + k.
+    k = xp.reshape(xp.arange(max(words.shape[2] - 1, 0), dtype=xp.int64, device=dev), (1, 1, -1))
+    prefix_len = xp.expand_dims(length - 1, axis=2)
+    expected = _at(xp, tokens, xp.reshape(n, (-1, 1, 1)) - prefix_len + k)
+    same = (k >= prefix_len) | (expected == words[:, :, : k.shape[2]])
+    matched = xp.all(same, axis=2) & (length > 0)
+    pad = xp.full((batch, words.shape[1], 1), -1, dtype=xp.int64, device=dev)
+    last_at = xp.where(length > 0, length - 1, words.shape[2])
+    last = xp.take_along_axis(xp.concat([words, pad], axis=2), last_at[..., None], axis=2)
+    return _mask_tokens(xp, logits, xp.where(matched, last[..., 0], -1))
+
+
+def apply_no_repeat_ngram(logits: Any, token_ids: Any, n: Any) -> Any:
+    """Forbid a token that would repeat an n-gram of the row (HF's `no_repeat_ngram_size`).
+
+    Row b, with tokens t = token_ids[b] (its leading entries >= 0, length len) and
+    N = n[b]: token v is masked iff for some i with i + N <= len,
+    t[i : i + N - 1] == t[len - N + 1 : len] and t[i + N - 1] == v, i.e. the last N - 1
+    tokens followed by v would be an N-gram already present in t. With N == 1 every
+    token of t is masked; a row with len < N, or N == 0 (disabled), is unchanged. HF's
+    `NoRepeatNGramLogitsProcessor` runs over the whole sequence (prompt and output).
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        token_ids: integers, shape (batch, width); row b's tokens are its leading
+            entries >= 0 and the rest is padding (negative values).
+        n: integers, shape (batch,), each >= 0.
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, non-integer token_ids or n.
+        ValueError: wrong shapes, a token id >= vocab, a token id after padding, or a
+            negative n (names the row and the value).
+    """
+    xp = check_logits(logits)
+    tokens = _token_ids(logits, token_ids, "token_ids")
+    size = _lengths(xp, tokens, "token_ids")
+    ngram = row_param(logits, n, "n", xp.int64)
+    row = first_bad_row(xp, ngram < 0)
+    if row is not None:
+        raise ValueError(f"n[{row}] must be >= 0 (0 disables), got {int(ngram[row])}")
+    batch, width = tokens.shape
+    dev = device(tokens)
+    # Window s (the N-gram t[s : s + N]) matches when its first N - 1 tokens are the
+    # row's last N - 1: entry k < N - 1 compares t[s + k] with t[len - N + 1 + k].
+    start = xp.reshape(xp.arange(width, dtype=xp.int64, device=dev), (1, -1))
+    longest = int(xp.max(ngram)) if batch else 0
+    k = xp.reshape(xp.arange(max(longest - 1, 0), dtype=xp.int64, device=dev), (1, 1, -1))
+    big_n = xp.reshape(ngram, (-1, 1))
+    tail = _at(xp, tokens, xp.reshape(size - ngram + 1, (-1, 1, 1)) + k)
+    same = (k >= big_n[..., None] - 1) | (_at(xp, tokens, start[..., None] + k) == tail)
+    fits = start + big_n <= xp.reshape(size, (-1, 1))
+    matched = xp.all(same, axis=2) & (big_n > 0) & fits
+    return _mask_tokens(xp, logits, xp.where(matched, _at(xp, tokens, start + big_n - 1), -1))
 
 
 def log_softmax(logits: Any) -> Any:

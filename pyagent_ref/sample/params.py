@@ -111,9 +111,21 @@ class SamplingParams:
             dividing by it would overflow; above, it scales the logits down by it.
         top_p: nucleus mass in (0, 1]; top_k: 0 or -1 disables, else keep the k best;
         min_p: in [0, 1], relative probability floor.
+        typical_p: locally typical sampling's mass in (0, 1] (1 disables);
+        epsilon_cutoff: absolute probability floor in [0, 1) (0 disables);
+        eta_cutoff: entropy-scaled probability floor in [0, 1) (0 disables). These
+            three are HF transformers' warpers (vLLM has none of them).
         presence_penalty, frequency_penalty: in [-2, 2], over generated tokens;
         repetition_penalty: > 0, over prompt and generated tokens (1 disables).
         logit_bias: token id -> bias in [-100, 100].
+        allowed_token_ids: None, or the only token ids that may be generated.
+        bad_words: None, or words never to generate: the frontend tokenizes each (with
+            and without a leading space, as vLLM does) into bad_words_token_ids, the
+            token sequences the sampler bans (the last token of a sequence is masked
+            when the output ends with the rest of it). bad_words_token_ids may also be
+            given directly (lists of token ids); the frontend adds the words' to them.
+        no_repeat_ngram_size: no n-gram of this size repeats within prompt + output
+            (HF's; 0 disables).
         seed: the request's Philox key; None draws one at random at admission.
         max_tokens: generated tokens at most (None: up to the model's context);
         min_tokens: EOS and stop token ids are ignored before this many.
@@ -141,6 +153,13 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    typical_p: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+    no_repeat_ngram_size: int = 0
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -170,6 +189,18 @@ class SamplingParams:
             )
         self.stop = _string_list("stop", self.stop)
         self.stop_token_ids = _int_list("stop_token_ids", self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _int_list("allowed_token_ids", self.allowed_token_ids)
+        if self.bad_words is not None:
+            self.bad_words = _string_list("bad_words", self.bad_words)
+        if self.bad_words_token_ids is not None:
+            value = self.bad_words_token_ids
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(
+                    f"bad_words_token_ids must be None or a list of lists of int token ids, "
+                    f"got {value!r}"
+                )
+            self.bad_words_token_ids = [_int_list("bad_words_token_ids", s) for s in value]
         if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):
             raise TypeError(
                 "logit_bias must be None or a dict of token id -> bias, "
@@ -195,6 +226,22 @@ class SamplingParams:
             raise bad("top_k", "must be -1, 0 (disabled) or a positive int")
         if not _is_float32(self.min_p) or not 0 <= self.min_p <= 1:
             raise bad("min_p", "must be in [0, 1]")
+        if not _is_float32(self.typical_p) or not FLOAT32_TINY <= self.typical_p <= 1:
+            raise bad("typical_p", f"must be in (0, 1] (and >= {FLOAT32_TINY:.3g}, in float32)")
+        for name in ("epsilon_cutoff", "eta_cutoff"):
+            if not _is_float32(getattr(self, name)) or not 0 <= getattr(self, name) < 1:
+                raise bad(name, "must be in [0, 1)")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise bad("allowed_token_ids", "must be None or name at least one token id")
+        if any(t < 0 for t in self.allowed_token_ids or ()):
+            raise bad("allowed_token_ids", "must hold token ids >= 0")
+        if any(not w.strip() for w in self.bad_words or ()):
+            raise bad("bad_words", "must hold words that are not empty or blank")
+        for ids in self.bad_words_token_ids or ():
+            if not ids or any(t < 0 for t in ids):
+                raise bad("bad_words_token_ids", "must hold non-empty lists of token ids >= 0")
+        if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
+            raise bad("no_repeat_ngram_size", "must be an int >= 0 (0 disables)")
         for name in ("presence_penalty", "frequency_penalty"):
             if not _is_float32(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
                 raise bad(name, "must be in [-2, 2]")

@@ -1,8 +1,14 @@
 """The sampler: one step's logits and per-request parameters in, one token per request out.
 
 The pipeline, in vLLM's order, every stage an op of the chosen ops namespace:
-    grammar bitmask (structured outputs) -> penalties -> logit bias -> min_tokens mask
-    -> temperature -> min_p -> top_k -> top_p -> sample
+    grammar bitmask (structured outputs) -> allowed_token_ids -> bad words (against the
+    output) -> no-repeat n-grams (prompt + output) -> penalties -> logit bias
+    -> min_tokens mask -> temperature -> min_p -> top_k -> top_p -> typical_p
+    -> epsilon -> eta -> sample
+The masks commute (a masked token stays -inf through every later stage). HF's three
+warpers that vLLM lacks come after top-k/top-p, in HF's order; like HF (which applies
+no warper without do_sample) they leave greedy rows alone: typical_p can mask the most
+likely token, so a greedy row gets typical_p 1.
 The log-probabilities a request asks for are taken where `LOGPROBS_MODES` says: of the
 model's logits as they come ("raw") or of the final logits `sample` draws from
 ("processed"), as log-probabilities or as the logits themselves.
@@ -144,6 +150,7 @@ class Sampler:
         s, p = self.ops, [r.params for r in rows]
         raw = logits.float()
         x = self._mask_by_grammar(raw, rows)
+        x = self._mask_tokens(x, rows)
         if any(q.repetition_penalty != 1 or q.frequency_penalty or q.presence_penalty for q in p):
             x = s.apply_penalties(
                 x,
@@ -169,11 +176,54 @@ class Sampler:
             x = s.apply_top_k(x, np.array([q.top_k_or_disabled for q in p], dtype=np.int64))
         if any(q.top_p < 1 for q in p):
             x = s.apply_top_p(x, np.array([q.top_p for q in p], dtype=np.float32))
+        warped = [q.typical_p if not q.greedy else 1.0 for q in p]
+        if any(v < 1 for v in warped):
+            x = s.apply_typical_p(x, np.array(warped, dtype=np.float32))
+        if any(q.epsilon_cutoff > 0 for q in p):
+            x = s.apply_epsilon_cutoff(x, np.array([q.epsilon_cutoff for q in p], np.float32))
+        if any(q.eta_cutoff > 0 for q in p):
+            x = s.apply_eta_cutoff(x, np.array([q.eta_cutoff for q in p], dtype=np.float32))
         return (
             x,
             self._logprobs(raw if self.logprobs_mode.startswith("raw") else x, rows),
             temperature,
         )
+
+    def _mask_tokens(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """allowed_token_ids, bad words (matched against the output, as vLLM does) and
+        no-repeat n-grams (over prompt + output, as HF does). A row they leave without
+        any token is a ValueError naming its request (the model runner fails that request
+        alone)."""
+        s, p = self.ops, [r.params for r in rows]
+        if not any(
+            q.allowed_token_ids or q.bad_words_token_ids or q.no_repeat_ngram_size for q in p
+        ):
+            return x
+        if any(q.allowed_token_ids for q in p):
+            x = s.apply_allowed_token_ids(x, _padded([q.allowed_token_ids or () for q in p]))
+        if any(q.bad_words_token_ids for q in p):
+            words = [q.bad_words_token_ids or () for q in p]
+            num = max(len(w) for w in words)
+            longest = max(len(seq) for w in words for seq in w)
+            bad = np.full((len(rows), num, longest), -1, dtype=np.int64)
+            for i, w in enumerate(words):
+                for j, seq in enumerate(w):
+                    bad[i, j, : len(seq)] = seq
+            x = s.apply_bad_words(x, _padded([r.output_token_ids for r in rows]), bad)
+        if any(q.no_repeat_ngram_size for q in p):
+            x = s.apply_no_repeat_ngram(
+                x,
+                _padded([[*r.prompt_token_ids, *r.output_token_ids] for r in rows]),
+                np.array([q.no_repeat_ngram_size for q in p], dtype=np.int64),
+            )
+        dead = torch.isneginf(torch.as_tensor(x)).all(dim=1)
+        if bool(dead.any()):
+            rid = rows[int(dead.int().argmax())].request_id
+            raise ValueError(
+                f"request {rid}: its allowed_token_ids, bad_words and no_repeat_ngram_size "
+                "(with the other constraints of this step) leave no token to sample"
+            )
+        return x
 
     def _mask_by_grammar(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         """Structured outputs: a token its row's grammar does not allow next is masked

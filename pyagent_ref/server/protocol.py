@@ -55,6 +55,13 @@ class SamplingFields(Request):
     spaces_between_special_tokens: bool = True
     structured_outputs: dict[str, Any] | None = None
     prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # HF transformers' filters, which vLLM's API does not have (this server's extensions)
+    typical_p: float | None = None
+    epsilon_cutoff: float | None = None
+    eta_cutoff: float | None = None
+    no_repeat_ngram_size: int | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -598,6 +598,11 @@ VALID = {
     "ignore_eos": st.booleans(),
     "logprobs": st.one_of(st.none(), st.integers(0, 25)),
     "include_stop_str_in_output": st.booleans(),
+    "typical_p": st.sampled_from([0.2, 0.9, 1.0]),
+    "epsilon_cutoff": st.sampled_from([0.0, 0.01, 0.5]),
+    "eta_cutoff": st.sampled_from([0.0, 0.01, 0.5]),
+    "no_repeat_ngram_size": st.sampled_from([0, 2, 3]),
+    "bad_words": st.one_of(st.none(), st.lists(st.sampled_from(["a", " the", "x y"]), max_size=2)),
 }
 _NUMBERS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([-1, 10**400, 1e-300])

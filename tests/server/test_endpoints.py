@@ -61,6 +61,27 @@ def test_completion_logprobs_echo_and_sampling_fields(client):
     assert echo.choices[0].text.startswith("import")
 
 
+def test_completion_takes_the_token_filters(client):
+    allowed = httpx.post(
+        client.base_url.join("/tokenize").__str__(), json={"prompt": "abc xyz"}, headers=AUTH
+    ).json()["tokens"]
+    out = client.completions.create(
+        model=MODEL,
+        prompt="import",
+        max_tokens=6,
+        seed=3,
+        extra_body={
+            "allowed_token_ids": allowed,
+            "bad_words": ["zzz"],
+            "no_repeat_ngram_size": 3,
+            "typical_p": 0.9,
+            "epsilon_cutoff": 0.001,
+            "eta_cutoff": 0.001,
+        },
+    )
+    assert set(out.choices[0].text) <= set("abc xyz")
+
+
 def test_completion_streaming_matches_and_reports_usage(client):
     kwargs = dict(model=MODEL, prompt="class A:", max_tokens=8, temperature=0)
     whole = client.completions.create(**kwargs).choices[0].text

@@ -7,12 +7,14 @@
 //! and raise the reference's error for the first bad row.
 
 use numpy::{
-    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
+    PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use rayon::prelude::*;
 
+use super::filters::{allowed_row, bad_words_row, cutoff_row, no_repeat_row, typical_row, Cutoff};
 use super::kernels::{
     log_softmax_row, logit_bias_row, min_p_row, penalties_row, sample_row, temperature_row,
     top_k_row, top_p_row, topk_logprobs_row, with_scratch,
@@ -266,6 +268,8 @@ pub enum Check {
     UnitOpenClosed,
     /// in [0, 1] (min-p)
     UnitClosed,
+    /// in [0, 1) (epsilon and eta cutoffs)
+    UnitClosedOpen,
     /// finite and > 0 (repetition penalty)
     FinitePos,
     /// finite (frequency and presence penalties, logit bias)
@@ -288,6 +292,7 @@ impl Check {
             Check::FiniteNonneg => Rejects::Float(|t| !(t.is_finite() && t >= 0.0)),
             Check::UnitOpenClosed => Rejects::Float(|p| !(p > 0.0 && p <= 1.0)),
             Check::UnitClosed => Rejects::Float(|p| !(0.0..=1.0).contains(&p)),
+            Check::UnitClosedOpen => Rejects::Float(|p| !(0.0..1.0).contains(&p)),
             Check::FinitePos => Rejects::Float(|r| !(r.is_finite() && r > 0.0)),
             Check::Finite => Rejects::Float(|f| !f.is_finite()),
             Check::Nonneg => Rejects::Int(|v, _| v < 0),
@@ -468,6 +473,130 @@ fn apply_logit_bias<'py>(
                     scratch,
                 )
             })
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// Locally typical sampling: keep the tokens whose surprisal is closest to the entropy.
+#[pyfunction]
+fn apply_typical_p<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    typical_p: PyReadonlyArray1<'py, f64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let masses = row_param(&typical_p, x.shape()[0], "typical_p")?;
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            typical_row(row, out, masses[i])
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// Epsilon sampling: mask tokens whose probability is below a fixed floor.
+#[pyfunction]
+fn apply_epsilon_cutoff<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    epsilon: PyReadonlyArray1<'py, f64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let eps = row_param(&epsilon, x.shape()[0], "epsilon")?;
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            cutoff_row(row, out, Cutoff::Epsilon(eps[i]))
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// Eta sampling: a probability floor that falls as the row's entropy rises.
+#[pyfunction]
+fn apply_eta_cutoff<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    eta: PyReadonlyArray1<'py, f64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let etas = row_param(&eta, x.shape()[0], "eta")?;
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            cutoff_row(row, out, Cutoff::Eta(etas[i]))
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// Restrict rows to a list of tokens (vLLM's `allowed_token_ids`).
+#[pyfunction]
+fn apply_allowed_token_ids<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    allowed: PyReadonlyArray2<'py, i64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let (batch, vocab) = dims(&x, "logits")?;
+        let (ids, width) = id_rows(&allowed, batch, vocab, "allowed")?;
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            allowed_row(row, out, row_of(ids, width, i))
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// Forbid the token that would complete a banned token sequence (vLLM's `bad_words`).
+#[pyfunction]
+fn apply_bad_words<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    token_ids: PyReadonlyArray2<'py, i64>,
+    bad_words: PyReadonlyArray3<'py, i64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let (batch, vocab) = dims(&x, "logits")?;
+        let (tokens, width) = id_rows(&token_ids, batch, vocab, "token_ids")?;
+        let shape = bad_words.shape();
+        if shape[0] != batch {
+            return Err(value_error(format!(
+                "bad_words must have shape ({batch}, words, max_len), got shape ({}, {}, {})",
+                shape[0], shape[1], shape[2]
+            )));
+        }
+        let words = slice(&bad_words, "bad_words")?;
+        if let Some(&max) = words.iter().max() {
+            if max >= 0 && max as u64 >= vocab as u64 {
+                return Err(value_error(format!(
+                    "bad_words holds token id {max}, outside the vocab of {vocab}"
+                )));
+            }
+        }
+        let per_row = shape[1] * shape[2];
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            bad_words_row(
+                row,
+                out,
+                row_of(tokens, width, i),
+                row_of(words, per_row, i),
+                shape[2],
+            )
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// Forbid a token that would repeat an n-gram of the row (HF's `no_repeat_ngram_size`).
+#[pyfunction]
+fn apply_no_repeat_ngram<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    token_ids: PyReadonlyArray2<'py, i64>,
+    n: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let (batch, vocab) = dims(&x, "logits")?;
+        let (tokens, width) = id_rows(&token_ids, batch, vocab, "token_ids")?;
+        let sizes = row_param(&n, batch, "n")?;
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            no_repeat_row(row, out, row_of(tokens, width, i), sizes[i])
         })?;
         Ok(out.into_any())
     })
@@ -689,6 +818,12 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(apply_min_p, m)?)?;
     m.add_function(wrap_pyfunction!(apply_penalties, m)?)?;
     m.add_function(wrap_pyfunction!(apply_logit_bias, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_typical_p, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_epsilon_cutoff, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_eta_cutoff, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_allowed_token_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_bad_words, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_no_repeat_ngram, m)?)?;
     m.add_function(wrap_pyfunction!(log_softmax, m)?)?;
     m.add_function(wrap_pyfunction!(topk_logprobs, m)?)?;
     m.add_function(wrap_pyfunction!(sample, m)?)?;

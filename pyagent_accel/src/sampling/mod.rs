@@ -16,9 +16,12 @@
 //!   its maximum, the argmax, numpy's pairwise sum.
 //! - `select`: the k-th largest value and the top-p threshold, without sorting.
 //! - `kernels`: one function per op, computing one row (`temperature_row`, ...).
+//! - `filters`: typical-p, epsilon and eta cutoffs, allowed ids, bad words, no-repeat
+//!   n-grams (one function per op and row, like `kernels`).
 //! - `bindings`: the `_native` functions: arguments, rows in parallel, errors.
 
 mod bindings;
+pub mod filters;
 pub mod kernels;
 pub mod row_scan;
 pub mod select;

@@ -157,3 +157,66 @@ fn scan_statuses() {
         Some((2, RowStatus::NanOrInf))
     );
 }
+
+// --- filters --------------------------------------------------------------------------
+
+use super::filters::{allowed_row, bad_words_row, cutoff_row, no_repeat_row, typical_row, Cutoff};
+
+fn kept(out: &[f64]) -> Vec<bool> {
+    out.iter().map(|v| v.is_finite()).collect()
+}
+
+#[test]
+fn typical_keeps_the_tokens_nearest_the_entropy() {
+    // p = (0.7, 0.2, 0.1): H = 0.8018, distances 0.445, 0.808, 1.501
+    let row: Vec<f64> = [0.7f64, 0.2, 0.1].iter().map(|p| p.ln()).collect();
+    let mut out = vec![0.0; 3];
+    for (mass, want) in [
+        (0.5, [true, false, false]),
+        (0.8, [true, true, false]),
+        (1.0, [true, true, true]),
+    ] {
+        assert_eq!(typical_row(&row, &mut out, mass), RowStatus::Ok);
+        assert_eq!(kept(&out), want, "typical_p {mass}");
+    }
+    // equal logits are kept together
+    let row = [1.0, 1.0, 1.0, -4.0];
+    let mut out = vec![0.0; 4];
+    typical_row(&row, &mut out, 0.1);
+    assert_eq!(kept(&out), [true, true, true, false]);
+}
+
+#[test]
+fn cutoffs_are_strict_and_keep_the_max() {
+    let row: Vec<f64> = [0.25f64, 0.25, 0.25, 0.125, 0.125]
+        .iter()
+        .map(|p| p.ln())
+        .collect();
+    let mut out = vec![0.0; 5];
+    cutoff_row(&row, &mut out, Cutoff::Epsilon(0.5));
+    assert_eq!(kept(&out), [true, true, true, false, false]);
+    cutoff_row(&row, &mut out, Cutoff::Epsilon(0.0));
+    assert_eq!(out, row);
+    // p = (0.5, 0.499, 0.001): sqrt(0.04) * exp(-H) > 0.001
+    let row: Vec<f64> = [0.5f64, 0.499, 0.001].iter().map(|p| p.ln()).collect();
+    let mut out = vec![0.0; 3];
+    cutoff_row(&row, &mut out, Cutoff::Eta(0.04));
+    assert_eq!(kept(&out), [true, true, false]);
+}
+
+#[test]
+fn token_masks() {
+    let row = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let mut out = vec![0.0; 6];
+    allowed_row(&row, &mut out, &[2, -1, 0, 2]);
+    assert_eq!(kept(&out), [true, false, true, false, false, false]);
+    allowed_row(&row, &mut out, &[-1, -1]);
+    assert_eq!(out, row);
+    let words = [2, 3, 4, 3, 5, -1, 1, 2, -1, 0, -1, -1];
+    bad_words_row(&row, &mut out, &[1, 2, 3, -1], &words, 3);
+    assert_eq!(kept(&out), [false, true, true, true, false, false]);
+    no_repeat_row(&row, &mut out, &[1, 2, 1, 3, 1, -1], 2);
+    assert_eq!(kept(&out), [true, true, false, false, true, true]);
+    no_repeat_row(&row, &mut out, &[1, 2, 1, 3, 1, -1], 0);
+    assert_eq!(out, row);
+}

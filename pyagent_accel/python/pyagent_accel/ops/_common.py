@@ -341,6 +341,57 @@ class TokenIds:
 
 
 @dataclass(frozen=True)
+class PaddingLast:
+    """`sampling._lengths` on converted ids: along the last axis, no token id (>= 0) may
+    follow padding; the message names the first such index, as the reference's does."""
+
+    name: str
+
+    def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
+        ids = args[at[self.name]]
+        valid = ids >= 0
+        wrong = valid & (np.cumsum(~valid, axis=-1) > 0)
+        if wrong.any():
+            index = [int(i) for i in np.argwhere(wrong)[0]]
+            raise ValueError(
+                f"{self.name}{index} is a token id after padding (padding must come last), "
+                f"got {int(ids[tuple(index)])}"
+            )
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Token sequences as `sampling.apply_bad_words` converts them: (batch, words,
+    max_len) int64 ids, each < vocab; entries < 0 are padding."""
+
+    name: str
+
+    def __call__(self, args: list[Any], at: dict[str, int], x: np.ndarray, torch_in: bool) -> None:
+        name, i, (batch, vocab) = self.name, at[self.name], x.shape
+        seqs = args[i]
+        kind = dtype_name(seqs) if hasattr(seqs, "dtype") else "int"
+        if "int" not in kind:
+            raise TypeError(f"{name} must be an integer array, got dtype {kind}")
+        if is_torch(seqs):
+            check_cpu(seqs, name)
+        if torch_in:
+            torch = sys.modules["torch"]
+            arr = tensor_to_numpy(torch.asarray(seqs, dtype=torch.int64, device="cpu"))
+        else:
+            arr = np.asarray(seqs, dtype=I64)
+        if arr.ndim != 3 or arr.shape[0] != batch:
+            raise ValueError(
+                f"{name} must have shape ({batch}, words, max_len), got shape {tuple(arr.shape)}"
+            )
+        arr = native_array(arr)
+        if arr.size:
+            top = int(arr.max())
+            if top >= vocab:
+                raise ValueError(f"{name} holds token id {top}, outside the vocab of {vocab}")
+        args[i] = arr
+
+
+@dataclass(frozen=True)
 class Bias:
     """Finite float64 weights, one per entry of the (converted) token ids `ids`."""
 

@@ -28,6 +28,12 @@ Exactness, against the numpy and the torch paths of the reference:
   so only decisions within 1e-9 relative of the threshold may differ, as the
   specification allows. top-p sums the probability mass in another order than a
   sorted cumsum (also allowed); it never sorts the vocabulary.
+- `apply_allowed_token_ids`, `apply_bad_words`, `apply_no_repeat_ngram`: bit-identical
+  (they only copy or mask).
+- `apply_typical_p`, `apply_epsilon_cutoff`, `apply_eta_cutoff` compute log_softmax,
+  p and the entropy in float64 with the 1-ulp exp and numpy's pairwise sums, so only
+  decisions inside the specification's 1e-9 bands may differ; typical-p sorts the row
+  by distance to the entropy.
 - `log_softmax` sums in numpy's pairwise order, so the only difference is the last bit
   of exp/log: |accel - ref| <= 2 * eps * max(1, |ref|) (eps of the dtype; measured
   under 1 eps, with about 98% of entries identical, the same as torch vs numpy).
@@ -41,7 +47,20 @@ import numpy as _np
 
 from .. import _native
 from . import _common as _c
-from ._common import F64, I64, LOGITS_DTYPE, SEEDS, Bias, Check, Count, Rows, TokenIds, Values
+from ._common import (
+    F64,
+    I64,
+    LOGITS_DTYPE,
+    SEEDS,
+    Bias,
+    Check,
+    Count,
+    PaddingLast,
+    Rows,
+    Sequences,
+    TokenIds,
+    Values,
+)
 
 # The reference's names, in its order (tests/test_stubs.py checks they stay equal).
 # pylint: disable=duplicate-code
@@ -50,8 +69,14 @@ __all__ = [
     "apply_top_k",
     "apply_top_p",
     "apply_min_p",
+    "apply_typical_p",
+    "apply_epsilon_cutoff",
+    "apply_eta_cutoff",
     "apply_penalties",
     "apply_logit_bias",
+    "apply_allowed_token_ids",
+    "apply_bad_words",
+    "apply_no_repeat_ngram",
     "log_softmax",
     "topk_logprobs",
     "philox_uniform",
@@ -90,6 +115,21 @@ apply_min_p = _op(
     Rows("min_p", F64),
     Values("min_p", Check.UNIT_CLOSED, "min_p[{row}] must be in [0, 1], got {value}"),
 )
+apply_typical_p = _op(
+    _native.apply_typical_p,
+    Rows("typical_p", F64),
+    Values("typical_p", Check.UNIT_OPEN_CLOSED, "typical_p[{row}] must be in (0, 1], got {value}"),
+)
+apply_epsilon_cutoff = _op(
+    _native.apply_epsilon_cutoff,
+    Rows("epsilon", F64),
+    Values("epsilon", Check.UNIT_CLOSED_OPEN, "epsilon[{row}] must be in [0, 1), got {value}"),
+)
+apply_eta_cutoff = _op(
+    _native.apply_eta_cutoff,
+    Rows("eta", F64),
+    Values("eta", Check.UNIT_CLOSED_OPEN, "eta[{row}] must be in [0, 1), got {value}"),
+)
 apply_penalties = _op(
     _native.apply_penalties,
     TokenIds("prompt_ids"),
@@ -106,6 +146,21 @@ apply_penalties = _op(
     Values("presence_penalty", Check.FINITE, "presence_penalty[{row}] out of range, got {value}"),
 )
 apply_logit_bias = _op(_native.apply_logit_bias, TokenIds("token_ids"), Bias("bias", "token_ids"))
+apply_allowed_token_ids = _op(_native.apply_allowed_token_ids, TokenIds("allowed"))
+apply_bad_words = _op(
+    _native.apply_bad_words,
+    TokenIds("token_ids"),
+    PaddingLast("token_ids"),
+    Sequences("bad_words"),
+    PaddingLast("bad_words"),
+)
+apply_no_repeat_ngram = _op(
+    _native.apply_no_repeat_ngram,
+    TokenIds("token_ids"),
+    PaddingLast("token_ids"),
+    Rows("n", I64),
+    Values("n", Check.NONNEG, "n[{row}] must be >= 0 (0 disables), got {value}"),
+)
 log_softmax = _op(_native.log_softmax)
 topk_logprobs = _op(
     _native.topk_logprobs,
