@@ -93,6 +93,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             options.update(nargs="?", const=True, metavar="BACKEND")
         elif kind == tuple[int, ...]:
             options.update(nargs="+", type=int)
+        elif kind == tuple[type | str, ...]:  # classes, given by their import paths
+            options.update(nargs="+", metavar="MODULE:CLASS")
         elif int in typing.get_args(kind) or kind is int:
             options["type"] = int
         elif dict in typing.get_args(kind):

@@ -41,6 +41,7 @@ from ..kv_cache.eviction import EVICTION_POLICIES
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..ops import load as load_ops
+from ..sample.logits_processor import load_logits_processors
 from ..sample.sampler import LOGPROBS_MODES
 from ..sched.outputs import (
     EngineCoreOutput,
@@ -159,6 +160,9 @@ class EngineConfig:
         again (`KVOffloadConfig`, or a dict of its fields); needs prefix caching.
     disable_hybrid_kv_cache_manager: give sliding-window layers full-attention KV (every
         block kept) instead of their own KV cache groups (see `kv_cache_groups`).
+    logits_processors: custom logits processors (`sample.logits_processor`): their
+        classes, or import paths "module:Class"; one instance each per engine, applied
+        to every step's batch in this order.
     speculative_config: None, or speculative decoding: how drafts of each request's
         next tokens are proposed and verified in one forward pass (`SpeculativeConfig`,
         or a dict of its fields under vLLM's names: method "ngram" or "suffix",
@@ -189,6 +193,7 @@ class EngineConfig:
     tokenizer_backend: str = "auto"
     kv_offload: KVOffloadConfig | dict | None = None
     disable_hybrid_kv_cache_manager: bool = False
+    logits_processors: tuple[type | str, ...] = ()
     speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self) -> None:
@@ -250,6 +255,11 @@ _CONFIG_RULES = {
         "None, a KVOffloadConfig or a dict of its fields",
     ),
     "disable_hybrid_kv_cache_manager": (bool, _ANY, "a bool"),
+    "logits_processors": (
+        (tuple, list),
+        lambda v: all(isinstance(e, (type, str)) for e in v),
+        "a tuple of LogitsProcessor classes or import paths",
+    ),
     "speculative_config": (
         (SpeculativeConfig, dict, type(None)),
         _ANY,
@@ -293,6 +303,7 @@ class EngineCore:
                 f"max_model_len={config.max_model_len} exceeds the model's context "
                 f"(max_position_embeddings={mcfg.max_position_embeddings}); lower it"
             )
+        self.logits_processor_classes = load_logits_processors(config.logits_processors)
         dtype = next(model.parameters()).dtype
         groups = kv_cache_groups(
             mcfg,
@@ -332,6 +343,7 @@ class EngineCore:
             compile=config.compile,
             kv_groups=groups,
             logprobs_mode=config.logprobs_mode,
+            logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
         )
         if config.kv_offload is not None:
             self.kv.enable_offload(
@@ -405,6 +417,8 @@ class EngineCore:
         if self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before adding requests")
         check_request(request, self.limits)
+        for processor in self.logits_processor_classes:
+            processor.validate_params(request.sampling_params)
 
     def add_request(self, request: Request) -> None:
         with self._lock:

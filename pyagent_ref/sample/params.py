@@ -138,6 +138,8 @@ class SamplingParams:
         skip_special_tokens, spaces_between_special_tokens: detokenization options.
         structured_outputs: a constraint on the output (`StructuredOutputsParams`, or a
             dict of its fields): JSON Schema, regex, choice, grammar or JSON object.
+        extra_args: None, or a dict of settings for custom logits processors (vLLM's
+            name; see `sample.logits_processor`), which check them at admission.
 
     Float parameters must be numbers that float32 (the sampler's dtype) holds.
     Raises ValueError for a value out of range and TypeError for a container of the
@@ -172,6 +174,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.structured_outputs, Mapping):
@@ -274,6 +277,8 @@ class SamplingParams:
                     f"logit_bias entries must map token ids >= 0 to numbers in [-100, 100], "
                     f"got {token!r}: {value!r}"
                 )
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise TypeError(f"extra_args must be None or a dict, got {self.extra_args!r}")
         for name in (
             "ignore_eos",
             "include_stop_str_in_output",

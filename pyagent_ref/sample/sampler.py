@@ -2,7 +2,8 @@
 
 The pipeline, in vLLM's order, every stage an op of the chosen ops namespace:
     grammar bitmask (structured outputs) -> allowed_token_ids -> bad words (against the
-    output) -> no-repeat n-grams (prompt + output) -> penalties -> logit bias
+    output) -> no-repeat n-grams (prompt + output)
+    -> custom logits processors (`logits_processor`) -> penalties -> logit bias
     -> min_tokens mask -> temperature -> min_p -> top_k -> top_p -> typical_p
     -> epsilon -> eta -> sample
 The masks commute (a masked token stays -inf through every later stage). HF's three
@@ -30,6 +31,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from .logits_processor import BatchUpdate, LogitsProcessor
 from .logprobs import Logprobs, logprobs_rows
 from .params import SamplingParams
 
@@ -76,12 +78,18 @@ def _padded(rows: Sequence[Sequence[int]]) -> np.ndarray:
 class Sampler:
     """Applies the sampling ops of `ops` (ref or accel) to a batch of rows."""
 
-    def __init__(self, ops: ModuleType, logprobs_mode: str = "raw_logprobs") -> None:
+    def __init__(
+        self,
+        ops: ModuleType,
+        logprobs_mode: str = "raw_logprobs",
+        logits_processors: Sequence[LogitsProcessor] = (),
+    ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
             )
         self.logprobs_mode = logprobs_mode
+        self.logits_processors = list(logits_processors)
         self.ops = ops.sampling
         self.structured = ops.structured
         self.spec = ops.spec_decode
@@ -144,6 +152,12 @@ class Sampler:
             for b, r in enumerate(rows)
         ]
 
+    def update_batch(self, update: BatchUpdate) -> None:
+        """Tell the custom logits processors who joined and left the batch."""
+        if update.added or update.removed:
+            for processor in self.logits_processors:
+                processor.update_state(update)
+
     def _process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]):
         """Every stage before the draw: (final logits, the values logprobs are taken from
         if any row asks (`LOGPROBS_MODES`), the temperatures as `sample` takes them)."""
@@ -151,6 +165,10 @@ class Sampler:
         raw = logits.float()
         x = self._mask_by_grammar(raw, rows)
         x = self._mask_tokens(x, rows)
+        if self.logits_processors:
+            x = x.clone() if x is raw else x  # raw logprobs stay the model's
+            for processor in self.logits_processors:
+                x = processor.apply(x, rows)
         if any(q.repetition_penalty != 1 or q.frequency_penalty or q.presence_penalty for q in p):
             x = s.apply_penalties(
                 x,

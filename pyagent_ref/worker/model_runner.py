@@ -28,6 +28,7 @@ import torch
 from ..kv_cache import KVCacheGroup
 from ..model.llama import AttentionMetadata
 from ..model.pooling import pool
+from ..sample.logits_processor import BatchUpdate, LogitsProcessor
 from ..sample.logprobs import logprobs_rows
 from ..sample.sampler import Sampler, SamplingRow
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
@@ -65,6 +66,8 @@ class ModelRunner:
             layer_names are decoder layer paths "layers.<i>". None: one group of every
             layer.
         logprobs_mode: what the sampler's logprobs are taken from (`LOGPROBS_MODES`).
+        logits_processors: custom logits processors the sampler applies
+            (`sample.logits_processor`), told of batch changes every step.
     Raises:
         ValueError: an unknown graph_mode or compile backend; kv_groups that name an
             unknown layer or do not hold every layer exactly once.
@@ -84,6 +87,7 @@ class ModelRunner:
         compile: bool | str = False,
         kv_groups: Sequence[KVCacheGroup] | None = None,
         logprobs_mode: str = "raw_logprobs",
+        logits_processors: Sequence[LogitsProcessor] = (),
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
@@ -106,7 +110,7 @@ class ModelRunner:
             max_num_reqs, max_model_len, max_num_tokens, block_size, len(self.layer_groups)
         )
         self.ops = ops
-        self.sampler = Sampler(ops, logprobs_mode)
+        self.sampler = Sampler(ops, logprobs_mode, logits_processors)
         self.forward = model.forward
         if compile:
             backend = compile if isinstance(compile, str) else "inductor"
@@ -171,6 +175,13 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self.batch.update_states(sched)
+        if self.sampler.logits_processors:
+            self.sampler.update_batch(
+                BatchUpdate(
+                    [(d.req_id, d.sampling_params, d.prompt_token_ids) for d in sched.new_requests],
+                    sorted(sched.finished_req_ids | sched.preempted_req_ids),
+                )
+            )
         if sched.is_empty:
             return ModelRunnerOutput({})
         prep = self.batch.prepare(sched)

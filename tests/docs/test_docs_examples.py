@@ -10,7 +10,9 @@ import pytest
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-@pytest.mark.parametrize("page", ["kv_cache.md", "model.md", "spec_decode.md"])
+@pytest.mark.parametrize(
+    "page", ["kv_cache.md", "model.md", "spec_decode.md", "logits_processors.md"]
+)
 def test_doc_examples_run(page):
     result = doctest.testfile(str(DOCS / page), module_relative=False, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
