@@ -305,12 +305,9 @@ class Scheduler:
                     EngineCoreOutput(rid, (), finish_reason="stop", pooled=result.pooled[rid])
                 )
                 continue
-            if rid in result.prompt_logprobs:
+            if rid in result.prompt_logprobs:  # by position: a recomputed chunk overwrites
                 start, entries = result.prompt_logprobs[rid]
-                known = request.prompt_logprobs
-                known[start : start + len(entries)] = (
-                    entries  # by position: recomputed ones overwrite
-                )
+                request.prompt_logprobs[start : start + len(entries)] = entries
             tokens = sampled.get(rid)
             if not tokens:
                 continue
