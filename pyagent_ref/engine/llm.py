@@ -34,6 +34,7 @@ from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
 from ..sched.request import Request, RequestStatus
 from .admission import check_n, prompt_token_ids
+from .beam_search import BeamSearchOutput, BeamSearchParams, beam_search, candidates_per_step
 from .core import EngineConfig, EngineCore
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
@@ -274,6 +275,64 @@ class LLM(_Frontend):
                     self._done.pop(rid, None)
             raise
         return [self._done.pop(rid) for rid in order]
+
+    def beam_search(
+        self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams
+    ) -> list[BeamSearchOutput]:
+        """Beam search from each prompt (`engine.beam_search`: HF transformers' greedy
+        `num_beams` search); one output per prompt, in order, its beam_width sequences
+        best first. EOS is the tokenizer's and generation_config.json's.
+
+        Each step runs the live beams as one-token greedy requests with their top
+        log-probabilities, so the prefix cache shares the beams' common prefixes. Needs
+        the model's own log-probabilities: logprobs_mode "raw_logprobs" (the default).
+        Every prompt is validated (as `generate` would, for max_tokens) before any runs.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be BeamSearchParams, got {params!r}")
+        if self.config.logprobs_mode != "raw_logprobs":
+            raise ValueError(
+                "beam search ranks by the model's log-probabilities: it needs "
+                f"logprobs_mode='raw_logprobs', got {self.config.logprobs_mode!r}"
+            )
+        length = SamplingParams(temperature=0.0, max_tokens=params.max_tokens)
+        with self._lock:
+            prompt_ids = [
+                self._validate(p, length, None, False).prompt_token_ids
+                for p in _prompt_list(prompts)
+            ]
+        eos = frozenset(
+            () if params.ignore_eos else {self.tokenizer.eos_token_id, *self._extra_eos} - {None}
+        )
+        k = min(candidates_per_step(params.beam_width, len(eos)), self.core.limits.vocab_size)
+        step = SamplingParams(temperature=0.0, max_tokens=1, logprobs=k)
+
+        def top_logprobs(seqs: list[list[int]]) -> list[dict[int, float]]:
+            outs = self._generate_unbounded_logprobs(seqs, step)
+            return [{t: e.logprob for t, e in o.outputs[0].logprobs[0].items()} for o in outs]
+
+        outputs = beam_search(prompt_ids, params, eos, top_logprobs)
+        for ids, out in zip(prompt_ids, outputs, strict=True):
+            for seq in out.sequences:
+                generated = seq.tokens[len(ids) :]
+                if seq.finish_reason == "stop" and not params.include_stop_str_in_output:
+                    generated = generated[:-1]
+                seq.text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        return outputs
+
+    def _generate_unbounded_logprobs(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> list[RequestOutput]:
+        """`generate` for the engine's own use, where params.logprobs may exceed the
+        engine's max_logprobs (a bound on what users ask for)."""
+        with self._lock:
+            limits = self.core.limits
+            self.core.limits = dataclasses.replace(limits, max_logprobs=params.logprobs)
+            try:
+                order = self._admit([self._validate(p, params, None, False) for p in prompts])
+            finally:
+                self.core.limits = limits
+        return self._wait(order)
 
     def embed(
         self,
