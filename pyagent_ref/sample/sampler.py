@@ -31,7 +31,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from .logits_processor import BatchUpdate, LogitsProcessor
+from .logits_processor import LogitsProcessor
 from .logprobs import Logprobs, logprobs_rows
 from .params import SamplingParams
 
@@ -151,12 +151,6 @@ class Sampler:
             )
             for b, r in enumerate(rows)
         ]
-
-    def update_batch(self, update: BatchUpdate) -> None:
-        """Tell the custom logits processors who joined and left the batch."""
-        if update.added or update.removed:
-            for processor in self.logits_processors:
-                processor.update_state(update)
 
     def _process(self, logits: torch.Tensor, rows: Sequence[SamplingRow]):
         """Every stage before the draw: (final logits, the values logprobs are taken from

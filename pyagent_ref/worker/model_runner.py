@@ -110,7 +110,8 @@ class ModelRunner:
             max_num_reqs, max_model_len, max_num_tokens, block_size, len(self.layer_groups)
         )
         self.ops = ops
-        self.sampler = Sampler(ops, logprobs_mode, logits_processors)
+        self.logits_processors = list(logits_processors)
+        self.sampler = Sampler(ops, logprobs_mode, self.logits_processors)
         self.forward = model.forward
         if compile:
             backend = compile if isinstance(compile, str) else "inductor"
@@ -175,13 +176,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self.batch.update_states(sched)
-        if self.sampler.logits_processors:
-            self.sampler.update_batch(
-                BatchUpdate(
-                    [(d.req_id, d.sampling_params, d.prompt_token_ids) for d in sched.new_requests],
-                    sorted(sched.finished_req_ids | sched.preempted_req_ids),
-                )
-            )
+        self._update_logits_processors(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
         prep = self.batch.prepare(sched)
@@ -247,6 +242,18 @@ class ModelRunner:
                     errors[row.request_id] = error
         self.batch.after_step(sched, sampled)
         return ModelRunnerOutput(sampled, logprobs, errors, pooled, prompt_logprobs)
+
+    def _update_logits_processors(self, sched: SchedulerOutput) -> None:
+        """Tell the custom logits processors who joined and who left the batch."""
+        if not self.logits_processors:
+            return
+        update = BatchUpdate(
+            [(d.req_id, d.sampling_params, d.prompt_token_ids) for d in sched.new_requests],
+            sorted(sched.finished_req_ids | sched.preempted_req_ids),
+        )
+        if update.added or update.removed:
+            for processor in self.logits_processors:
+                processor.update_state(update)
 
     def _prompt_logprobs(self, prep, hidden: torch.Tensor) -> dict[str, tuple[int, list]]:
         """Requests that asked for prompt logprobs: request -> (first position, the
