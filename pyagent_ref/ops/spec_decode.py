@@ -370,8 +370,9 @@ def propose_ngram(
 
     Args:
         token_ids: a sequence of ints or a 1-D integer array (numpy, torch).
-        num_speculative_tokens, prompt_lookup_min, prompt_lookup_max: ints >= 1, with
-            prompt_lookup_min <= prompt_lookup_max.
+        num_speculative_tokens: the most tokens proposed, an int >= 1.
+        prompt_lookup_min: the shortest suffix searched for, an int >= 1.
+        prompt_lookup_max: the longest, an int >= prompt_lookup_min.
     Returns:
         a list of 0 to num_speculative_tokens ints.
     Raises:
