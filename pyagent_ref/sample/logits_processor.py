@@ -34,6 +34,7 @@ tensor of the same shape is fine). A row left entirely -inf fails its request.
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -60,23 +61,25 @@ class BatchUpdate:
     removed: list[str] = field(default_factory=list)
 
 
-class LogitsProcessor:
-    """Base class of custom logits processors (see the module docstring)."""
+class LogitsProcessor(ABC):
+    """Base class of custom logits processors (see the module docstring). A subclass
+    must define `apply`; one that does not cannot be instantiated (TypeError when the
+    engine is built)."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
 
-    @classmethod
+    @classmethod  # noqa: B027 - an optional hook
     def validate_params(cls, params: SamplingParams) -> None:
         """Raise ValueError (naming the argument and value) if `params.extra_args`
         holds settings of this processor it cannot use. Default: accept everything."""
 
-    def update_state(self, batch_update: BatchUpdate) -> None:
+    def update_state(self, batch_update: BatchUpdate) -> None:  # noqa: B027 - an optional hook
         """Called before `apply` each step the batch changed. Default: nothing to keep."""
 
+    @abstractmethod
     def apply(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         """The batch's logits after this processor (see the module docstring)."""
-        raise NotImplementedError
 
 
 def load_logits_processors(entries: Sequence[type | str]) -> list[type[LogitsProcessor]]:

@@ -77,3 +77,11 @@ def test_entries_must_be_processor_classes():
         EngineConfig(logits_processors=[3])
     with pytest.raises(TypeError, match="extra_args must be None or a dict, got 3"):
         SamplingParams(extra_args=3)
+
+
+def test_a_processor_without_apply_is_refused_when_the_engine_is_built(tiny_llm_dir):
+    class NoApply(LogitsProcessor):
+        pass
+
+    with pytest.raises(TypeError, match="NoApply"):
+        LLM(tiny_llm_dir[1], logits_processors=[NoApply])
