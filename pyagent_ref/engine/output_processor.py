@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..sample.logprobs import Logprobs
+from ..sample.logprobs import LogprobsColumns
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
 from ..sched.request import Request
 from ..tokenize import IncrementalDetokenizer, StopChecker
-from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 
 @dataclass
@@ -30,7 +30,7 @@ class _Child:
     completion: CompletionOutput
     new_text: str = ""  # since the last delta, like the two lists below
     new_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    sent_logprobs: int = 0  # positions of completion.logprobs in deltas already
 
 
 @dataclass
@@ -40,13 +40,14 @@ class _Parent:
     prompt_token_ids: list[int]
     children: dict[str, _Child]
     stream: bool
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs: LogprobsColumns | None = None
     prompt_logprobs_sent: bool = False  # in a delta already
 
 
 class OutputProcessor:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self._token_texts: dict[int, str] = {}
         self.requests: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, str] = {}
         self._deltas: list[tuple[str, RequestOutput]] = []
@@ -78,7 +79,7 @@ class OutputProcessor:
                     params.stop, include_stop_str_in_output=params.include_stop_str_in_output
                 ),
                 completion=CompletionOutput(
-                    i, "", [], logprobs=[] if params.logprobs is not None else None
+                    i, "", [], logprobs=None if params.logprobs is None else self._columns()
                 ),
             )
             self._child_to_parent[child.request_id] = request_id
@@ -109,7 +110,7 @@ class OutputProcessor:
             if child.completion.finished:
                 continue
             if out.prompt_logprobs is not None and parent.prompt_logprobs is None:
-                parent.prompt_logprobs = [None, *map(self._entry, out.prompt_logprobs)]
+                parent.prompt_logprobs = self._columns([None, *out.prompt_logprobs])
             try:
                 ended_here = self._apply(child, out)
             except Exception as exc:
@@ -147,10 +148,7 @@ class OutputProcessor:
         comp.token_ids.extend(out.new_token_ids)
         child.new_ids.extend(out.new_token_ids)
         if out.logprobs is not None and comp.logprobs is not None:
-            for logprobs in out.logprobs:  # one per new token
-                position = self._entry(logprobs)
-                comp.logprobs.append(position)
-                child.new_logprobs.append(position)
+            comp.logprobs.extend(out.logprobs)  # one per new token
         core_done = out.finish_reason is not None
         ids = list(out.new_token_ids)
         if out.finish_reason == "stop" and not child.params.include_stop_str_in_output:
@@ -171,18 +169,24 @@ class OutputProcessor:
             comp.error = out.error
         return False
 
-    def _entry(self, logprobs: Logprobs) -> dict[int, Logprob]:
-        """One position's logprobs as users get them: token -> (logprob, rank, text)."""
-        return {
-            token: Logprob(value, rank, self.tokenizer.decode([token]))
-            for token, (value, rank) in logprobs.ranked().items()
-        }
+    def _columns(self, positions=()) -> LogprobsColumns:
+        """Logprobs storage whose entries' texts are the tokens decoded alone."""
+        out = LogprobsColumns(self._token_text)
+        out.extend(positions)
+        return out
+
+    def _token_text(self, token: int) -> str:
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text
 
     def _delta(self, parent: _Parent, done: bool) -> RequestOutput:
         """What each completion gained since the last delta (text, token ids, their
         logprobs if asked for); the last delta also carries the requests' metrics."""
         comps = []
         for c in parent.children.values():
+            logprobs = c.completion.logprobs
             comps.append(
                 CompletionOutput(
                     c.index,
@@ -190,12 +194,13 @@ class OutputProcessor:
                     c.new_ids,
                     c.completion.finish_reason,
                     c.completion.stop_reason,
-                    logprobs=None if c.completion.logprobs is None else c.new_logprobs,
+                    logprobs=None if logprobs is None else logprobs[c.sent_logprobs :],
                     error=c.completion.error,
                     embedding=c.completion.embedding,
                 )
             )
-            c.new_text, c.new_ids, c.new_logprobs = "", [], []
+            c.new_text, c.new_ids = "", []
+            c.sent_logprobs = 0 if logprobs is None else len(logprobs)
         metrics = [RequestMetrics.of(c.request) for c in parent.children.values()] if done else []
         prompt_logprobs = None
         if parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent:

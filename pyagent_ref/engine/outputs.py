@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..sample.logprobs import Logprob, LogprobsColumns
 from ..sched.request import Request
+
+__all__ = ["CompletionOutput", "Logprob", "LogprobsColumns", "RequestMetrics", "RequestOutput"]
 
 
 @dataclass
@@ -42,16 +45,6 @@ class RequestMetrics:
         )
 
 
-@dataclass(frozen=True)
-class Logprob:
-    """One token's entry at one position of `CompletionOutput.logprobs` (vLLM's shape):
-    its log-probability, its rank (1 = most likely) and its text."""
-
-    logprob: float
-    rank: int
-    decoded_token: str
-
-
 @dataclass
 class CompletionOutput:
     """One completion of a prompt (a request with n > 1 has n of them).
@@ -59,7 +52,8 @@ class CompletionOutput:
     finish_reason: None while it runs, then "stop", "length", "abort" or "error";
     error says what went wrong with this completion when it is "error".
     logprobs: when the request asked for k, one dict per generated token: the sampled
-    token first, then the k most likely ones, each token id -> `Logprob`.
+    token first, then the k most likely ones, each token id -> `Logprob` (stored as
+    `LogprobsColumns`, a sequence of those dicts).
     """
 
     index: int
@@ -67,7 +61,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    logprobs: list[dict[int, Logprob]] | None = None
+    logprobs: LogprobsColumns | None = None
     error: str | None = None
     embedding: list[float] | None = None  # a pooling request's (`LLM.embed`)
 
@@ -89,4 +83,4 @@ class RequestOutput:
     # with SamplingParams.prompt_logprobs: per prompt token, its entry (the prompt token
     # first, then the top ones, as `CompletionOutput.logprobs`); None for the first token,
     # which nothing predicts. Streamed: in the first delta that has it, else None.
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs: LogprobsColumns | None = None

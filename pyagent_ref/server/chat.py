@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import jinja2
@@ -142,7 +142,7 @@ class ChatParsing:
         )
 
 
-def chat_logprobs(positions: list[dict[int, Logprob]], top: int) -> ChatLogprobs:
+def chat_logprobs(positions: Sequence[dict[int, Logprob]], top: int) -> ChatLogprobs:
     """The chat API's log-probabilities: each sampled token, and the ``top`` most likely
     tokens at its position (by rank)."""
 

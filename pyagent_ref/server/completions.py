@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -32,7 +32,7 @@ def _prompts(prompt) -> list:
 
 
 def completion_logprobs(
-    logprobs: list[dict[int, Logprob] | None], offset: int, first_token: str = ""
+    logprobs: Sequence[dict[int, Logprob] | None], offset: int, first_token: str = ""
 ) -> CompletionLogprobs:
     """The completions API's parallel lists: each token's text and log-probability, the
     top tokens at its position (the sampled one included, as vLLM does), and where its

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -74,7 +74,7 @@ async def collect(
 
 
 def prompt_logprobs_field(
-    entries: list[dict[int, Logprob] | None] | None,
+    entries: Sequence[dict[int, Logprob] | None] | None,
 ) -> PromptLogprobs | None:
     """vLLM's ``prompt_logprobs`` response field from a `RequestOutput`'s."""
     if entries is None:
