@@ -435,6 +435,7 @@ class EngineCore:
             outputs = self.scheduler.finish_requests(request_ids, status, error)
             if self.proposer is not None:
                 self._finish_proposals(outputs, known)
+            self._forget_when_idle()
             return outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -471,7 +472,15 @@ class EngineCore:
             if self.proposer is not None:
                 self._finish_proposals(outputs.outputs, known)
                 self._propose_drafts()
+            self._forget_when_idle()
             return outputs
+
+    def _forget_when_idle(self) -> None:
+        """The runner learns which requests ended from the next step's schedule; when no
+        step will come (nothing left to run), an empty one tells it now, so that an idle
+        engine holds no state of ended requests."""
+        if not self.has_unfinished_requests() and self.scheduler.has_finished_requests():
+            self.runner.execute(self.scheduler.schedule())
 
     def _finish_proposals(self, outputs: list[EngineCoreOutput], known: dict) -> None:
         """Tell the proposer which requests ended, and their outputs (`known`: the

@@ -140,6 +140,11 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
+    def has_finished_requests(self) -> bool:
+        """Requests finished since the last schedule(), whose output names them for the
+        runner to forget."""
+        return bool(self._finished_ids)
+
     # --- scheduling --------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:

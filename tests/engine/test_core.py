@@ -81,6 +81,21 @@ def test_abort_mid_stream_frees_every_block(tiny_hf):
     assert reqs[1].status == RequestStatus.FINISHED_ABORTED
     assert 0 < len(reqs[1].output_token_ids) < 20
     assert core.kv.pool.num_free_blocks == 63
+    assert not core.runner.batch.states  # the finished ones' states went with the last step
+
+
+def test_an_idle_engine_holds_no_state_of_aborted_requests(tiny_hf):
+    """The runner forgets a request when a step's schedule names it as ended; aborting
+    every request leaves no step to come, so the abort itself tells the runner."""
+    _, path = tiny_hf
+    core = engine(path)
+    for i, p in enumerate(PROMPTS):
+        core.add_request(greedy(i, p, 20))
+    core.step()
+    core.step()
+    assert core.runner.batch.states
+    core.abort_requests([str(i) for i in range(len(PROMPTS))])
+    assert not core.has_unfinished_requests() and not core.runner.batch.states
 
 
 def test_small_kv_cache_forces_preemption_and_outputs_stay_right(tiny_hf):
