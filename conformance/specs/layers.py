@@ -257,3 +257,194 @@ add_matches_reference(
     _silu_compare,
     "The reference's result within TOL[dtype] * (|ref| + |silu(gate)| * |up| + 1).",
 )
+
+
+# ========================================================= gemma_rms_norm and layer_norm
+
+
+@st.composite
+def layer_norm_cases(draw: Any, residual: bool | None = None) -> Case:
+    case = draw(rms_cases(residual))
+    bias = draw(hnp.arrays(case.x.dtype, case.weight.shape, elements=values(case.x.dtype, 4.0)))
+    return Case(x=case.x, weight=case.weight, bias=bias, eps=case.eps, residual=case.residual)
+
+
+def gemma_want(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 oracle, its tolerance scale |y| + |1 + weight| * (1 + |normed|))."""
+    normed, _ = rms_oracle(case)
+    scale = 1.0 + case.weight.astype(np.float64)
+    want = normed * scale
+    return want, np.abs(want) + np.abs(scale) * (1 + np.abs(normed))
+
+
+def layer_norm_want(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 oracle, its tolerance scale). The mean is subtracted in the compute
+    dtype, so a row's max |h| / sqrt(var + eps) bounds how far its rounding carries."""
+    h = (case.x if case.residual is None else case.x + case.residual).astype(np.float64)
+    centred = h - h.mean(axis=-1, keepdims=True)
+    std = np.sqrt(np.mean(centred**2, axis=-1, keepdims=True) + case.eps)
+    w, b = case.weight.astype(np.float64), case.bias.astype(np.float64)
+    want = centred / std * w + b
+    spread = np.max(np.abs(h), axis=-1, keepdims=True) / std
+    return want, 8 * (np.abs(want) + np.abs(b) + np.abs(w) * (1 + spread))
+
+
+NORMS = {
+    "gemma_rms_norm": (rms_cases, gemma_want),
+    "layer_norm": (layer_norm_cases, layer_norm_want),
+}
+
+
+def fields(case: Case) -> dict[str, Any]:
+    return {name: getattr(case, name) for name in case._fields}
+
+
+def _add_norm_properties(op: str) -> None:
+    cases, want_of = NORMS[op]
+
+    def matches_the_formula(ctx: Ctx, case: Case) -> None:
+        out = call(ctx, op, case)
+        if case.residual is not None:
+            out = out[0]
+        want, scale = want_of(case)
+        assert_within(out, want, tol(case.x.dtype) * scale, op)
+
+    def residual_is_fused(ctx: Ctx, case: Case) -> None:
+        """With a residual: returns (op(x + residual), x + residual); the new residual is
+        exactly the sum in x's dtype."""
+        out = call(ctx, op, case)
+        assert isinstance(out, tuple) and len(out) == 2, f"returned {type(out).__name__}"
+        checks.assert_equal(out[1], case.x + case.residual, what="new residual")
+
+    def returns_documented_types(ctx: Ctx, case: Case) -> None:
+        """An array like x (library, device, dtype, shape), or a pair of them with a residual."""
+        args = [ctx.convert(a) for a in SHAPES[op].call_args(case)]
+        out = ctx.fn(op)(*args)
+        for i, result in enumerate(out if case.residual is not None else (out,)):
+            check_like_input(result, args[0], f"result {i}")
+
+    def errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+        bad = [
+            ("integer x", {"x": np.zeros(case.x.shape, np.int64)}, TypeError),
+            ("integer weight", {"weight": np.ones(case.weight.shape, np.int32)}, TypeError),
+            ("weight one longer", {"weight": np.append(case.weight, 1)}, ValueError),
+            ("eps == 0", {"eps": 0.0}, ValueError),
+            ("residual of another shape", {"residual": case.x[..., :0]}, ValueError),
+        ]
+        if op == "layer_norm":
+            bad.append(("bias one shorter", {"bias": case.bias[:-1]}, ValueError))
+        return [
+            (why, SHAPES[op].call_args(Case(**(fields(case) | edit))), e) for why, edit, e in bad
+        ]
+
+    def compare(case: Case, got: Any, ref: Any) -> None:
+        got, ref = (got, ref) if isinstance(ref, tuple) else ((got,), (ref,))
+        assert len(got) == len(ref), f"{len(got)} results, the reference returns {len(ref)}"
+        _, scale = want_of(case)
+        for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+            assert g.dtype == r.dtype, f"dtype {g.dtype}, the reference's {r.dtype}"
+            assert_within(g, r, tol(case.x.dtype) * scale, f"result {i}")
+
+    matches_the_formula.__doc__ = (
+        "The contract's formula within TOL[dtype] * the oracle's scale (see `gemma_want`, "
+        "`layer_norm_want`) of a float64 oracle, with and without a residual."
+    )
+    spec.add(op, matches_the_formula, cases())
+    spec.add(op, residual_is_fused, cases(residual=True))
+    spec.add(op, returns_documented_types, cases())
+    add_does_not_modify_inputs(spec, SHAPES[op], cases())
+    add_rejects_invalid_input(spec, SHAPES[op], error_variants(cases(), errors))
+    add_matches_reference(
+        spec, SHAPES[op], cases(), compare, "The reference's result within the formula's tolerance."
+    )
+
+
+for _op in NORMS:
+    _add_norm_properties(_op)
+
+
+# ==================================================================== gelu and gelu_and_mul
+
+
+@st.composite
+def gelu_cases(draw: Any, gated: bool = False) -> Case:
+    case = (
+        draw(silu_cases())
+        if gated
+        else Case(
+            x=draw(float_arrays(draw(st.sampled_from(FLOAT_DTYPES)), draw(st.integers(1, 16))))
+        )
+    )
+    return Case(x=case.x, approximate=draw(st.sampled_from(("none", "tanh"))))
+
+
+def gelu64(x: np.ndarray, approximate: str) -> np.ndarray:
+    import math
+
+    x = x.astype(np.float64)
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def gelu_want(case: Case, gated: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 oracle, its tolerance scale (|y| + (|gate| + 1) * (|up| + 1)))."""
+    if not gated:
+        return gelu64(case.x, case.approximate), np.abs(case.x.astype(np.float64)) + 1
+    d = case.x.shape[-1] // 2
+    g, u = case.x[..., :d].astype(np.float64), case.x[..., d:].astype(np.float64)
+    want = gelu64(g, case.approximate) * u
+    return want, np.abs(want) + (np.abs(g) + 1) * (np.abs(u) + 1)
+
+
+def _add_gelu_properties(op: str, gated: bool) -> None:
+    def matches_the_formula(ctx: Ctx, case: Case) -> None:
+        out = call(ctx, op, case)
+        want, scale = gelu_want(case, gated)
+        assert_within(out, want, 4 * tol(case.x.dtype) * scale, op)
+
+    def returns_documented_types(ctx: Ctx, case: Case) -> None:
+        x = ctx.convert(case.x)
+        out = ctx.fn(op)(x, case.approximate)
+        problem = checks.same_library(out, x)
+        assert problem is None, problem
+        shape = (*x.shape[:-1], x.shape[-1] // 2) if gated else tuple(x.shape)
+        assert tuple(out.shape) == shape, f"shape {tuple(out.shape)}, expected {shape}"
+        assert checks.dtype_name(out) == checks.dtype_name(x), f"dtype {checks.dtype_name(out)}"
+
+    def errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+        x, a = case.x, case.approximate
+        bad = [
+            ("integer x", (np.zeros(x.shape, np.int32), a), TypeError),
+            ("approximate='erf'", (x, "erf"), ValueError),
+            ("a scalar x", (np.array(1.0, x.dtype), a), ValueError),
+        ]
+        return bad + ([("an odd last axis", (x[..., :-1], a), ValueError)] if gated else [])
+
+    def compare(case: Case, got: Any, ref: Any) -> None:
+        assert got.dtype == ref.dtype, f"dtype {got.dtype}, the reference's {ref.dtype}"
+        _, scale = gelu_want(case, gated)
+        assert_within(got, ref, 4 * tol(case.x.dtype) * scale, op)
+
+    matches_the_formula.__doc__ = (
+        "gelu (erf or tanh form, gelu(gate) * up when gated) within 4 * TOL[dtype] * "
+        "(|y| + (|gate| + 1) * (|up| + 1)) of a float64 oracle."
+    )
+    returns_documented_types.__doc__ = (
+        "A new array in x's library and dtype, of the documented shape."
+    )
+    spec.add(op, matches_the_formula, gelu_cases(gated))
+    spec.add(op, returns_documented_types, gelu_cases(gated))
+    add_does_not_modify_inputs(spec, SHAPES[op], gelu_cases(gated))
+    add_rejects_invalid_input(spec, SHAPES[op], error_variants(gelu_cases(gated), errors))
+    add_matches_reference(
+        spec,
+        SHAPES[op],
+        gelu_cases(gated),
+        compare,
+        "The reference's result within the formula's tolerance.",
+    )
+
+
+_add_gelu_properties("gelu", gated=False)
+_add_gelu_properties("gelu_and_mul", gated=True)

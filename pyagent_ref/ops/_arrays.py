@@ -155,3 +155,18 @@ def bincount_rows(xp: Any, ids: Any, vocab: int, weights: Any = None) -> Any:
         out = np.bincount(np.asarray(flat), weights=None if weights is None else w, minlength=size)
         out = out.astype(np.int64 if weights is None else weights.dtype, copy=False)
     return xp.reshape(out[: batch * vocab], (batch, vocab))
+
+
+def erf(xp: Any, x: Any) -> Any:
+    """The error function, elementwise, in x's dtype. The array API standard lacks it:
+    torch has its own; numpy arrays go through `math.erf` (correctly rounded in float64)
+    one element at a time, which is slow but exact."""
+    if is_torch_namespace(xp):
+        import torch
+
+        return torch.erf(x)
+    import math
+
+    import numpy as np
+
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype, copy=False)
