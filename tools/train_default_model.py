@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -284,7 +285,7 @@ def chat_conversations(files: list[tuple[str, str]]) -> list[list[dict]]:
 
 
 # ---------------------------------------------------------------------------- model
-def make_config():
+def make_config(model: dict = MODEL):
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -296,29 +297,30 @@ def make_config():
         hidden_act="silu",
         attention_bias=False,
         mlp_bias=False,
-        **MODEL,
+        **model,
     )
 
 
-def config_json() -> dict:
-    """config.json written by hand so transformers 4.x and 5.x read it the same way."""
+def config_json(model: dict = MODEL) -> dict:
+    """config.json of a model of these dims (`MODEL` by default), written by hand so
+    transformers 4.x and 5.x read it the same way."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": VOCAB_SIZE,
-        "hidden_size": MODEL["hidden_size"],
-        "intermediate_size": MODEL["intermediate_size"],
-        "num_hidden_layers": MODEL["num_hidden_layers"],
-        "num_attention_heads": MODEL["num_attention_heads"],
-        "num_key_value_heads": MODEL["num_key_value_heads"],
-        "head_dim": MODEL["head_dim"],
+        "hidden_size": model["hidden_size"],
+        "intermediate_size": model["intermediate_size"],
+        "num_hidden_layers": model["num_hidden_layers"],
+        "num_attention_heads": model["num_attention_heads"],
+        "num_key_value_heads": model["num_key_value_heads"],
+        "head_dim": model["head_dim"],
         "hidden_act": "silu",
-        "max_position_embeddings": MODEL["max_position_embeddings"],
-        "initializer_range": MODEL["initializer_range"],
-        "rms_norm_eps": MODEL["rms_norm_eps"],
-        "rope_theta": MODEL["rope_theta"],
+        "max_position_embeddings": model["max_position_embeddings"],
+        "initializer_range": model["initializer_range"],
+        "rms_norm_eps": model["rms_norm_eps"],
+        "rope_theta": model["rope_theta"],
         "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": MODEL["rope_theta"]},
+        "rope_parameters": {"rope_type": "default", "rope_theta": model["rope_theta"]},
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
@@ -390,6 +392,70 @@ def lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
 
 
+# ---------------------------------------------------------------------- token streams
+@dataclasses.dataclass
+class Streams:
+    """The packed token streams training draws its windows from (see `token_streams`)."""
+
+    code: np.ndarray  # training files, after split_spaces
+    val: np.ndarray  # held-out files
+    chat: np.ndarray  # rendered conversations
+    n_canonical: int  # code tokens before split_spaces
+    conversations: list[list[dict]]
+
+
+def token_streams(tok, hf_tok, train_files, val_files) -> Streams:
+    """Pack the files as ``<|bos|> code <|eos|>`` (the training ones through
+    `split_spaces`) and the conversations derived from the training files as rendered by
+    the chat template, into flat int32 streams. Deterministic (seeded by ``SEED``)."""
+    bos_id, eos_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
+
+    def pack(texts: list[str]) -> np.ndarray:
+        ids: list[int] = []
+        for enc in tok.encode_batch(texts, add_special_tokens=False):
+            ids.append(bos_id)
+            ids.extend(enc.ids)
+            ids.append(eos_id)
+        return np.asarray(ids, dtype=np.int32)
+
+    code_stream = pack([t for _, t in train_files])
+    n_canonical = len(code_stream)
+    code_stream = split_spaces(tok, code_stream, SPACE_SPLIT_PROB, SEED + 2)
+    val_stream = pack([t for _, t in val_files])
+    convs = chat_conversations(train_files)
+    chat_texts = [hf_tok.apply_chat_template(c, tokenize=False) for c in convs]
+    chat_ids: list[int] = []
+    for enc in tok.encode_batch(chat_texts, add_special_tokens=False):
+        chat_ids.extend(enc.ids)  # the template already starts with <|bos|>
+    chat_stream = np.asarray(chat_ids, dtype=np.int32)
+    return Streams(code_stream, val_stream, chat_stream, n_canonical, convs)
+
+
+def training_batch(rng: np.random.Generator, streams: Streams) -> torch.Tensor:
+    """One batch of BATCH windows of SEQ_LEN + 1 tokens: each row from the chat stream
+    with probability CHAT_FRACTION, else from the code stream; starts drawn from `rng`."""
+    is_chat = torch.from_numpy(rng.random(BATCH) < CHAT_FRACTION)[:, None]
+    code_starts = rng.integers(0, len(streams.code) - SEQ_LEN - 1, size=BATCH)
+    chat_starts = rng.integers(0, len(streams.chat) - SEQ_LEN - 1, size=BATCH)
+    return torch.where(
+        is_chat, windows(streams.chat, chat_starts), windows(streams.code, code_starts)
+    )
+
+
+def save_weights(model, path: pathlib.Path) -> None:
+    """The model's weights as bfloat16 safetensors with HF names, sorted, without the
+    tied ``lm_head.weight``."""
+    from safetensors.torch import save_file
+
+    state = {
+        name: tensor.detach().to(torch.bfloat16).contiguous()
+        for name, tensor in model.state_dict().items()
+        if name != "lm_head.weight"  # tied to model.embed_tokens.weight
+    }
+    save_file(dict(sorted(state.items())), str(path), metadata={"format": "pt"})
+    path.chmod(0o644)  # save_file creates it owner-only
+
+
 def sha256_file(path: pathlib.Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -407,7 +473,6 @@ def main(argv: list[str] | None = None) -> int:
     steps: int = args.steps
     out: pathlib.Path = args.out.resolve()
 
-    from safetensors.torch import save_file
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -444,26 +509,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. token streams ---------------------------------------------------------------
     t0 = time.perf_counter()
-    bos_id, eos_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
-
-    def pack(texts: list[str]) -> np.ndarray:
-        ids: list[int] = []
-        for enc in tok.encode_batch(texts, add_special_tokens=False):
-            ids.append(bos_id)
-            ids.extend(enc.ids)
-            ids.append(eos_id)
-        return np.asarray(ids, dtype=np.int32)
-
-    code_stream = pack([t for _, t in train_files])
-    n_canonical = len(code_stream)
-    code_stream = split_spaces(tok, code_stream, SPACE_SPLIT_PROB, SEED + 2)
-    val_stream = pack([t for _, t in val_files])
-    convs = chat_conversations(train_files)
-    chat_texts = [hf_tok.apply_chat_template(c, tokenize=False) for c in convs]
-    chat_ids: list[int] = []
-    for enc in tok.encode_batch(chat_texts, add_special_tokens=False):
-        chat_ids.extend(enc.ids)  # the template already starts with <|bos|>
-    chat_stream = np.asarray(chat_ids, dtype=np.int32)
+    streams = token_streams(tok, hf_tok, train_files, val_files)
+    code_stream, val_stream, chat_stream = streams.code, streams.val, streams.chat
+    n_canonical, convs = streams.n_canonical, streams.conversations
     log(
         f"streams: code {n_canonical:,} tokens "
         f"({corpus_bytes / (n_canonical + len(val_stream)):.2f} bytes/token; "
@@ -501,12 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         lr = lr_at(step, steps)
         for group in opt.param_groups:
             group["lr"] = lr
-        is_chat = torch.from_numpy(rng.random(BATCH) < CHAT_FRACTION)[:, None]
-        code_starts = rng.integers(0, len(code_stream) - SEQ_LEN - 1, size=BATCH)
-        chat_starts = rng.integers(0, len(chat_stream) - SEQ_LEN - 1, size=BATCH)
-        batch = torch.where(
-            is_chat, windows(chat_stream, chat_starts), windows(code_stream, code_starts)
-        )
+        batch = training_batch(rng, streams)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST_BF16):
             loss = lm_loss(model, batch)
         opt.zero_grad(set_to_none=True)
@@ -527,14 +570,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 6. export ----------------------------------------------------------------------
     model.eval()
-    state = {
-        name: tensor.detach().to(torch.bfloat16).contiguous()
-        for name, tensor in model.state_dict().items()
-        if name != "lm_head.weight"  # tied to model.embed_tokens.weight
-    }
-    state = dict(sorted(state.items()))
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "model.safetensors").chmod(0o644)  # save_file creates it owner-only
+    save_weights(model, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config_json(), indent=2) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps(generation_config_json(), indent=2) + "\n"
