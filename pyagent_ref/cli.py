@@ -235,7 +235,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         pooling_type=args.pooling_type,
     )
-    engine = ServingEngine(args.model, ops=args.ops, **_engine_args(args))
+    engine = ServingEngine(
+        args.model, ops=args.ops, engine_process=args.engine_process, **_engine_args(args)
+    )
     serve(engine, config, args.host, args.port, args.log_level, args.shutdown_timeout)
     return 0
 
@@ -263,6 +265,13 @@ def _add_serve_parser(sub) -> None:
         choices=POOLING_TYPES,
         default="last",
         help="how /v1/embeddings pools a prompt's final hidden states (default: last)",
+    )
+    serve.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run the engine core in a process of its own, stepping while this one "
+        "serves HTTP (default: %(default)s)",
     )
     serve.add_argument("--log-level", default="info")
     serve.add_argument(

@@ -136,7 +136,10 @@ class _Frontend:
                 seed=(base_seed + i) % 2**64,
                 eos_token_id=self.tokenizer.eos_token_id,
                 max_tokens=max_tokens,
-                grammar=None if grammar is None else self.structured.matcher(grammar, end_ids),
+                # a core in its own process builds its matchers (they do not cross)
+                grammar=None
+                if grammar is None or not isinstance(self.core, EngineCore)
+                else self.structured.matcher(grammar, end_ids),
                 pooling_params=pooling,
             )
             for i in range(params.n)
@@ -409,10 +412,22 @@ class AsyncLLM(_Frontend):
     responsive) while requests are in flight; `generate` is an async generator of
     RequestOutput deltas that always ends with a finished one. Cancelling the consumer
     aborts the request and frees its KV blocks at once.
+
+    engine_process=True runs the engine core in a process of its own
+    (`engine.core_proc`): it steps without sharing this process's GIL, and this
+    task only collects its outputs. `shutdown` stops that process.
     """
 
-    def __init__(self, model: str | Path | None = None, **engine_args) -> None:
-        super().__init__(EngineConfig(model=model, **engine_args))
+    def __init__(
+        self, model: str | Path | None = None, engine_process: bool = False, **engine_args
+    ) -> None:
+        config = EngineConfig(model=model, **engine_args)
+        core = None
+        if engine_process:
+            from .core_proc import EngineCoreClient
+
+            core = EngineCoreClient(config)
+        super().__init__(config, core)
         self._queues: dict[str, asyncio.Queue] = {}
         self._loop_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
@@ -504,6 +519,8 @@ class AsyncLLM(_Frontend):
                 self._deliver()
         if self._loop_task is not None:
             await self._loop_task
+        if not isinstance(self.core, EngineCore):
+            self.core.close()  # the engine core's process
 
     def _deliver(self) -> None:
         for rid, delta in self.processor.take_deltas():

@@ -4,7 +4,8 @@
     401 authentication_error    a missing or wrong API key (AuthenticationError)
     404 not_found_error         an unknown model or path (NotFoundError)
     429 rate_limit_error        the server's queue is full (RateLimitError)
-    503 service_unavailable     the engine is asleep or shutting down (InternalServerError)
+    503 service_unavailable     the engine is asleep, shutting down, or its core process
+                                died (InternalServerError)
     500 server_error            a bug (InternalServerError)
 
 Handlers raise `APIError`; `install_error_handlers` turns it, pydantic's validation errors
@@ -25,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from ..engine.core_proc import EngineDeadError
 from ..sample.params import SamplingParams
 from .protocol import ErrorInfo, ErrorResponse
 
@@ -110,6 +112,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return APIError(exc.status_code, message).response()
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(request: Request, exc: EngineDeadError) -> JSONResponse:
+        return APIError(503, str(exc)).response()
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

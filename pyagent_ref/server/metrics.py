@@ -66,7 +66,7 @@ class _EngineCollector:
              "Requests preempted since the engine started.", core.stats.preemptions),
         ]  # fmt: skip
         spec = core.stats.spec
-        if core.proposer is not None:
+        if core.config.speculative_config is not None:
             values += [
                 (CounterMetricFamily, "spec_decode_num_drafts",
                  "Request-steps that verified speculative drafts.", spec.num_verified),
@@ -77,7 +77,7 @@ class _EngineCollector:
             ]  # fmt: skip
         for family, name, doc, value in values:
             yield family(f"pyagent:{name}", doc, value=value)
-        if core.proposer is not None:
+        if core.config.speculative_config is not None:
             per_position = CounterMetricFamily(
                 "pyagent:spec_decode_num_accepted_tokens_per_pos",
                 "Speculative draft tokens accepted, by position in the draft.",

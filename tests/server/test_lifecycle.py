@@ -1,4 +1,5 @@
-"""A server with one seat and no queue: 429, sleep (503), graceful shutdown (drain)."""
+"""A server with one seat and no queue: 429, sleep (503), graceful shutdown (drain); with
+the engine in this process and in its own (--engine-process)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pyagent_ref.server import ServerConfig, ServingEngine, build_app
 from .conftest import MODEL, ServerThread, kv_all_free
 
 
-@pytest.fixture(scope="module")
-def small_server():
-    engine = ServingEngine(num_kv_blocks=256, max_num_seqs=1)
+@pytest.fixture(scope="module", params=["thread", "process"])
+def small_server(request):
+    engine = ServingEngine(
+        num_kv_blocks=256, max_num_seqs=1, engine_process=request.param == "process"
+    )
     srv = ServerThread(build_app(engine, ServerConfig(served_model_name=MODEL, max_queue=0)))
     yield srv.start()
     if srv.thread.is_alive():
@@ -65,3 +68,5 @@ def test_shutdown_drains_the_requests_in_flight(small_server):
     lines = result[0]
     assert lines[-1] == "data: [DONE]" and '"finish_reason":"length"' in lines[-2]
     assert kv_all_free(small_server.engine) and not small_server.engine.core.accepting
+    process = getattr(small_server.engine.core, "process", None)  # --engine-process
+    assert process is None or process.exitcode == 0  # shut down and reaped
