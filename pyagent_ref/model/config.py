@@ -7,18 +7,42 @@ from pathlib import Path
 from typing import Any
 
 from .._files import read_json_object
+from .families import FAMILIES, check_rope_scaling, hf_activation
 
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+NORMS = ("rms", "gemma_rms", "layer")
+NORM_PLACEMENTS = ("pre", "sandwich", "post", "parallel")
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """What the Llama-family forward pass needs to know, one field per HF key.
+    """What the decoder's forward pass needs to know, one field per HF key.
 
     `layer_types[i]` is "full_attention" or "sliding_attention" (empty means every layer
     is full attention); `sliding_window` is the window of the sliding layers.
-    `attention_bias` puts biases on q/k/v (Qwen2 always has them); `qk_norm` applies an
-    RMSNorm per head to queries and keys before RoPE (Qwen3).
+    `attention_bias` puts biases on q/k/v (Qwen2 always has them); `qk_norm` normalises
+    queries and keys before RoPE: "head" per head (Qwen3, Gemma 3), "projection" over
+    the whole projection (OLMo 2).
+
+    The fields after `raw` are the declared differences of the families beyond Llama
+    (`families`); their defaults are Llama's:
+    `norm`: "rms" (`ops.layers.rms_norm`), "gemma_rms" ((1 + weight) scale) or "layer"
+    (LayerNorm with a bias), `rms_norm_eps` being the eps of every norm.
+    `norm_placement`: "pre" (norm before attention and before the MLP), "sandwich"
+    (Gemma 2/3: before and after each), "post" (OLMo 2: after each) or "parallel"
+    (GPT-NeoX: attention and MLP both read the layer's input).
+    `hidden_act`: "silu", "gelu" or "gelu_tanh"; `gated_mlp`: gate/up projections
+    (act(gate) * up) or a single up projection; `mlp_bias`, `o_proj_bias`: biases.
+    `partial_rotary_factor`: the share of each head RoPE rotates; `local_rope_theta` and
+    `local_rope_scaling`: the RoPE of sliding layers when it differs (Gemma 3).
+    `attention_scale`: the softmax scale (default head_dim ** -0.5);
+    `attn_logit_softcapping`, `final_logit_softcapping`: cap * tanh(x / cap) on the
+    attention scores and on the logits (Gemma 2). `embedding_multiplier` scales the token
+    embeddings (Gemma: sqrt(hidden_size)); `position_embedding` is "rope" or "learned"
+    (GPT-2: a table of positions added to the embeddings).
     """
 
     architecture: str
@@ -35,15 +59,45 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: str | None = None
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     raw: dict = field(default_factory=dict, repr=False, compare=False)
+    norm: str = "rms"
+    norm_placement: str = "pre"
+    hidden_act: str = "silu"
+    gated_mlp: bool = True
+    mlp_bias: bool = False
+    o_proj_bias: bool = False
+    partial_rotary_factor: float = 1.0
+    local_rope_theta: float | None = None
+    local_rope_scaling: dict | None = None
+    attention_scale: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    embedding_multiplier: float | None = None
+    position_embedding: str = "rope"
+
+    @property
+    def rotary_dim(self) -> int:
+        """The features of each head RoPE rotates (even)."""
+        return int(self.head_dim * self.partial_rotary_factor) // 2 * 2
 
     def __post_init__(self) -> None:
+        for name, allowed in (
+            ("norm", NORMS),
+            ("norm_placement", NORM_PLACEMENTS),
+            ("hidden_act", ACTIVATIONS),
+            ("qk_norm", (None, "head", "projection")),
+            ("position_embedding", ("rope", "learned")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not self.gated_mlp and self.hidden_act == "silu":
+            raise ValueError("an MLP without a gate (gated_mlp=False) takes a gelu hidden_act")
         if not self.layer_types:
             object.__setattr__(self, "layer_types", ("full_attention",) * self.num_hidden_layers)
         if len(self.layer_types) != self.num_hidden_layers:
@@ -65,6 +119,9 @@ class ModelConfig:
         if len(archs) != 1:
             raise ValueError(f"config.json must name exactly one architecture, got {archs!r}")
         arch = archs[0]
+        family = FAMILIES.get(arch)
+        if family is not None:
+            cfg = family.hf_keys(cfg)
         for key in (
             "vocab_size",
             "hidden_size",
@@ -77,8 +134,8 @@ class ModelConfig:
         heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-        if rope.get("rope_type", rope.get("type", "default")) == "default":
-            rope = {}
+        partial = rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        rope = check_rope_scaling(rope, "rope_scaling")
         num_layers = cfg["num_hidden_layers"]
         window = cfg.get("sliding_window")
         if arch.startswith("Qwen") and not cfg.get("use_sliding_window", False):
@@ -91,7 +148,7 @@ class ModelConfig:
             layer_types = ("full_attention",) * num_layers
         eos = cfg.get("eos_token_id")
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
-        return cls(
+        fields = dict(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -106,14 +163,19 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", False)) or arch == "Qwen2ForCausalLM",
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm="head" if arch == "Qwen3ForCausalLM" else None,
             sliding_window=window,
             layer_types=layer_types,
             dtype=dtype if dtype in DTYPES else "float32",
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
             raw=cfg,
+            partial_rotary_factor=float(partial),
+            hidden_act=hf_activation(cfg.get("hidden_act", "silu"), "hidden_act"),
         )
+        if family is not None:
+            fields.update(family.fields(cfg, fields))
+        return cls(**fields)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:

@@ -1,8 +1,12 @@
-"""The Llama family on a paged KV cache: Llama 2/3, Mistral, Qwen2, Qwen3.
+"""The Llama decoder on a paged KV cache, and the dense families built from it.
 
-One decoder covers the family; the differences are configuration (`ModelConfig`):
-grouped-query attention, q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sliding
-window layers (Mistral), RoPE scaling (Llama 3.1 and others), tied embeddings.
+One decoder covers Llama 2/3, Mistral, Qwen2, Qwen3 and the families of `families`
+(Gemma 1/2/3, Phi-3, OLMo 2, GPT-NeoX, GPT-2); the differences are configuration
+(`ModelConfig`): grouped-query attention, q/k/v biases (Qwen2), q/k norms per head
+(Qwen3, Gemma 3) or over the projection (OLMo 2), sliding window layers (Mistral, Gemma),
+RoPE scaling and partial rotary, tied embeddings; the norm (RMSNorm, Gemma's (1 + w)
+RMSNorm, LayerNorm) and where the layer applies it (`DecoderLayer`), the MLP's activation
+and gate, soft-capped attention scores and logits, scaled or learned embeddings.
 
 A forward pass takes the flattened batch of a step — token ids and positions of every
 scheduled token of every request, prefill chunks and decodes mixed — and the
@@ -50,46 +54,54 @@ class AttentionMetadata:
     decode_only: bool = False
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, ops: ModuleType) -> None:
+class Norm(nn.Module):
+    """The model's normalisation of the last axis (`ModelConfig.norm`): `rms_norm`,
+    `gemma_rms_norm` or `layer_norm` (which alone has a bias); with `residual`, the fused
+    add-then-normalise that returns (normalised, sum)."""
+
+    def __init__(self, size: int, config: ModelConfig, ops: ModuleType) -> None:
         super().__init__()
+        self.kind, self.eps, self.ops = config.norm, config.rms_norm_eps, ops
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-        self.ops = ops
+        self.bias = nn.Parameter(torch.zeros(size)) if self.kind == "layer" else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return self.ops.layers.rms_norm(x, self.weight, self.eps, residual)
+        layers = self.ops.layers
+        if self.kind == "layer":
+            return layers.layer_norm(x, self.weight, self.bias, self.eps, residual)
+        norm = layers.gemma_rms_norm if self.kind == "gemma_rms" else layers.rms_norm
+        return norm(x, self.weight, self.eps, residual)
 
 
 class Rotary(nn.Module):
-    """RoPE tables for the model; recomputed per step only for dynamic NTK scaling."""
+    """RoPE tables for the model; recomputed per step only for dynamic NTK scaling.
+    `local` builds the table of the sliding layers where they have their own (Gemma 3)."""
 
-    def __init__(self, config: ModelConfig, ops: ModuleType) -> None:
+    def __init__(self, config: ModelConfig, ops: ModuleType, local: bool = False) -> None:
         super().__init__()
-        self.config = config
         self.ops = ops
-        inv_freq, self.scale = ops.rope.rope_inv_freq(
-            config.head_dim,
-            config.rope_theta,
-            config.rope_scaling,
-            config.max_position_embeddings,
-            like=torch.empty(0),
-        )
+        self.local = local
+        self.theta = config.local_rope_theta if local else config.rope_theta
+        self.scaling = config.local_rope_scaling if local else config.rope_scaling
+        self.rotary_dim, self.max_positions = config.rotary_dim, config.max_position_embeddings
+        inv_freq, self.scale = self._table()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.dynamic = (config.rope_scaling or {}).get("rope_type") == "dynamic"
+        self.dynamic = (self.scaling or {}).get("rope_type") == "dynamic"
+
+    def _table(self, seq_len: int | None = None, like: torch.Tensor | None = None):
+        return self.ops.rope.rope_inv_freq(
+            self.rotary_dim,
+            self.theta,
+            self.scaling,
+            self.max_positions,
+            seq_len=seq_len,
+            like=torch.empty(0) if like is None else like,
+        )
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         inv_freq, scale = self.inv_freq, self.scale
         if self.dynamic and positions.numel():
-            cfg = self.config
-            inv_freq, scale = self.ops.rope.rope_inv_freq(
-                cfg.head_dim,
-                cfg.rope_theta,
-                cfg.rope_scaling,
-                cfg.max_position_embeddings,
-                seq_len=int(positions.max()) + 1,
-                like=positions,
-            )
+            inv_freq, scale = self._table(int(positions.max()) + 1, positions)
         return self.ops.rope.apply_rope(positions, q, k, inv_freq, scale, is_neox=True)
 
 
@@ -105,22 +117,31 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        # q/k norms per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2)
+        self.qk_norm = config.qk_norm
+        per_head = config.qk_norm == "head"
+        q_size, kv_size = (self.head_dim,) * 2 if per_head else (self.q_size, self.kv_size)
+        self.q_norm = Norm(q_size, config, ops) if config.qk_norm else None
+        self.k_norm = Norm(kv_size, config, ops) if config.qk_norm else None
         is_sliding = config.layer_types[layer_index] == "sliding_attention"
         self.sliding_window = config.sliding_window if is_sliding else None
-        self.scale = self.head_dim**-0.5
+        self.scale = config.attention_scale or self.head_dim**-0.5
+        self.soft_cap = config.attn_logit_softcapping
 
-    def forward(self, positions, hidden, meta: AttentionMetadata, kv_cache, rotary: Rotary):
+    def forward(self, positions, hidden, meta: AttentionMetadata, kv_cache, rotary):
+        """`rotary` is the layer's RoPE, or None for a model without (learned positions)."""
         n = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(n, self.num_heads, self.head_dim)
         k = k.reshape(n, self.num_kv_heads, self.head_dim)
         v = v.reshape(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        if rotary is not None:
+            q, k = rotary(positions, q, k)
         key_cache, value_cache = kv_cache
         attention = self.ops.attention
         attention.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
@@ -133,6 +154,7 @@ class Attention(nn.Module):
                 meta.seq_lens,
                 self.scale,
                 sliding_window=self.sliding_window,
+                soft_cap=self.soft_cap,
             )
         else:
             out = attention.paged_attention(
@@ -144,41 +166,96 @@ class Attention(nn.Module):
                 meta.seq_lens,
                 self.scale,
                 sliding_window=self.sliding_window,
+                soft_cap=self.soft_cap,
             )
         return self.o_proj(out.reshape(n, self.q_size))
 
 
 class MLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up fused in `gate_up_proj` (silu: SwiGLU,
+    gelu: GeGLU), or down(act(up(x))) without a gate (GPT-2, GPT-NeoX)."""
+
     def __init__(self, config: ModelConfig, ops: ModuleType) -> None:
         super().__init__()
         self.ops = ops
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.act, self.gated = config.hidden_act, config.gated_mlp
+        if self.gated:
+            self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)
+        else:
+            self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x):
-        return self.down_proj(self.ops.layers.silu_and_mul(self.gate_up_proj(x)))
+        layers = self.ops.layers
+        approximate = "tanh" if self.act == "gelu_tanh" else "none"
+        if not self.gated:
+            return self.down_proj(layers.gelu(self.up_proj(x), approximate))
+        gate_up = self.gate_up_proj(x)
+        if self.act == "silu":
+            return self.down_proj(layers.silu_and_mul(gate_up))
+        return self.down_proj(layers.gelu_and_mul(gate_up, approximate))
+
+
+# Where a layer normalises, by `ModelConfig.norm_placement`: the HF module name of the norm
+# (None: no norm there) before attention, after attention, before the MLP, after the MLP.
+# Llama's "post_attention_layernorm" is the norm before its MLP; Gemma's and OLMo's is
+# applied to the attention output. "parallel" (GPT-NeoX) feeds its two norms the same input.
+NORM_PLACES: dict[str, tuple[str | None, str | None, str | None, str | None]] = {
+    "pre": ("input_layernorm", None, "post_attention_layernorm", None),
+    "sandwich": (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ),
+    "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
+    "parallel": ("input_layernorm", None, "post_attention_layernorm", None),
+}
+
+
+def add_and_norm(norm: Norm | None, hidden, residual):
+    """(norm(stream), stream) for the residual stream = hidden + residual (hidden alone
+    when residual is None); without a norm, (stream, stream)."""
+    if norm is None:
+        stream = hidden if residual is None else hidden + residual
+        return stream, stream
+    return (norm(hidden), hidden) if residual is None else norm(hidden, residual)
 
 
 class DecoderLayer(nn.Module):
+    """Attention and MLP, each added to the residual stream, with the family's norms.
+
+    The stream travels as (hidden, residual), its value hidden + residual (residual None
+    before the first layer), so that each add fuses into the next norm."""
+
     def __init__(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer_index, ops)
         self.mlp = MLP(config, ops)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.parallel = config.norm_placement == "parallel"
+        self.norm_names = NORM_PLACES[config.norm_placement]
+        for name in filter(None, self.norm_names):
+            setattr(self, name, Norm(config.hidden_size, config, ops))
 
     def forward(self, positions, hidden, residual, meta, kv_cache, rotary):
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta, kv_cache, rotary)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        before_attn, after_attn, before_mlp, after_mlp = (
+            getattr(self, name) if name else None for name in self.norm_names
+        )
+        hidden, residual = add_and_norm(before_attn, hidden, residual)
+        attn = self.self_attn(positions, hidden, meta, kv_cache, rotary)
+        if self.parallel:  # x + attn(norm1(x)) + mlp(norm2(x)), x = residual
+            return attn + self.mlp(before_mlp(residual)), residual
+        if after_attn is not None:
+            attn = after_attn(attn)
+        hidden, residual = add_and_norm(before_mlp, attn, residual)
+        hidden = self.mlp(hidden)
+        return (hidden if after_mlp is None else after_mlp(hidden)), residual
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder-only causal LM of the Llama family (see the module docstring).
+    """Decoder-only causal LM of the Llama family and its relatives (see the module
+    docstring and `families`).
 
     `ops` is the ops namespace every layer calls (default: the reference ops);
     `use_ops` switches it after construction.
@@ -189,11 +266,14 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.ops = ops
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_positions = None
+        if config.position_embedding == "learned":
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, ops) for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.rotary = Rotary(config, ops)
+        self.norm = Norm(config.hidden_size, config, ops)
+        self.build_rotary()
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
@@ -210,14 +290,66 @@ class LlamaForCausalLM(nn.Module):
         `meta` serves every layer, or is a sequence of one per layer; kv_caches holds
         each layer's (key_cache, value_cache)."""
         metas = [meta] * len(self.layers) if isinstance(meta, AttentionMetadata) else meta
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = self.embed(input_ids, positions), None
         for layer, layer_meta, kv_cache in zip(self.layers, metas, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, layer_meta, kv_cache, self.rotary)
+            sliding = layer.self_attn.sliding_window is not None
+            rotary = self.rotary_local if sliding and self.rotary_local else self.rotary
+            hidden, residual = layer(positions, hidden, residual, layer_meta, kv_cache, rotary)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token embeddings, times the family's multiplier (Gemma: sqrt(hidden), rounded
+        to the embeddings' dtype), plus learned position embeddings (GPT-2)."""
+        hidden = self.embed_tokens(input_ids)
+        if self.config.embedding_multiplier is not None:
+            hidden = hidden * torch.tensor(self.config.embedding_multiplier, dtype=hidden.dtype)
+        if self.embed_positions is not None:
+            hidden = hidden + self.embed_positions(positions)
+        return hidden
+
+    def build_rotary(self) -> None:
+        """(Re)compute the RoPE tables, in float32 on the current device of the model:
+        `rotary` for every layer (None with learned positions), `rotary_local` for the
+        sliding layers when they have their own base (Gemma 3), else None."""
+        cfg, device = self.config, self.embed_tokens.weight.device
+        rope = cfg.position_embedding == "rope"
+        self.rotary = Rotary(cfg, self.ops).to(device) if rope else None
+        local = rope and cfg.local_rope_theta is not None
+        self.rotary_local = Rotary(cfg, self.ops, local=True).to(device) if local else None
+
+    def required_ops(self) -> list[str]:
+        """The ops ("module.name") a forward pass of this model calls."""
+        cfg = self.config
+        norm = {"rms": "rms_norm", "gemma_rms": "gemma_rms_norm", "layer": "layer_norm"}
+        act = "silu_and_mul" if cfg.hidden_act == "silu" else "gelu_and_mul"
+        names = [f"layers.{norm[cfg.norm]}", f"layers.{act if cfg.gated_mlp else 'gelu'}"]
+        names += ["attention.reshape_and_cache", "attention.paged_attention"]
+        names += ["attention.paged_decode_attention"]
+        if cfg.position_embedding == "rope":
+            names += ["rope.rope_inv_freq", "rope.apply_rope"]
+        return names
+
     def use_ops(self, ops: ModuleType) -> None:
-        """Make every layer call the ops of `ops` (a `pyagent_ref.ops.load` namespace)."""
+        """Make every layer call the ops of `ops` (a `pyagent_ref.ops.load` namespace).
+
+        Raises:
+            ValueError: the namespace lacks an op this model needs (pyagent_accel has no
+                twin yet of Gemma's norm, LayerNorm or GELU): the message names the ops
+                and the namespaces that have them ("auto" runs the reference for ops
+                the accelerator lacks, "ref").
+        """
+        missing = [
+            name
+            for name in self.required_ops()
+            if not hasattr(getattr(ops, name.split(".")[0], None), name.split(".")[1])
+        ]
+        if missing:
+            raise ValueError(
+                f"the ops namespace {getattr(ops, '__name__', ops)!r} lacks {missing}, which "
+                f"{self.config.architecture} needs; use ops='auto' (the reference runs what "
+                f"the accelerator lacks) or ops='ref'"
+            )
         for module in self.modules():
             if "ops" in vars(module):
                 module.ops = ops
@@ -226,12 +358,14 @@ class LlamaForCausalLM(nn.Module):
     def supports_cuda_graphs(self) -> bool:
         """Whether a decode step can be captured: everything but dynamic NTK RoPE, which
         reads the longest position on the host to pick its frequencies."""
-        return not self.rotary.dynamic
+        return not any(r is not None and r.dynamic for r in (self.rotary, self.rotary_local))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits of the given hidden states, in float32."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (hidden @ weight.T).float()
+        logits = (hidden @ weight.T).float()
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         cfg = self.config

@@ -21,6 +21,7 @@ from torch import nn
 from .. import ops as reference_ops
 from .._files import read_json_object
 from .config import DTYPES, ModelConfig
+from .families import FAMILIES, rename
 from .registry import resolve_architecture
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,11 +79,16 @@ def iter_tensors(files: list[Path], progress: bool = True) -> Iterator[tuple[str
             raise ValueError(f"{path} is not a readable safetensors file: {exc}") from exc
 
 
-def _target(hf_name: str, model: nn.Module) -> tuple[str, object | None]:
-    """Our parameter name for an HF tensor name, and the fused shard it fills (or None)."""
+def _target(hf_name: str, model: nn.Module, params: dict) -> tuple[str, object | None]:
+    """Our parameter name for an HF tensor name, and the fused shard it fills (None: the
+    whole parameter, a tensor the checkpoint already stores as we do)."""
     from .llama import param_mapping
 
-    name = hf_name.removeprefix("model.")
+    family = FAMILIES.get(model.config.architecture)
+    name = hf_name if family is None else rename(family, hf_name)
+    name = name.removeprefix("model.")
+    if name in params:
+        return name, None
     for fused, separate, shard in param_mapping():
         if f".{separate}." in name:
             return name.replace(f".{separate}.", f".{fused}."), shard
@@ -106,13 +112,13 @@ def load_weights(
     (one without a place in the model, of the wrong shape or of a non-floating-point dtype,
     or a parameter no tensor filled) or the file that cannot be read."""
     params = dict(model.named_parameters())
-    filled: dict[str, int] = {}
-    # a fused parameter is complete once all of its shards were copied in
-    needed = {n: 3 if "qkv_proj" in n else 2 if "gate_up_proj" in n else 1 for n in params}
+    family = FAMILIES.get(model.config.architecture)
+    ignored = ("rotary_emb.inv_freq", *(family.ignored if family else ()))
+    filled: dict[str, set] = {}
     for hf_name, tensor in iter_tensors(files, progress):
-        if "rotary_emb.inv_freq" in hf_name:
-            continue  # a buffer some checkpoints carry; we compute it
-        name, shard = _target(hf_name, model)
+        if hf_name.endswith(ignored):
+            continue  # buffers some checkpoints carry (RoPE tables, causal masks)
+        name, shard = _target(hf_name, model, params)
         if name == "lm_head.weight" and model.lm_head is None:
             continue  # tied embeddings: the head is the embedding matrix
         if name not in params:
@@ -120,6 +126,8 @@ def load_weights(
                 f"checkpoint tensor {hf_name!r} has no place in {type(model).__name__}"
             )
         param = params[name]
+        if family is not None and family.reshape is not None:
+            tensor = family.reshape(name, tensor, model.config)
         target = param.data if shard is None else param.data[_shard_slice(shard, model)]
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(
@@ -132,8 +140,15 @@ def load_weights(
                 f"expected a floating-point dtype"
             )
         target.copy_(tensor.to(dtype))
-        filled[name] = filled.get(name, 0) + 1
-    missing = sorted(n for n, count in needed.items() if filled.get(n, 0) < count)
+        filled.setdefault(name, set()).add(shard)
+    # a fused parameter is complete once it was copied whole or all of its shards were
+    shards = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
+    missing = sorted(
+        n
+        for n in params
+        if None not in filled.get(n, ())
+        and not any(f".{fused}." in n and filled.get(n) == need for fused, need in shards.items())
+    )
     if missing:
         raise ValueError(
             f"checkpoint lacks tensors for {len(missing)} parameters, e.g. {missing[:5]}"
@@ -192,8 +207,7 @@ def load_model(
     with torch.device("meta"):  # no memory yet; the reference ops run on meta tensors
         model = model_cls(config, reference_ops)
     model = model.to_empty(device=device).to(TORCH_DTYPES[dtype])
-    # RoPE tables are computed, not loaded: build them for real (and in float32) now
-    model.rotary = type(model.rotary)(config, ops).to(device)
     model.use_ops(ops)
+    model.build_rotary()  # RoPE tables are computed, not loaded: build them for real (float32)
     load_weights(model, safetensors_files(model_dir), TORCH_DTYPES[dtype], progress)
     return model.eval()

@@ -11,6 +11,14 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    # the dense families of `families`: the same decoder with their declared differences
+    "GemmaForCausalLM": LlamaForCausalLM,
+    "Gemma2ForCausalLM": LlamaForCausalLM,
+    "Gemma3ForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": LlamaForCausalLM,
+    "Olmo2ForCausalLM": LlamaForCausalLM,
+    "GPTNeoXForCausalLM": LlamaForCausalLM,
+    "GPT2LMHeadModel": LlamaForCausalLM,
 }
 
 

@@ -1,9 +1,11 @@
-"""Logits of our Llama-family forward pass against HF transformers, for every family.
+"""Logits of our forward pass against HF transformers, for every family.
 
 Each case builds a tiny random HF model, saves it (safetensors), loads it with our
 loader, on the reference ops and on pyagent_accel's, and compares logits: for a
 whole-prompt prefill, for a chunked prefill, and for step-by-step decoding through the
-paged cache, with two requests in one batch.
+paged cache, with two requests in one batch. Families that need ops pyagent_accel has no
+twin of (Gemma's norm, LayerNorm, GELU) run on "auto" instead: the accelerator's
+attention (with its soft cap) and the reference's layer ops.
 """
 
 from __future__ import annotations
@@ -63,24 +65,99 @@ FAMILIES = {
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=32)),
 }
+# The dense families of `pyagent_ref.model.families`, with small soft caps and windows so
+# that capping, windows and per-layer RoPE change the logits of these short prompts.
+SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=5, **SPECIAL_IDS)
+NEOX = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+    **SPECIAL_IDS,
+)
+DENSE = {
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM, GEMMA),
+    "gemma2": (
+        transformers.Gemma2Config,
+        transformers.Gemma2ForCausalLM,
+        GEMMA | dict(attn_logit_softcapping=0.5, final_logit_softcapping=0.3),
+    ),
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForCausalLM,
+        GEMMA
+        | dict(
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": dict(rope_type="default", rope_theta=10.0),
+                "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+            },
+        ),
+    ),
+    "phi3": (
+        transformers.Phi3Config,
+        transformers.Phi3ForCausalLM,
+        dict(
+            rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5),
+            **SPECIAL_IDS,
+        ),
+    ),
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, SPECIAL_IDS),
+}
+# families whose config classes do not take Llama's keys
+OWN_KEYS = {
+    "gpt-neox": (transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, NEOX),
+    "gpt-neox-sequential": (
+        transformers.GPTNeoXConfig,
+        transformers.GPTNeoXForCausalLM,
+        NEOX | dict(use_parallel_residual=False),
+    ),
+    "gpt2": (
+        transformers.GPT2Config,
+        transformers.GPT2LMHeadModel,
+        dict(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=128)
+        | SPECIAL_IDS,
+    ),
+}
+ACCEL_LACKS = {"gemma", "gemma2", "gemma3", "gpt-neox", "gpt-neox-sequential", "gpt2"}
+
+
+def build_hf(family, **overrides):
+    """A tiny random HF model of `family` (seeded), in eval mode, eager attention;
+    `overrides` replace config keyword arguments (vocab_size, token ids)."""
+    if family in OWN_KEYS:
+        config_cls, model_cls, kwargs = OWN_KEYS[family]
+    else:
+        config_cls, model_cls, extra = (FAMILIES | DENSE)[family]
+        kwargs = COMMON | extra
+    torch.manual_seed(0)
+    config = config_cls(**(kwargs | overrides))
+    config._attn_implementation = "eager"
+    return model_cls(config).eval()
+
+
+ALL_FAMILIES = sorted(FAMILIES | DENSE | OWN_KEYS)
 
 
 @pytest.fixture(
     scope="module",
-    params=[(family, ops) for family in sorted(FAMILIES) for ops in ("ref", "accel")],
+    params=[
+        (family, ops)
+        for family in ALL_FAMILIES
+        for ops in ("ref", "auto" if family in ACCEL_LACKS else "accel")
+    ],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
 def pair(request, tmp_path_factory):
     """(HF model, ours) of one family; ours runs on the reference ops or on the Rust twins
     (both must equal HF within TOL)."""
     family, ops_name = request.param
-    if ops_name == "accel":
+    if ops_name != "ref":
         pytest.importorskip("pyagent_accel.ops")
-    config_cls, model_cls, extra = FAMILIES[family]
-    torch.manual_seed(0)
-    config = config_cls(**COMMON, **extra)
-    config._attn_implementation = "eager"
-    hf = model_cls(config).eval()
+    hf = build_hf(family)
     path = tmp_path_factory.mktemp(family)
     hf.save_pretrained(path)
     ours = load_model(path, dtype="float32", progress=False, ops=load_ops(ops_name))
@@ -164,3 +241,13 @@ def test_chunked_prefill_and_decode_match(pair, decode_path):
         out = runner.step({0: [last[0]], 1: [last[1]]})
         torch.testing.assert_close(out[0], hf_logits(hf, seqs[0])[-1], **TOL)
         torch.testing.assert_close(out[1], hf_logits(hf, seqs[1])[-1], **TOL)
+
+
+@pytest.mark.parametrize("family", sorted(ACCEL_LACKS))
+def test_accel_ops_are_refused_where_the_accelerator_lacks_a_twin(family, tmp_path):
+    """A model whose norm or activation pyagent_accel lacks refuses ops="accel", naming
+    the op and the alternatives; "auto" runs the reference for it instead."""
+    pytest.importorskip("pyagent_accel.ops")
+    build_hf(family).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"lacks \['layers\.\w+'.*use ops='auto'"):
+        load_model(tmp_path, progress=False, ops=load_ops("accel"))

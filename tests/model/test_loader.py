@@ -167,10 +167,12 @@ def test_unexpected_tensor_is_named(hf_dir, tmp_path):
 
 def test_unsupported_architecture_is_named(hf_dir, tmp_path):
     cfg = json.loads((hf_dir[0] / "config.json").read_text())
-    cfg["architectures"] = ["GPT2LMHeadModel"]
+    cfg["architectures"] = ["BloomForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="'GPT2LMHeadModel' is not supported"):
+    with pytest.raises(ValueError, match="'BloomForCausalLM' is not supported; supported: ") as e:
         load_model(tmp_path, progress=False)
+    for supported in ("Gemma2ForCausalLM", "GPT2LMHeadModel", "LlamaForCausalLM"):
+        assert supported in str(e.value)
 
 
 def test_config_needs_one_architecture():
