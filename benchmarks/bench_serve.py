@@ -9,10 +9,17 @@ Requests arrive as a Poisson process at --request-rate (inf: all at once), at mo
 run generates the same number). Reported: request throughput, output tokens/s, TTFT,
 TPOT (per output token after the first) and ITL (between streamed chunks), p50 / p99.
 
-Without --url the server is started here, in a subprocess on 127.0.0.1 (the load
-generator and the server do not share a GIL), and the same workload is first run on a
-`ServingEngine` (AsyncLLM) in this process, timed the same way: the ratio of the two
-throughputs is the cost of the HTTP path.
+Without --url the same workload runs three ways, side by side, and the ratios are printed:
+
+    AsyncLLM       a `ServingEngine` (AsyncLLM, engine core in a worker thread) in this
+                   process, no HTTP: the reference;
+    HTTP thread    `pyagent serve --no-engine-process`: the engine core steps in a worker
+                   thread of the server's process (one GIL for HTTP and engine);
+    HTTP process   `pyagent serve --engine-process`: the engine core in its own process.
+
+Each server runs in a subprocess on 127.0.0.1 (the load generator does not share its
+GIL). The machine's load average is printed before and after: on a shared machine,
+compare only figures taken together.
 """
 
 from __future__ import annotations
@@ -170,17 +177,17 @@ def report(name: str, results: list[Result], seconds: float) -> float:
     itl = [g for r in results for g in r.itl]
     ttft = [r.ttft for r in results]
     print(
-        f"{name:<8} {len(results)} requests in {seconds:6.2f} s: "
+        f"{name:<12} {len(results)} requests in {seconds:6.2f} s: "
         f"{len(results) / seconds:6.2f} req/s, "
         f"{tokens / seconds:8.1f} output tok/s\n"
-        f"         TTFT p50 {_pct(ttft, 0.5):7.1f} ms p99 {_pct(ttft, 0.99):7.1f} ms | "
+        f"             TTFT p50 {_pct(ttft, 0.5):7.1f} ms p99 {_pct(ttft, 0.99):7.1f} ms | "
         f"TPOT p50 {_pct(tpot, 0.5):6.1f} ms p99 {_pct(tpot, 0.99):6.1f} ms | "
         f"ITL p50 {_pct(itl, 0.5):6.1f} ms p99 {_pct(itl, 0.99):6.1f} ms"
     )
     return tokens / seconds
 
 
-def _start_server(args) -> subprocess.Popen:
+def _start_server(args, engine_process: bool) -> subprocess.Popen:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -189,6 +196,7 @@ def _start_server(args) -> subprocess.Popen:
         sys.executable, "-m", "pyagent_ref.cli", "serve", "--port", str(port),
         "--served-model-name", args.model, "--log-level", "warning",
         "--max-num-seqs", str(args.max_num_seqs), "--num-kv-blocks", str(args.num_kv_blocks),
+        "--engine-process" if engine_process else "--no-engine-process",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd)
     deadline = time.monotonic() + 120
@@ -219,6 +227,13 @@ def main() -> int:
     p.add_argument("--num-kv-blocks", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-direct", action="store_true", help="skip the AsyncLLM comparison")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["thread", "process"],
+        default=["thread", "process"],
+        help="where the server's engine core runs: its worker thread, its own process",
+    )
     p.add_argument("--quick", action="store_true", help="a small run (8 prompts, 8 tokens)")
     args = p.parse_args()
     if args.quick:
@@ -229,21 +244,29 @@ def main() -> int:
         f"{args.request_rate}/s, concurrency {args.max_concurrency}; cpus {os.cpu_count()}, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
+    if args.url is not None:
+        report("HTTP", *asyncio.run(run_http(args, prompts)))
+        return 0
     direct = None
-    if args.url is None and not args.no_direct:
+    if not args.no_direct:
         direct = report("AsyncLLM", *asyncio.run(run_direct(args, prompts)))
-    proc = _start_server(args) if args.url is None else None
-    try:
-        http = report("HTTP", *asyncio.run(run_http(args, prompts)))
-    finally:
-        if proc is not None:
+    http = {}
+    for mode in args.modes:
+        proc = _start_server(args, engine_process=mode == "process")
+        try:
+            http[mode] = report(f"HTTP {mode}", *asyncio.run(run_http(args, prompts)))
+        finally:
             proc.terminate()
             proc.wait(60)
-    if direct:
-        print(
-            f"HTTP / AsyncLLM output throughput: {http / direct:.3f} "
-            f"({1 - http / direct:+.1%} lost)"
-        )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    for mode, value in http.items():
+        if direct:
+            print(
+                f"HTTP {mode} / AsyncLLM output throughput: {value / direct:.3f} "
+                f"({1 - value / direct:+.1%} lost)"
+            )
+    if len(http) == 2:
+        print(f"HTTP process / HTTP thread: {http['process'] / http['thread']:.3f}")
     return 0
 
 

@@ -3,7 +3,9 @@
 Where the engine steps: `AsyncLLM` already runs each `EngineCore.step` in a worker
 thread (``asyncio.to_thread``), so the server's event loop parses HTTP, serializes and
 writes chunks while the model computes. Between two steps the loop detokenizes the
-step's tokens and hands each stream its delta (`AsyncLLM._run`).
+step's tokens and hands each stream its delta (`AsyncLLM._run`). With
+``engine_process=True`` (``pyagent serve --engine-process``) the core steps in a
+process of its own instead (`engine.core_proc`) and the loop collects its outputs.
 
 `ServingEngine` adds two things to `AsyncLLM` (whose deltas carry each new token's
 log-probabilities, and on the last one the `RequestMetrics`):
