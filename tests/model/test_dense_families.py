@@ -118,3 +118,45 @@ def test_preemption_and_prefix_caching_change_no_token(family, tmp_path_factory)
 
     check()
     assert sum(preemptions) > 0 and sum(hits) > 0  # the workloads did preempt and hit
+
+
+SIZES = dict(
+    vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2
+)
+
+
+@pytest.mark.parametrize(
+    ("arch", "extra", "message"),
+    [
+        (
+            "Phi3ForCausalLM",
+            {"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}},
+            "config.json rope_scaling of type 'longrope' is not supported",
+        ),
+        (
+            "LlamaForCausalLM",
+            {"hidden_act": "relu"},
+            "config.json hidden_act='relu' is not supported",
+        ),
+        (
+            "Gemma2ForCausalLM",
+            {"hidden_activation": "gelu_fast"},
+            "config.json hidden_activation='gelu_fast' is not supported",
+        ),
+        (
+            "Gemma3ForCausalLM",
+            {"use_bidirectional_attention": True},
+            "config.json use_bidirectional_attention=True is not supported",
+        ),
+        (
+            "GPT2LMHeadModel",
+            {"scale_attn_by_inverse_layer_idx": True},
+            "config.json scale_attn_by_inverse_layer_idx=True is not supported",
+        ),
+    ],
+)
+def test_unsupported_options_name_the_key(arch, extra, message):
+    from pyagent_ref.model import ModelConfig
+
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf({"architectures": [arch], **SIZES, **extra})
