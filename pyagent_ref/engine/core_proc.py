@@ -283,6 +283,7 @@ class CoreServer:
 
     def send_step(self, outputs: list[EngineCoreOutput], requests: dict[str, Request]) -> None:
         outputs = self.news + outputs
+        # (a request's first tokens are all its output tokens)
         times = {
             o.req_id: requests[o.req_id].times
             for o in outputs
@@ -329,8 +330,9 @@ class CoreServer:
         self.outbox.send(self.encoder.encode(message))
 
     def close(self) -> None:
+        frontend_there = os.getppid() == self.parent_pid
         self.inbox.close(linger=0)
-        self.outbox.close(linger=5000)  # the last messages still go out
+        self.outbox.close(linger=5000 if frontend_there else 0)  # the last messages go out
 
 
 # --- the client, in the frontend's process ---------------------------------------------
@@ -414,6 +416,7 @@ class EngineCoreClient:
             ready = self._wait_ready()
         except BaseException:
             self._stop_process()
+            self._release()
             raise
         self.limits = ready.limits
         self.max_model_len = ready.limits.max_model_len
@@ -527,7 +530,7 @@ class EngineCoreClient:
 
     def stop_accepting(self) -> None:
         self.accepting = False
-        if self.failure is None:
+        if self.failure is None and not self._closing:
             self._call("stop_accepting")
 
     def call(self, method: str, *args) -> Any:
@@ -546,16 +549,15 @@ class EngineCoreClient:
         self.process.join(timeout)
         self._stop_process()
         self._reader.join(timeout)
-        self._to_core.close(linger=0)
-        self._from_core.close(linger=0)
-        self._context.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._release()
 
     # --- plumbing ----------------------------------------------------------------------
 
     def _call(self, method: str, *args) -> Any:
         if self.failure is not None:
             raise EngineDeadError(self.failure)
+        if self._closing:
+            raise RuntimeError("the engine core's process was shut down")
         future: Future = Future()
         call_id = next(self._call_ids)
         self._calls[call_id] = future
@@ -589,7 +591,12 @@ class EngineCoreClient:
         while True:
             events = dict(poller.poll())
             if self._from_core in events:
-                message = self._decoder.decode(self._from_core.recv())
+                try:
+                    message = self._decoder.decode(self._from_core.recv())
+                except Exception as exc:  # a bug: fail loudly rather than hang
+                    self._fail(f"a message from the engine core could not be read: {exc!r}")
+                    self.process.kill()
+                    return
                 self._state = message.state
                 if isinstance(message, Reply):
                     self._calls.pop(message.call_id).set_result(message)
@@ -608,9 +615,15 @@ class EngineCoreClient:
         logger.error("%s", failure)
         self.failure = failure
         self._steps.put(_DEAD)
-        for future in self._calls.values():
-            future.set_exception(EngineDeadError(failure))
-        self._calls.clear()
+        for call_id in list(self._calls):
+            self._calls.pop(call_id).set_exception(EngineDeadError(failure))
+
+    def _release(self) -> None:
+        """The sockets and their directory."""
+        self._to_core.close(linger=0)
+        self._from_core.close(linger=0)
+        self._context.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def _stop_process(self) -> None:
         if self.process.is_alive():
