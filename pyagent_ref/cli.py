@@ -269,9 +269,10 @@ def _add_serve_parser(sub) -> None:
     serve.add_argument(
         "--engine-process",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="run the engine core in a process of its own, stepping while this one "
-        "serves HTTP (default: %(default)s)",
+        "serves HTTP; --no-engine-process steps it in a worker thread of this process "
+        "(default: %(default)s)",
     )
     serve.add_argument("--log-level", default="info")
     serve.add_argument(

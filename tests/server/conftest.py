@@ -2,14 +2,17 @@
 
 `server` is the main one: the embedded model, an API key, the hermes tool parser and the
 deepseek_v3 reasoning parser (which reads text without ``<think>`` as content unless the
-request's chat_template_kwargs say ``thinking``). `small_server` has one seat and no
-queue, for the 429, sleep (503) and shutdown (drain) tests; it is stopped by its test.
+request's chat_template_kwargs say ``thinking``); with PYAGENT_TEST_ENGINE_PROCESS=1 its
+engine core runs in a process of its own, as under `pyagent serve`. `small_server` has one
+seat and no queue, for the 429, sleep (503) and shutdown (drain) tests; it is stopped by
+its test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -24,6 +27,7 @@ import uvicorn  # noqa: E402
 
 from pyagent_ref.server import ServerConfig, ServingEngine, build_app  # noqa: E402
 
+ENGINE_PROCESS = os.environ.get("PYAGENT_TEST_ENGINE_PROCESS") == "1"
 API_KEY = "test-key"
 MODEL = "tiny"
 
@@ -95,7 +99,7 @@ def kv_all_free(engine: ServingEngine) -> bool:
 
 @pytest.fixture(scope="session")
 def server():
-    engine = ServingEngine(num_kv_blocks=1024, max_num_seqs=64)
+    engine = ServingEngine(num_kv_blocks=1024, max_num_seqs=64, engine_process=ENGINE_PROCESS)
     config = ServerConfig(
         served_model_name=MODEL,
         api_key=API_KEY,

@@ -10,6 +10,7 @@ behind.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -20,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from pyagent_ref.cli import _add_serve_parser
 from pyagent_ref.server import ServerConfig, ServingEngine, build_app
 
 from .conftest import API_KEY, MODEL, ServerThread, wait_until
@@ -88,3 +90,10 @@ def test_a_dead_core_process_ends_streams_with_error_and_is_a_503():
         srv.stop()
     assert not engine.core.process.is_alive()
     assert engine.core.process.exitcode == -signal.SIGKILL  # reaped: no zombie left
+
+
+def test_pyagent_serve_runs_the_engine_core_in_its_own_process_by_default():
+    parser = argparse.ArgumentParser()
+    _add_serve_parser(parser.add_subparsers())
+    assert parser.parse_args(["serve"]).engine_process is True
+    assert parser.parse_args(["serve", "--no-engine-process"]).engine_process is False
