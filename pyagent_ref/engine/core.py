@@ -165,9 +165,10 @@ class EngineConfig:
         to every step's batch in this order.
     speculative_config: None, or speculative decoding: how drafts of each request's
         next tokens are proposed and verified in one forward pass (`SpeculativeConfig`,
-        or a dict of its fields under vLLM's names: method "ngram" or "suffix",
-        num_speculative_tokens, prompt_lookup_min/max, suffix_decoding_*). Greedy
-        outputs stay the same token for token, sampled ones the same in distribution.
+        or a dict of its fields under vLLM's names: method "ngram", "suffix" or
+        "draft_model", num_speculative_tokens, prompt_lookup_min/max, suffix_decoding_*,
+        model (the draft checkpoint)). Greedy outputs stay the same token for token,
+        sampled ones the same in distribution.
     """
 
     model: str | Path | None = None
@@ -359,7 +360,7 @@ class EngineCore:
         self.accepting = True
         self.stats = EngineStats()
         spec = config.speculative_config
-        self.proposer = make_proposer(spec, self.ops) if spec is not None else None
+        self.proposer = make_proposer(spec, self.ops, model) if spec is not None else None
         self._lock = threading.RLock()
 
     def _fit_max_model_len(self, model_len: int) -> int:

@@ -9,17 +9,23 @@ Every proposer has the `Proposer` interface, which the engine calls after each s
     proposer = make_proposer(SpeculativeConfig("ngram", num_speculative_tokens=4), ops)
     drafts = proposer.propose("req-1", prompt_ids, output_ids)   # 0 to 4 token ids
     proposer.finish("req-1", output_ids)                          # the request ended
+
+A draft model needs the target model, whose vocabulary, device and dtype it must share:
+`make_proposer(SpeculativeConfig(model=default_draft_model_path()), ops, target=model)`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .config import METHODS, SpeculativeConfig
 from .ngram import NgramProposer
 from .suffix import SuffixProposer
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class Proposer(Protocol):
@@ -40,12 +46,25 @@ class Proposer(Protocol):
     def finish(self, request_id: str, output_token_ids: Sequence[int]) -> None: ...
 
 
-def make_proposer(config: SpeculativeConfig, ops: ModuleType | None = None) -> Proposer:
-    """The proposer of `config.method` (one of `METHODS`), running on `ops`."""
+def make_proposer(
+    config: SpeculativeConfig, ops: ModuleType | None = None, target: nn.Module | None = None
+) -> Proposer:
+    """The proposer of `config.method` (one of `METHODS`), running on `ops`.
+
+    "draft_model" needs `target`, the target model: the draft is loaded on its device, in
+    its dtype, and must have its vocab_size (`load_draft_model` raises ValueError
+    otherwise, or for a missing checkpoint).
+    """
     if config.method == "ngram":
         return NgramProposer(config, ops)
     if config.method == "suffix":
         return SuffixProposer(config)  # plain Python: no op to take from `ops`
+    if config.method == "draft_model":
+        if target is None:
+            raise ValueError("method 'draft_model' needs the target model: pass target=")
+        from .draft_model import DraftModelProposer, load_draft_model  # needs torch
+
+        return DraftModelProposer(config, load_draft_model(config, target, ops))
     raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
 
 

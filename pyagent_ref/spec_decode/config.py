@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 
-METHODS = ("ngram", "suffix")
+METHODS = ("ngram", "suffix", "draft_model")
 """The proposers that exist (vLLM's method names)."""
 
 
@@ -20,7 +21,9 @@ class SpeculativeConfig:
     method: the proposer, one of `METHODS`: "ngram" looks the tokens up in the request's
         own prompt and output (`ngram.propose_ngram`); "suffix" proposes the most
         frequent continuation in a tree of the request's tokens and one of past
-        requests' outputs (`suffix`).
+        requests' outputs (`suffix`); "draft_model" runs a small model greedily
+        (`draft_model`). None (the default) means "draft_model" if `model` is given,
+        else "ngram", as in vLLM.
     num_speculative_tokens: drafts proposed per step, an int >= 1; a step then emits
         between 1 and num_speculative_tokens + 1 tokens.
     prompt_lookup_min, prompt_lookup_max: for "ngram", the shortest and the longest
@@ -35,16 +38,20 @@ class SpeculativeConfig:
         floor(max_spec_factor * m) drafts; a finite number > 0.
     suffix_decoding_min_token_prob: for "suffix", drafts stop before the one whose
         cumulative probability falls below it; a number in [0, 1].
+    model: for "draft_model", the directory of the draft checkpoint (HF layout, the
+        target's vocabulary), a str or a Path; it is loaded, and its vocabulary checked
+        against the target's, when the engine is built.
 
     Every field is checked whatever the method; the fields of one method are ignored by
     the others.
 
     Raises ValueError naming the field and the value for a value out of range, an
-    unknown method, or prompt_lookup_min > prompt_lookup_max; TypeError for a value that
-    is not an int (a number, for the two suffix_decoding floats; a str, for method).
+    unknown method, prompt_lookup_min > prompt_lookup_max, or "draft_model" without a
+    model; TypeError for a value that is not an int (a number, for the two
+    suffix_decoding floats; a str, for method; a str or a Path, for model).
     """
 
-    method: str = "ngram"
+    method: str | None = None
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
@@ -52,12 +59,23 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = 10000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    model: str | Path | None = None
 
     def __post_init__(self) -> None:
+        if self.model is not None and not isinstance(self.model, (str, Path)):
+            raise TypeError(f"model must be None, a str or a Path, got {self.model!r}")
+        if self.method is None:
+            inferred = "ngram" if self.model is None else "draft_model"
+            object.__setattr__(self, "method", inferred)
         if not isinstance(self.method, str):
             raise TypeError(f"method must be a str, got {self.method!r}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError(
+                "method 'draft_model' needs model, the directory of the draft checkpoint, "
+                f"got model={self.model!r}"
+            )
         for name, lowest in (
             ("num_speculative_tokens", 1),
             ("prompt_lookup_min", 1),

@@ -7,7 +7,9 @@ import contextlib
 
 import httpx
 import openai
+import pytest
 
+from pyagent_ref.model import default_draft_model_path
 from pyagent_ref.server import ServerConfig, ServingEngine, build_app
 
 from .conftest import MODEL, ServerThread, kv_all_free, wait_until
@@ -15,8 +17,15 @@ from .conftest import MODEL, ServerThread, kv_all_free, wait_until
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 
 
-def test_speculative_server_streams_the_same_greedy_text(server, client):
-    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+        {"method": "draft_model", "model": str(default_draft_model_path())},
+    ],
+    ids=["ngram", "draft_model"],
+)
+def test_speculative_server_streams_the_same_greedy_text(server, client, spec):
     engine = ServingEngine(num_kv_blocks=256, max_num_seqs=8, speculative_config=spec)
     srv = ServerThread(build_app(engine, ServerConfig(served_model_name=MODEL))).start()
     try:

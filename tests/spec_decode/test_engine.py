@@ -17,6 +17,8 @@ from pyagent_ref.sched import Request, RequestStatus  # noqa: E402
 from pyagent_ref.spec_decode import METHODS, SpeculativeConfig  # noqa: E402
 from tests.worker.helpers import ENGINE_SETTINGS, tiny_model  # noqa: E402
 
+from .drafts import noisy_copy, save_checkpoint  # noqa: E402
+
 MODEL = tiny_model()
 
 # prompts over 4 token ids, and outputs long enough for the tiny model to fall into a
@@ -26,6 +28,12 @@ REPETITIVE_WORKLOADS = st.lists(
     min_size=1,
     max_size=5,
 )
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    """For "draft_model": a draft that agrees with MODEL on some tokens, not all."""
+    return save_checkpoint(noisy_copy(MODEL, 0.5), tmp_path_factory.mktemp("draft"))
 
 
 def make_core(spec=None, block_size=4, num_blocks=64, budget=32, caching=True, max_num_seqs=4):
@@ -70,17 +78,18 @@ def greedy_outputs(core, workload, **params):
     **ENGINE_SETTINGS,
 )
 def test_greedy_speculation_equals_greedy_decoding(
-    method, workload, k, lookup_max, block_size, num_blocks, budget, caching
+    method, draft_dir, workload, k, lookup_max, block_size, num_blocks, budget, caching
 ):
     """Chunked prefill, prefix caching and preemption (few blocks) included; every block
     comes back at the end. For "suffix", later requests also get drafts from the outputs
-    of earlier ones (the global tree)."""
+    of earlier ones (the global tree); "draft_model" runs a noisy copy of the model."""
     setup = dict(block_size=block_size, num_blocks=num_blocks, budget=budget, caching=caching)
     plain_core = make_core(**setup)
     # few blocks lower max_model_len: a request that does not fit is refused, not run
     assume(all(len(p) + n <= plain_core.max_model_len for p, n in workload))
     plain = greedy_outputs(plain_core, workload)
-    spec = SpeculativeConfig(method, k, 1, lookup_max)  # each ignores the others' fields
+    draft = draft_dir if method == "draft_model" else None
+    spec = SpeculativeConfig(method, k, 1, lookup_max, model=draft)  # others' fields ignored
     core = make_core(spec, **setup)
     assert greedy_outputs(core, workload) == plain
     assert core.kv.pool.num_free_blocks == num_blocks - 1

@@ -70,7 +70,7 @@ def test_proposer_uses_the_config():
         (
             {"method": "medusa"},
             ValueError,
-            "method must be one of ('ngram', 'suffix'), got 'medusa'",
+            "method must be one of ('ngram', 'suffix', 'draft_model'), got 'medusa'",
         ),
     ],
 )
