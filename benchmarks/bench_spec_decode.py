@@ -1,6 +1,7 @@
 """Speculative decoding on the embedded model: decode speed with and without each proposer.
 
     python benchmarks/bench_spec_decode.py [--quick] [--ops auto|ref|accel] [--batch 1]
+        [--threads N] [--only SETTING ...]
 
 Two greedy workloads, each request decoding `--max-tokens` tokens (ignore_eos):
 - repetitive: the prompt is a function of this repository's own source followed by its
@@ -9,10 +10,12 @@ Two greedy workloads, each request decoding `--max-tokens` tokens (ignore_eos):
 - plain: short code openings (`bench_engine`'s), whose continuations rarely repeat
   the prompt.
 For each workload and each setting (no speculation; n-gram with k = 2, 4, 6 drafts;
-suffix decoding with k = 4, 8, and k = 8 without its global tree), the median over
+suffix decoding with k = 4, 8, and k = 8 without its global tree; the embedded draft
+model, `default_draft_model_path()`, with k = 2, 3, 4), the median over
 `--repeats` runs of output tokens / second, the ratio to no speculation, the acceptance
 rate, per-position acceptance and the mean tokens emitted per verifying step. Greedy
-outputs are checked to be the same token for token.
+outputs are checked to be the same token for token. The settings of a workload take turns,
+one pass over the prompts each, so that a change in the machine's load hits all alike.
 Suffix decoding's global tree learns the outputs of the warm-up and of earlier repeats,
 which decode the same prompts again: its figures are those of a workload that repeats
 itself (the case the global tree is for); "no-cache" shows the request's own tree alone.
@@ -34,6 +37,7 @@ import torch
 from _timing import machine_line
 
 from pyagent_ref.engine.llm import LLM
+from pyagent_ref.model import default_draft_model_path
 from pyagent_ref.ops import sampling, spec_decode
 from pyagent_ref.sample.params import SamplingParams
 
@@ -60,20 +64,16 @@ def repetitive_prompts(n: int) -> list[str]:
     return prompts
 
 
-def run(llm: LLM, prompts: list[str], max_tokens: int, batch: int, repeats: int):
-    """(median output tokens/s, token ids per prompt, the spec stats of the last run)."""
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts[:batch], params)  # warm-up
-    rates, outputs = [], []
-    for _ in range(repeats):
-        llm.core.stats.reset()
-        outputs, tokens, t0 = [], 0, time.perf_counter()
-        for start in range(0, len(prompts), batch):
-            done = llm.generate(prompts[start : start + batch], params)
-            outputs += [o.outputs[0].token_ids for o in done]
-            tokens += sum(len(o.outputs[0].token_ids) for o in done)
-        rates.append(tokens / (time.perf_counter() - t0))
-    return statistics.median(rates), outputs, llm.core.stats.spec
+def timed_pass(llm: LLM, prompts: list[str], params: SamplingParams, batch: int):
+    """(output tokens/s, token ids per prompt) of one pass over the prompts, `batch` at a
+    time; the engine's stats count this pass alone."""
+    llm.core.stats.reset()
+    outputs, tokens, t0 = [], 0, time.perf_counter()
+    for start in range(0, len(prompts), batch):
+        done = llm.generate(prompts[start : start + batch], params)
+        outputs += [o.outputs[0].token_ids for o in done]
+        tokens += sum(len(o.outputs[0].token_ids) for o in done)
+    return tokens / (time.perf_counter() - t0), outputs
 
 
 def main() -> None:
@@ -85,6 +85,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="run only the settings whose name starts with one of these (and 'none')",
     )
     args = parser.parse_args()
     if args.threads is not None:
@@ -114,17 +120,38 @@ def main() -> None:
             "num_speculative_tokens": 8,
             "suffix_decoding_max_cached_requests": 0,
         },
+        **{
+            f"draft k={k}": {
+                "method": "draft_model",
+                "model": str(default_draft_model_path()),
+                "num_speculative_tokens": k,
+            }
+            for k in (2, 3, 4)
+        },
     }
+    if args.only:
+        settings = {
+            name: spec
+            for name, spec in settings.items()
+            if name == "none" or name.startswith(tuple(args.only))
+        }
     header = f"{'workload':11} {'setting':19} {'tok/s':>8} {'ratio':>6} {'accept':>7}"
     print(header + "  mean emitted  per-position acceptance")
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for name, prompts in workloads.items():
-        base_rate, base_outputs = None, None
-        for setting, spec in settings.items():
-            llm = LLM(None, ops=args.ops, speculative_config=spec)
-            rate, outputs, stats = run(llm, prompts, max_tokens, args.batch, repeats)
-            if base_rate is None:
-                base_rate, base_outputs = rate, outputs
-            same = "" if outputs == base_outputs else "  OUTPUTS DIFFER"
+        llms = {s: LLM(None, ops=args.ops, speculative_config=spec) for s, spec in settings.items()}
+        for llm in llms.values():
+            llm.generate(prompts[: args.batch], params)  # warm-up
+        rates: dict[str, list[float]] = {setting: [] for setting in llms}
+        outputs = {}
+        for _ in range(repeats):  # round robin: a change of load hits every setting alike
+            for setting, llm in llms.items():
+                rate, outputs[setting] = timed_pass(llm, prompts, params, args.batch)
+                rates[setting].append(rate)
+        base_rate = statistics.median(rates["none"])
+        for setting, llm in llms.items():
+            rate, stats = statistics.median(rates[setting]), llm.core.stats.spec
+            same = "" if outputs[setting] == outputs["none"] else "  OUTPUTS DIFFER"
             per_position = " ".join(f"{r:.2f}" for r in stats.acceptance_rate_per_position)
             print(
                 f"{name:11} {setting:19} {rate:8.1f} {rate / base_rate:5.2f}x "

@@ -48,8 +48,8 @@ Usage (from the repository root)::
 
     python tools/train_draft_model.py   # needs pyagent[engine,hf] (torch, transformers)
 
-``--steps N`` and ``--out DIR`` exist for experiments; the committed draft is the one
-made by the command without options.
+``--steps N``, ``--layers N`` and ``--out DIR`` exist for experiments; the committed
+draft is the one made by the command without options.
 """
 
 from __future__ import annotations
@@ -115,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=STEPS, help=f"default {STEPS}")
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    parser.add_argument("--layers", type=int, default=DRAFT["num_hidden_layers"], help="default 1")
     args = parser.parse_args(argv)
     steps, out = args.steps, args.out.resolve()
+    dims = DRAFT | {"num_hidden_layers": args.layers}
 
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     teacher = LlamaForCausalLM.from_pretrained(str(teacher_dir)).float().eval()
     teacher.requires_grad_(False)
     torch.manual_seed(SEED)
-    student = LlamaForCausalLM._from_config(base.make_config(DRAFT), attn_implementation="sdpa")
+    student = LlamaForCausalLM._from_config(base.make_config(dims), attn_implementation="sdpa")
     student.train()
     n_params = sum(p.numel() for p in student.parameters())
     base.log(f"student: {n_params:,} parameters (embeddings tied)")
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     # 5. export
     out.mkdir(parents=True, exist_ok=True)
     base.save_weights(student, out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps(base.config_json(DRAFT), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(base.config_json(dims), indent=2) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps(base.generation_config_json(), indent=2) + "\n"
     )

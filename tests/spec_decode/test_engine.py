@@ -69,7 +69,20 @@ def greedy_outputs(core, workload, **params):
     return [r.output_token_ids for r in reqs]
 
 
-@pytest.mark.parametrize("method", METHODS)
+def check_greedy_equality(spec, workload, block_size, num_blocks, budget, caching):
+    """Greedy decoding of `workload` with `spec` gives the tokens of greedy decoding,
+    and every block comes back at the end."""
+    setup = dict(block_size=block_size, num_blocks=num_blocks, budget=budget, caching=caching)
+    plain_core = make_core(**setup)
+    # few blocks lower max_model_len: a request that does not fit is refused, not run
+    assume(all(len(p) + n <= plain_core.max_model_len for p, n in workload))
+    plain = greedy_outputs(plain_core, workload)
+    core = make_core(spec, **setup)
+    assert greedy_outputs(core, workload) == plain
+    assert core.kv.pool.num_free_blocks == num_blocks - 1
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "draft_model"])
 @settings(deadline=None)
 @given(
     workload=REPETITIVE_WORKLOADS,
@@ -77,22 +90,19 @@ def greedy_outputs(core, workload, **params):
     lookup_max=st.integers(1, 3),
     **ENGINE_SETTINGS,
 )
-def test_greedy_speculation_equals_greedy_decoding(
-    method, draft_dir, workload, k, lookup_max, block_size, num_blocks, budget, caching
-):
-    """Chunked prefill, prefix caching and preemption (few blocks) included; every block
-    comes back at the end. For "suffix", later requests also get drafts from the outputs
-    of earlier ones (the global tree); "draft_model" runs a noisy copy of the model."""
-    setup = dict(block_size=block_size, num_blocks=num_blocks, budget=budget, caching=caching)
-    plain_core = make_core(**setup)
-    # few blocks lower max_model_len: a request that does not fit is refused, not run
-    assume(all(len(p) + n <= plain_core.max_model_len for p, n in workload))
-    plain = greedy_outputs(plain_core, workload)
-    draft = draft_dir if method == "draft_model" else None
-    spec = SpeculativeConfig(method, k, 1, lookup_max, model=draft)  # others' fields ignored
-    core = make_core(spec, **setup)
-    assert greedy_outputs(core, workload) == plain
-    assert core.kv.pool.num_free_blocks == num_blocks - 1
+def test_greedy_speculation_equals_greedy_decoding(method, workload, k, lookup_max, **setup):
+    """Chunked prefill, prefix caching and preemption (few blocks) included. For
+    "suffix", later requests also get drafts from the outputs of earlier ones (the
+    global tree)."""
+    spec = SpeculativeConfig(method, k, 1, lookup_max)  # each ignores the others' fields
+    check_greedy_equality(spec, workload, **setup)
+
+
+@settings(deadline=None, max_examples=8)  # the draft runs k passes per request and step
+@given(workload=REPETITIVE_WORKLOADS, k=st.integers(1, 5), **ENGINE_SETTINGS)
+def test_greedy_draft_model_speculation_equals_greedy_decoding(draft_dir, workload, k, **setup):
+    """The same with a draft model (a noisy copy of the model: drafts right and wrong)."""
+    check_greedy_equality(SpeculativeConfig("draft_model", k, model=draft_dir), workload, **setup)
 
 
 def test_drafts_are_accepted_and_counted():
