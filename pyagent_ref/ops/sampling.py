@@ -685,9 +685,11 @@ def apply_dry(
     ids_arr = xp.reshape(xp.asarray(ids, dtype=xp.int64, device=where), (batch, width))
     amount_arr = xp.reshape(xp.asarray(amounts, dtype=xp.float64, device=where), (batch, width))
     penalty = bincount_rows(xp, ids_arr, logits.shape[1], weights=amount_arr)
-    out = xp.astype(xp.astype(logits, xp.float64) - penalty, logits.dtype)
+    out = xp.astype(logits, xp.float64) - penalty
+    # clamping before the rounding gives what rounding then clamping gives, without overflow
     lowest = xp.finfo(logits.dtype).min
-    return xp.where(xp.isfinite(logits) & (out < lowest), lowest, out)
+    out = xp.where(xp.isfinite(logits) & (out < lowest), lowest, out)
+    return xp.astype(out, logits.dtype)
 
 
 def _uniform_at(xp: Any, seeds: Any, positions: Any, index: int) -> Any:
