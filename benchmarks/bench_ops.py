@@ -176,7 +176,7 @@ def bench_sampling(shapes: list[tuple[int, int]], budget: float, min_reps: int) 
             acc_fn = getattr(accel_sampling, name)
             # same result first: the benchmark compares implementations of one contract
             out_ref, out_acc = ref_fn(*args), acc_fn(*args)
-            if name in ("sample", "apply_top_k", "philox_uniform", "apply_penalties"):
+            if name in ("sample", "apply_top_k", "philox_uniform", "apply_penalties", "apply_dry"):
                 assert np.array_equal(np.asarray(out_ref), np.asarray(out_acc)), name
             t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
             t_torch = None
