@@ -165,17 +165,14 @@ class Sampler:
         tokens = [[int(t) for t in row if t >= 0] for row in np.asarray(emitted)]
         # a mirostat request has one row (no drafts) and emits one token
         which = [b for b, r in enumerate(rows) if r.params.mirostat]
-        next_mu = dict(
-            zip(
-                which,
-                self._mirostat_update(
-                    x[first[which]], [rows[b] for b in which], [tokens[b][0] for b in which]
-                )
-                if which
-                else [],
-                strict=True,
+        mus = (
+            self._mirostat_update(
+                x[first[which]], [rows[b] for b in which], [tokens[b][0] for b in which]
             )
+            if which
+            else []
         )
+        next_mu = dict(zip(which, mus, strict=True))
         # each emitted token is the sampled token of its own row; rows past them score 0
         sampled = [t for b, r in enumerate(rows) for t in _padded_to(tokens[b], r)]
         per_row = self._with_sampled(logprobs, sampled, expanded)
