@@ -109,6 +109,39 @@ def sampling_cases(batch: int, vocab: int, rng: np.random.Generator) -> list[tup
             (logits, output, rng.integers(0, vocab, (batch, 16, 3))),
         ),
         ("apply_no_repeat_ngram", (logits, np.concatenate([prompt, output], 1), np.full(batch, 3))),
+        (
+            "apply_dry",
+            (
+                logits,
+                np.concatenate([prompt % 8, output % 8], 1),  # 8 distinct tokens: many repeats
+                np.full(batch, 0.8),
+                np.full(batch, 1.75),
+                np.full(batch, 2),
+                np.full(batch, -1),
+                np.tile([0, 1], (batch, 1)),
+            ),
+        ),
+        (
+            "apply_xtc",
+            (
+                logits,
+                np.full(batch, 0.05),
+                np.full(batch, 1.0),
+                rng.integers(0, 2**62, batch),
+                np.arange(batch),
+            ),
+        ),
+        ("apply_mirostat", (logits, np.full(batch, 6.0))),
+        (
+            "mirostat_update",
+            (
+                logits,
+                np.argmax(logits, axis=1),
+                np.full(batch, 10.0),
+                np.full(batch, 5.0),
+                np.full(batch, 0.1),
+            ),
+        ),
         ("log_softmax", (logits,)),
         ("topk_logprobs", (logprobs, 5, rng.integers(0, vocab, batch))),
         ("sample", (logits, np.full(batch, 0.8), rng.integers(0, 2**62, batch), np.arange(batch))),
@@ -143,7 +176,7 @@ def bench_sampling(shapes: list[tuple[int, int]], budget: float, min_reps: int) 
             acc_fn = getattr(accel_sampling, name)
             # same result first: the benchmark compares implementations of one contract
             out_ref, out_acc = ref_fn(*args), acc_fn(*args)
-            if name in ("sample", "apply_top_k", "philox_uniform", "apply_penalties"):
+            if name in ("sample", "apply_top_k", "philox_uniform", "apply_penalties", "apply_dry"):
                 assert np.array_equal(np.asarray(out_ref), np.asarray(out_acc)), name
             t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
             t_torch = None

@@ -509,6 +509,25 @@ for _op, _arg, _fix, _what in (
         "eta outside [0, 1) is clipped",
     ),
     ("apply_no_repeat_ngram", 2, lambda n: np.clip(n, 0, None), "a negative n means 0"),
+    (
+        "apply_dry",
+        3,
+        lambda b: np.where(np.isfinite(b) & (b > 1), b, 1.75),
+        "a bad base means 1.75",
+    ),
+    (
+        "apply_xtc",
+        1,
+        lambda t: np.clip(np.nan_to_num(t, nan=0.1), 0.0, 1.0),
+        "threshold outside [0, 1] is clipped",
+    ),
+    ("apply_mirostat", 1, lambda m: np.nan_to_num(m, nan=np.inf), "a NaN mu means +inf"),
+    (
+        "mirostat_update",
+        4,
+        lambda e: np.clip(np.nan_to_num(e, nan=0.1), 1e-9, 1.0),
+        "eta outside (0, 1] is clipped",
+    ),
     ("philox_uniform", 1, lambda p: np.abs(p), "negative positions are made positive"),
     ("topk_logprobs", 2, lambda s: np.clip(s, 0, None), "negative sampled ids are clipped to 0"),
 ):
@@ -552,6 +571,9 @@ for _op in (
     "apply_allowed_token_ids",
     "apply_bad_words",
     "apply_no_repeat_ngram",
+    "apply_dry",
+    "apply_xtc",
+    "apply_mirostat",
     "log_softmax",
 ):
     MUTANTS.append(
@@ -2156,6 +2178,199 @@ def matcher_ignores_bounds(schema: Any, vocabulary: str) -> Any:
         return [unbounded(v) for v in node] if isinstance(node, list) else node
 
     return _reference_json_schema(unbounded(schema), vocabulary)
+
+
+# --- DRY, XTC and mirostat v2 ------------------------------------------------------------------
+
+
+def _dry(
+    logits: Any,
+    token_ids: Any,
+    multiplier: Any,
+    base: Any,
+    allowed_length: Any,
+    penalty_last_n: Any,
+    sequence_breakers: Any,
+    *,
+    shift: int = 0,
+    exponent_shift: int = 0,
+    cap_at_breakers: bool = True,
+    spare_breakers: bool = True,
+    window: bool = True,
+    clamp: bool = True,
+) -> Any:
+    """apply_dry by brute force with one thing changed: the length a repeat must reach
+    (allowed_length + shift), the exponent, breakers (not capping the repeat, or penalised
+    themselves), the penalty_last_n window ignored, or no clamp (a huge penalty masks)."""
+    S.apply_dry(
+        logits, token_ids, multiplier, base, allowed_length, penalty_last_n, sequence_breakers
+    )
+    x = _np(logits)
+    out = x.astype(np.float64)
+    mult, bases = _np(multiplier).astype(np.float64), _np(base).astype(np.float64)
+    floors, lasts = _np(allowed_length).tolist(), _np(penalty_last_n).tolist()
+    for b, tokens in enumerate(_rows(token_ids)):
+        if mult[b] == 0 or lasts[b] == 0:
+            continue
+        if lasts[b] > 0 and window:
+            tokens = tokens[-lasts[b] :]
+        stops = {t for t in _np(sequence_breakers)[b].tolist() if t >= 0}
+        size, longest = len(tokens), {}
+        for i in range(size - 1):
+            n = 0
+            while (
+                n <= i
+                and tokens[i - n] == tokens[size - 1 - n]
+                and not (cap_at_breakers and tokens[i - n] in stops)
+            ):
+                n += 1
+            follower = tokens[i + 1]
+            if n and (follower not in stops or not spare_breakers):
+                longest[follower] = max(longest.get(follower, 0), n)
+        floor = floors[b] + shift
+        for token, n in longest.items():
+            if n >= floor:
+                with np.errstate(over="ignore"):
+                    power = float(np.power(bases[b], n - floors[b] + exponent_shift))
+                out[b, token] -= mult[b] * power
+    with np.errstate(over="ignore"):
+        rounded = out.astype(x.dtype)
+    if clamp:
+        lowest = np.finfo(x.dtype).min
+        rounded = np.where(np.isfinite(x) & (rounded < lowest), lowest, rounded)
+    return _back(logits, rounded)
+
+
+@mutant("sampling", "apply_dry", "penalises only repeats longer than allowed_length (off by one)")
+def dry_allowed_off_by_one(*args: Any) -> Any:
+    return _dry(*args, shift=1)
+
+
+@mutant("sampling", "apply_dry", "exponent n - allowed_length + 1")
+def dry_exponent_off_by_one(*args: Any) -> Any:
+    return _dry(*args, exponent_shift=1)
+
+
+@mutant("sampling", "apply_dry", "a repeat reaches back across a sequence breaker")
+def dry_crosses_breakers(*args: Any) -> Any:
+    return _dry(*args, cap_at_breakers=False)
+
+
+@mutant("sampling", "apply_dry", "penalises breaker tokens too")
+def dry_penalises_breakers(*args: Any) -> Any:
+    return _dry(*args, spare_breakers=False)
+
+
+@mutant("sampling", "apply_dry", "ignores penalty_last_n > 0 (always the whole context)")
+def dry_ignores_window(*args: Any) -> Any:
+    return _dry(*args, window=False)
+
+
+@mutant("sampling", "apply_dry", "a penalty beyond the dtype masks the token (no clamp)")
+def dry_masks_on_overflow(*args: Any) -> Any:
+    return _dry(*args, clamp=False)
+
+
+def _xtc(
+    logits: Any,
+    threshold: Any,
+    probability: Any,
+    seeds: Any,
+    positions: Any,
+    *,
+    keep: str = "least",
+    entry: Callable[[int], int] = lambda vocab: vocab + 1,
+) -> Any:
+    """apply_xtc with one thing changed: which candidate stays (`keep`: least or most likely)
+    or the coin's entry of the stream (`entry(vocab)`)."""
+    S.apply_xtc(logits, threshold, probability, seeds, positions)
+    x = _np(logits)
+    vocab = x.shape[1]
+    u = _np(S.philox_uniform(seeds, positions, vocab + 2))
+    coins = u[:, entry(vocab)]
+    cut, chance = _np(threshold).astype(np.float64), _np(probability).astype(np.float64)
+    keep_mask = np.ones(x.shape, bool)
+    for b, row in enumerate(x):
+        p = _probs(row)
+        candidate = np.isfinite(row) & (p >= cut[b])
+        if not (coins[b] < chance[b] and candidate.sum() >= 2):
+            continue
+        if keep == "least":
+            keep_mask[b] = ~(candidate & (row > row[candidate].min()))
+        else:
+            keep_mask[b] = ~(candidate & (row < row[candidate].max()))
+    return _keep(logits, keep_mask)
+
+
+@mutant("sampling", "apply_xtc", "keeps the most likely candidate instead of the least")
+def xtc_keeps_the_most_likely(*args: Any) -> Any:
+    return _xtc(*args, keep="most")
+
+
+@mutant("sampling", "apply_xtc", "reuses sample's coin: entry 0 of the stream")
+def xtc_reuses_sample_coin(*args: Any) -> Any:
+    return _xtc(*args, entry=lambda vocab: 0)
+
+
+@mutant("sampling", "apply_xtc", "reuses rejection sampling's coin: entry vocab")
+def xtc_reuses_acceptance_coin(*args: Any) -> Any:
+    return _xtc(*args, entry=lambda vocab: vocab)
+
+
+@mutant("sampling", "apply_xtc", "ignores the probability: fires at every position")
+def xtc_ignores_probability(logits: Any, threshold: Any, probability: Any, *rest: Any) -> Any:
+    return _xtc(logits, threshold, _back(probability, np.ones(_np(probability).shape)), *rest)
+
+
+def _mirostat_cut(logits: Any, mu: Any, *, base: float = 2.0, keep_max: bool = True) -> Any:
+    S.apply_mirostat(logits, mu)
+    x = _np(logits)
+    m = _np(mu).astype(np.float64)
+    keep = np.ones(x.shape, bool)
+    for b, row in enumerate(x):
+        p = _probs(row)
+        keep[b] = ~(p < base ** -m[b])
+        if keep_max:
+            keep[b] |= row == row.max()
+    return _keep(logits, keep)
+
+
+@mutant("sampling", "apply_mirostat", "surprise in nats: masks p < e ** -mu")
+def mirostat_cut_in_nats(logits: Any, mu: Any) -> Any:
+    return _mirostat_cut(logits, mu, base=math.e)
+
+
+@mutant("sampling", "apply_mirostat", "may mask every token (no keep-the-top rule)")
+def mirostat_masks_max(logits: Any, mu: Any) -> Any:
+    return _mirostat_cut(logits, mu, keep_max=False)
+
+
+def _mirostat_update(
+    logits: Any, sampled: Any, mu: Any, tau: Any, eta: Any, *, log: Any = math.log2, sign: int = 1
+) -> Any:
+    out = _np(S.mirostat_update(logits, sampled, mu, tau, eta))
+    x = _np(logits).astype(np.float64)
+    m, t, e = (_np(v).astype(np.float64) for v in (mu, tau, eta))
+    for b, token in enumerate(_np(sampled).tolist()):
+        p = _probs(x[b])[token]
+        out[b] = m[b] - sign * e[b] * (-log(p) - t[b])
+    return _back(logits, out)
+
+
+@mutant("sampling", "mirostat_update", "takes the surprise in nats (log, not log2)")
+def mirostat_update_in_nats(*args: Any) -> Any:
+    return _mirostat_update(*args, log=math.log)
+
+
+@mutant("sampling", "mirostat_update", "moves mu the wrong way (mu + eta * error)")
+def mirostat_update_wrong_sign(*args: Any) -> Any:
+    return _mirostat_update(*args, sign=-1)
+
+
+@mutant("sampling", "mirostat_update", "does not update mu")
+def mirostat_update_stays(logits: Any, sampled: Any, mu: Any, tau: Any, eta: Any) -> Any:
+    S.mirostat_update(logits, sampled, mu, tau, eta)
+    return _back(logits, _np(mu).astype(np.float64))
 
 
 def implementation(m: Mutant) -> Impl:

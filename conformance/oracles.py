@@ -113,6 +113,20 @@ def ngram_bans(tokens: list[int], n: int) -> set[int]:
     return {tokens[i + n - 1] for i in range(len(tokens) - n + 1) if tokens[i : i + n - 1] == tail}
 
 
+def dry_repeats(tokens: list[int], breakers: set[int]) -> dict[int, int]:
+    """DRY by brute force: token v -> the longest n such that the last n tokens, none of
+    them a breaker, followed by v occur earlier in `tokens` (v not a breaker, n >= 1)."""
+    size = len(tokens)
+    longest: dict[int, int] = {}
+    for i in range(size - 1):  # an earlier occurrence ends at i, followed by tokens[i + 1]
+        follower, n = tokens[i + 1], 0
+        while n <= i and tokens[i - n] == tokens[size - 1 - n] and tokens[i - n] not in breakers:
+            n += 1
+        if n and follower not in breakers:
+            longest[follower] = max(longest.get(follower, 0), n)
+    return longest
+
+
 def bad_word_bans(tokens: list[int], words: list[list[int]]) -> set[int]:
     """The last token of each non-empty word whose other tokens end `tokens`."""
     banned = set()

@@ -45,9 +45,10 @@ row. It does not validate anything else: what HF accepts or rejects is what is t
                        modeling_gptj, on the first 2 * len(inv_freq) features (the split
                        GPT-J and Phi attention do for partial rotary)
 
-`topk_logprobs`, `philox_uniform`, `sample`, the `hashing`, `block_table` and `attention`
-ops have no counterpart and are declared in CONFORMANCE_MISSING (reported as MISSING with
-the reason), as is `tokenize` (the `hf_tokenizers` adapter covers it).
+`topk_logprobs`, `philox_uniform`, `sample`, llama.cpp's samplers (`apply_dry`,
+`apply_xtc`, `apply_mirostat`, `mirostat_update`), the `hashing`, `block_table` and
+`attention` ops have no counterpart and are declared in CONFORMANCE_MISSING (reported as
+MISSING with the reason), as is `tokenize` (the `hf_tokenizers` adapter covers it).
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ from . import lazy_namespaces
 
 CONFORMANCE_MISSING = {
     "sampling.topk_logprobs": "transformers has no op for it (generate() returns raw scores)",
+    "sampling.apply_dry": (
+        "transformers has no DRY processor (llama.cpp's and koboldcpp's repetition penalty)"
+    ),
+    "sampling.apply_xtc": (
+        "transformers has no XTC warper (text-generation-webui's and llama.cpp's sampler)"
+    ),
+    "sampling.apply_mirostat": "transformers has no mirostat warper (a llama.cpp sampler)",
+    "sampling.mirostat_update": "transformers has no mirostat warper (a llama.cpp sampler)",
     "sampling.philox_uniform": (
         "transformers draws from the global torch RNG, not a counter-based generator"
     ),

@@ -77,6 +77,13 @@ CONFORMANCE_MISSING = {
     "sampling.apply_epsilon_cutoff": "vLLM has no epsilon sampling (a transformers warper)",
     "sampling.apply_eta_cutoff": "vLLM has no eta sampling (a transformers warper)",
     "sampling.apply_no_repeat_ngram": "vLLM has no no-repeat n-gram filter (a transformers one)",
+    "sampling.apply_dry": (
+        "vLLM has no DRY penalty (llama.cpp's and koboldcpp's; third-party logits-processor "
+        "plugins only)"
+    ),
+    "sampling.apply_xtc": "vLLM has no XTC sampler (third-party logits-processor plugins only)",
+    "sampling.apply_mirostat": "vLLM has no mirostat (a llama.cpp sampler)",
+    "sampling.mirostat_update": "vLLM has no mirostat (a llama.cpp sampler)",
     "sampling.apply_allowed_token_ids": (
         "not wrapped yet: vLLM masks allowed_token_ids inside Sampler.apply_logits_processors "
         "with a mask InputBatch builds per request"

@@ -18,6 +18,8 @@ from ..core import Case, Ctx, Spec
 from ._common import (
     FLOAT_DTYPES,
     NEG_INF,
+    ErrorCase,
+    ErrorCases,
     add_accepts_strided_input,
     add_does_not_modify_inputs,
     add_matches_reference,
@@ -29,6 +31,7 @@ from ._common import (
     logits_arrays,
     logits_errors,
     reference_shapes,
+    row_magnitude,
     row_values,
     token_id_arrays,
 )
@@ -53,7 +56,13 @@ def finite_max(row: np.ndarray) -> float:
 
 
 def add_common(
-    op: str, cases: Any, errors: Any, compare: Any, compare_doc: str, typical: Any = None
+    op: str,
+    cases: Any,
+    errors: Any,
+    compare: Any,
+    compare_doc: str,
+    typical: Any = None,
+    boundary: Any = None,
 ) -> None:
     """The generic properties of a logits op. The differential check draws from `cases`
     (every edge value); the structural ones (inputs untouched, result like the input) from
@@ -71,8 +80,11 @@ def add_common(
         "apply_typical_p": "typical_rule",
         "apply_epsilon_cutoff": "epsilon_rule",
         "apply_eta_cutoff": "eta_rule",
+        "apply_mirostat": "mirostat_rule",
     }.get(op)
-    add_accepts_strided_input(spec, shape, typical, None if rule is None else _boundary(rule))
+    if boundary is None and rule is not None:
+        boundary = _boundary(rule)
+    add_accepts_strided_input(spec, shape, typical, boundary)
 
 
 def _boundary(rule: str) -> Any:
@@ -1433,12 +1445,18 @@ def _rows_alone(ctx: Ctx, op: str, case: Case) -> tuple[np.ndarray, list[np.ndar
     return whole, alone
 
 
-def add_rows_are_independent(op: str, cases: Any, boundary: Any = None) -> None:
+def add_rows_are_independent(op: str, cases: Any, boundary: Any = None, masks: bool = True) -> None:
+    """masks: the op only masks (else it changes values, and each row must come out the
+    same alone, bit for bit)."""
+
     def rows_are_independent(ctx: Ctx, case: Case) -> None:
         """Each row's result is the one it gets alone in a batch of one (batch-invariance);
         for the float64 filters, decisions inside the 1e-9 band are excused."""
         whole, alone = _rows_alone(ctx, op, case)
         for b, row in enumerate(alone):
+            if not masks:
+                checks.assert_equal(whole[b], row, what=f"row {b}")
+                continue
             excused = None if boundary is None else boundary(case.logits[b], case, b)
             checks.assert_masks_equal(whole[b : b + 1], row[None], excused, what=f"row {b}")
             checks.assert_only_masks(whole[b : b + 1], case.logits[b : b + 1])
@@ -1914,3 +1932,448 @@ for _op, _cases, _ids, _extra in (
         lambda case, got, ref: checks.assert_equal(got, ref),
         "Exactly the reference's result (no arithmetic is involved).",
     )
+
+
+# ================================================================ DRY, XTC and mirostat v2
+
+
+@st.composite
+def dry_cases(draw: Any, enabled: bool = False) -> Case:
+    """A small alphabet (repeats are common), breakers from it, settings around their edges;
+    often a multiplier or base so large that the penalty overflows the dtype.
+    enabled: every row has multiplier > 0 and penalty_last_n != 0."""
+    x = draw(logits_arrays())
+    b, v = x.shape
+    alphabet = min(v, 3)
+    tokens = draw(_sequences(b, alphabet, 14, width=draw(st.integers(0, 14))))
+    for row in range(b):  # often a loop: a short pattern repeated (long repeats)
+        size = len(_listed(tokens[row]))
+        if size and draw(st.booleans()):
+            pattern = draw(st.lists(st.integers(0, alphabet - 1), min_size=1, max_size=3))
+            tokens[row, :size] = (pattern * size)[:size]
+    breakers = draw(_sequences(b, alphabet, 2))
+    huge = (0.5, 1.0, 3.0, 1e300)  # 1e300: past float32 always, past float64 with the base
+    multipliers = st.sampled_from(huge if enabled else (0.0, *huge))
+    mult = draw(row_values(b, multipliers, (np.float64,)))
+    base = draw(row_values(b, st.sampled_from((1.5, 1.75, 2.0, 1e30)), FLOAT_DTYPES))
+    allowed = np.array(draw(st.lists(st.integers(1, 4), min_size=b, max_size=b)))
+    windows = st.one_of(st.just(-1), st.integers(1, 10)) if enabled else st.integers(-1, 10)
+    last_n = np.array(draw(st.lists(windows, min_size=b, max_size=b)))
+    ints = draw(st.sampled_from((np.int64, np.int32)))
+    return Case(
+        logits=x,
+        token_ids=tokens,
+        multiplier=mult,
+        base=base.astype(np.float64),
+        allowed_length=allowed.astype(ints),
+        penalty_last_n=last_n.astype(ints),
+        sequence_breakers=breakers,
+    )
+
+
+def dry_expected(case: Case) -> np.ndarray:
+    """The docstring's rule with a brute-force repeat search (`oracles.dry_repeats`)."""
+    x = case.logits
+    out = x.astype(np.float64).copy()
+    for b in range(x.shape[0]):
+        mult, last = float(case.multiplier[b]), int(case.penalty_last_n[b])
+        if mult == 0 or last == 0:
+            continue
+        context = _listed(case.token_ids[b])
+        if last > 0:
+            context = context[-last:]
+        floor = int(case.allowed_length[b])
+        stops = set(_listed(np.sort(case.sequence_breakers[b])[::-1]))
+        for token, n in oracles.dry_repeats(context, stops).items():
+            if n >= floor:
+                with np.errstate(over="ignore"):
+                    penalty = mult * float(np.power(float(case.base[b]), n - floor))
+                out[b, token] -= penalty
+    with np.errstate(over="ignore"):
+        rounded = out.astype(x.dtype)
+    lowest = np.finfo(x.dtype).min
+    return np.where(np.isfinite(x) & (rounded < lowest), lowest, rounded)
+
+
+def _dry_compare(case: Case, got: np.ndarray, ref: np.ndarray) -> None:
+    checks.assert_close(got, ref, case.logits.dtype, what="DRY logit")
+
+
+@spec.prop("apply_dry", dry_cases())
+def penalises_tokens_that_extend_repeats(ctx: Ctx, case: Case) -> None:
+    """A token v that would extend a repeat of n >= allowed_length tokens (the context's last n,
+    none a breaker, followed by v, occur earlier; v not a breaker; the last penalty_last_n tokens
+    only) loses multiplier * base ** (n - allowed_length), in float64 rounded once, clamped at
+    the lowest finite value; nothing else changes."""
+    _dry_compare(case, call(ctx, "apply_dry", case), dry_expected(case))
+
+
+@spec.prop("apply_dry", dry_cases())
+def only_lowers_and_never_masks(ctx: Ctx, case: Case) -> None:
+    """Finite logits stay finite and never rise; -inf logits stay -inf."""
+    out = call(ctx, "apply_dry", case)
+    x = case.logits
+    checks.assert_masks_equal(out, x, what="DRY -inf positions")
+    live = np.isfinite(x)
+    assert np.all(out[live] <= x[live]), "DRY raised a logit"
+
+
+@spec.prop("apply_dry", dry_cases())
+def disabled_rows_unchanged(ctx: Ctx, case: Case) -> None:
+    """Rows with multiplier == 0 or penalty_last_n == 0 are returned unchanged."""
+    out = call(ctx, "apply_dry", case)
+    off = (case.multiplier == 0) | (case.penalty_last_n == 0)
+    checks.assert_equal(out[off], case.logits[off], what="row with DRY off")
+
+
+@spec.prop("apply_dry", dry_cases(enabled=True))
+def breaker_tokens_are_never_penalised(ctx: Ctx, case: Case) -> None:
+    """A sequence breaker keeps its logit, whatever repeats it would extend."""
+    out = call(ctx, "apply_dry", case)
+    for b, ids in enumerate(case.sequence_breakers):
+        listed = [t for t in _listed(np.sort(ids)[::-1])]
+        checks.assert_equal(out[b, listed], case.logits[b, listed], what=f"row {b} breakers")
+
+
+_dry_errors = _mask_errors(
+    "apply_dry",
+    dry_cases(),
+    "sequence_breakers",
+    {
+        "token_ids": _AFTER_PADDING,
+        "multiplier": [
+            ("a negative multiplier", -1.0, ValueError),
+            ("a NaN multiplier", math.nan, ValueError),
+            ("an infinite multiplier", math.inf, ValueError),
+        ],
+        "base": [
+            ("base == 1", 1.0, ValueError),
+            ("a NaN base", math.nan, ValueError),
+        ],
+        "allowed_length": [
+            ("allowed_length == 0", 0, ValueError),
+            ("a float allowed_length", lambda c: c.allowed_length.astype(np.float64), TypeError),
+        ],
+        "penalty_last_n": [
+            ("penalty_last_n == -2", -2, ValueError),
+            ("a float penalty_last_n", lambda c: c.penalty_last_n.astype(np.float64), TypeError),
+        ],
+    },
+)
+add_rows_are_independent("apply_dry", dry_cases(), masks=False)
+add_common(
+    "apply_dry",
+    dry_cases(),
+    _dry_errors,
+    _dry_compare,
+    "Same -inf entries as the reference, values within the float tolerance (libm's pow).",
+)
+
+
+def xtc_coins(case: Case) -> np.ndarray:
+    """Each row's coin: entry vocab + 1 of its Philox stream (an independent Philox)."""
+    vocab = case.logits.shape[1]
+    return oracles.philox_uniform(as_int64(case.seeds), case.positions, vocab + 2)[:, vocab + 1]
+
+
+@st.composite
+def xtc_cases(draw: Any, probability: str = "any") -> Case:
+    """threshold: plain values, or a token's p (or 1e-8 beside it); probability: 'any', 'one',
+    or 'coin' (the row's coin, or the next double on either side of it)."""
+    x = draw(logits_arrays())
+    b, v = x.shape
+    plain = st.sampled_from((0.0, 0.05, 0.1, 0.2, 0.3, 0.6))
+    t = draw(row_values(b, plain, FLOAT_DTYPES)).astype(np.float64)
+    for row in range(b):
+        if draw(st.booleans()):
+            _, p, _ = oracles.surprisal64(x[row])
+            target = float(p[draw(st.integers(0, v - 1))]) * draw(st.sampled_from(NEAR))
+            if 0 <= target <= 1:
+                t[row] = target
+    pos = np.array(draw(st.lists(position_values, min_size=b, max_size=b)), dtype=np.int64)
+    case = Case(logits=x, threshold=t, probability=None, seeds=draw(seed_arrays(b)), positions=pos)
+    if probability == "one":
+        prob = np.ones(b)
+    elif probability == "coin":
+        coins = xtc_coins(case)
+        side = np.array(draw(st.lists(st.sampled_from((-1, 0, 1)), min_size=b, max_size=b)))
+        prob = np.where(side == 0, coins, np.nextafter(coins, np.where(side > 0, 2.0, -1.0)))
+    else:
+        values = st.one_of(st.sampled_from((0.0, 0.5, 1.0)), st.floats(0.0, 1.0))
+        prob = draw(row_values(b, values, FLOAT_DTYPES)).astype(np.float64)
+    return Case(logits=x, threshold=t, probability=prob, seeds=case.seeds, positions=case.positions)
+
+
+def xtc_rule(case: Case, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """(masked, uncertain) for row b: when the coin is below the probability and two or more
+    finite tokens have p >= threshold, those of them above the least likely are masked;
+    uncertain: a p within the 1e-9 band of the threshold decides a candidate (then the row's
+    decisions may all move), and -inf tokens."""
+    row, cut = case.logits[b], float(case.threshold[b])
+    _, p, _ = oracles.surprisal64(row)
+    finite = np.isfinite(row)
+    candidate = finite & (p >= cut)
+    near = finite & (np.abs(p - cut) <= checks.BAND * cut)
+    fires = xtc_coins(case)[b] < case.probability[b] and candidate.sum() >= 2
+    masked = np.zeros(row.size, bool)
+    if fires:
+        masked = candidate & (row > row[candidate].min())
+    uncertain = ~finite | (np.full(row.size, near.any()))
+    return masked, uncertain
+
+
+def _check_xtc(ctx: Ctx, case: Case) -> None:
+    out = call(ctx, "apply_xtc", case)
+    checks.assert_only_masks(out, case.logits)
+    for b in range(case.logits.shape[0]):
+        masked, uncertain = xtc_rule(case, b)
+        wrong = (np.isneginf(out[b]) & np.isfinite(case.logits[b]) != masked) & ~uncertain
+        assert not wrong.any(), (
+            f"row {b} token {int(np.argmax(wrong))}: expected "
+            f"{'masked' if masked[np.argmax(wrong)] else 'kept'} (threshold "
+            f"{float(case.threshold[b])!r}, probability {float(case.probability[b])!r}, coin "
+            f"{float(xtc_coins(case)[b])!r})"
+        )
+
+
+@spec.prop("apply_xtc", xtc_cases())
+def removes_the_top_choices_but_the_least(ctx: Ctx, case: Case) -> None:
+    """When the row's coin u < probability and two or more tokens have p >= threshold, every one
+    of them above the least likely is masked (ties with it kept); else nothing changes."""
+    _check_xtc(ctx, case)
+
+
+@spec.prop("apply_xtc", xtc_cases("coin"))
+def coin_is_philox_entry_vocab_plus_one(ctx: Ctx, case: Case) -> None:
+    """The coin is philox_uniform(seed, position, vocab + 2)[vocab + 1]: a probability equal to
+    it, or the next double below, does not fire; the next double above does."""
+    _check_xtc(ctx, case)
+
+
+@spec.prop("apply_xtc", xtc_cases("one"))
+def probability_one_keeps_one_candidate(ctx: Ctx, case: Case) -> None:
+    """With probability 1, a row where two or more tokens pass the threshold keeps exactly the
+    least likely of them (and its ties) and every token below the threshold."""
+    _check_xtc(ctx, case)
+
+
+@spec.prop("apply_xtc", xtc_cases())
+def probability_zero_changes_nothing(ctx: Ctx, case: Case) -> None:
+    """Rows with probability == 0 are returned unchanged."""
+    out = call(ctx, "apply_xtc", case)
+    off = case.probability == 0
+    checks.assert_equal(out[off], case.logits[off], what="row with probability 0")
+
+
+def _xtc_band(row: np.ndarray, case: Case, b: int) -> np.ndarray:
+    return xtc_rule(case, b)[1][None]
+
+
+def _xtc_compare(case: Case, got: np.ndarray, ref: np.ndarray) -> None:
+    allowed = np.array([xtc_rule(case, b)[1] for b in range(case.logits.shape[0])])
+    checks.assert_masks_equal(got, ref, allowed.reshape(got.shape), what="XTC decision")
+    checks.assert_only_masks(got, case.logits)
+
+
+add_rows_are_independent("apply_xtc", xtc_cases(), _xtc_band)
+add_common(
+    "apply_xtc",
+    xtc_cases(),
+    logits_errors(
+        xtc_cases(),
+        SHAPES["apply_xtc"],
+        {
+            "threshold": [
+                ("a negative threshold", -0.1, ValueError),
+                ("threshold > 1", 1.5, ValueError),
+                ("a NaN threshold", math.nan, ValueError),
+            ],
+            "probability": [
+                ("a negative probability", -0.1, ValueError),
+                ("probability > 1", 1.5, ValueError),
+                ("a NaN probability", math.nan, ValueError),
+            ],
+            "seeds": [("float seeds", lambda c: c.seeds.astype(np.float64), TypeError)],
+            "positions": [("a negative position", -1, ValueError)],
+        },
+    ),
+    _xtc_compare,
+    "Same mask as the reference except rows with a p inside the 1e-9 band of the threshold; "
+    "kept values exact.",
+    boundary=lambda args: np.array(
+        [
+            xtc_rule(Case(**dict(zip(SHAPES["apply_xtc"].args, args, strict=True))), b)[1]
+            for b in range(args[0].shape[0])
+        ]
+    ),
+)
+
+
+@st.composite
+def mirostat_cases(draw: Any) -> Case:
+    """mu: plain values (+inf disables, negative keeps only the max), or a token's surprise in
+    bits (or 1e-8 beside it)."""
+    x = draw(logits_arrays())
+    plain = st.one_of(
+        st.sampled_from((math.inf, -1.0, 0.0, 1.0, 3.0, 5.0, 10.0)), st.floats(-2.0, 20.0)
+    )
+    mu = draw(row_values(x.shape[0], plain, FLOAT_DTYPES)).astype(np.float64)
+    for b, row in enumerate(x):
+        if draw(st.booleans()):
+            q, _, _ = oracles.surprisal64(row)
+            s = -float(q[draw(st.integers(0, row.size - 1))]) / math.log(2)
+            if math.isfinite(s):
+                mu[b] = s * draw(st.sampled_from(NEAR))
+    return Case(logits=x, mu=mu)
+
+
+def mirostat_rule(row: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
+    """(masked, uncertain): masked iff the surprise -log2 p > mu and not tied for the max."""
+    return _cutoff_rule(row, 2.0**-mu)
+
+
+@spec.prop("apply_mirostat", mirostat_cases())
+def masks_tokens_more_surprising_than_mu(ctx: Ctx, case: Case) -> None:
+    """A token is masked iff -log2 p > mu (float64, strict; 1e-9 band on p against 2 ** -mu) and
+    it is not tied for the max."""
+    _check_rule(ctx, "apply_mirostat", case, mirostat_rule, "mu", keeps=False)
+
+
+@spec.prop("apply_mirostat", mirostat_cases(), name="never_masks_most_likely_token")
+def mirostat_keeps_max(ctx: Ctx, case: Case) -> None:
+    """Tokens tied for the row's largest logit are never masked, whatever mu."""
+    out = call(ctx, "apply_mirostat", case)
+    for b, row in enumerate(case.logits):
+        assert np.isfinite(out[b][row == finite_max(row)]).all(), f"row {b}: masked a max"
+
+
+@spec.prop("apply_mirostat", mirostat_cases())
+def infinite_mu_changes_nothing(ctx: Ctx, case: Case) -> None:
+    """Rows with mu == +inf are returned unchanged."""
+    out = call(ctx, "apply_mirostat", case)
+    off = case.mu == math.inf
+    checks.assert_equal(out[off], case.logits[off], what="row with mu == +inf")
+
+
+add_rows_are_independent("apply_mirostat", mirostat_cases(), _band(mirostat_rule, "mu"))
+add_common(
+    "apply_mirostat",
+    mirostat_cases(),
+    logits_errors(
+        mirostat_cases(),
+        SHAPES["apply_mirostat"],
+        {
+            "mu": [
+                ("a NaN mu", math.nan, ValueError),
+                ("a boolean mu", lambda c: np.ones(c.logits.shape[0], bool), TypeError),
+            ]
+        },
+    ),
+    _rule_compare(mirostat_rule, "mu"),
+    "Same mask as the reference except tokens whose p is within 1e-9 of 2 ** -mu; kept values "
+    "exact.",
+)
+
+
+@st.composite
+def mirostat_update_cases(draw: Any) -> Case:
+    """A finite token per row, mu around 2 * tau, tau and eta across their ranges."""
+    x = draw(logits_arrays())
+    b = x.shape[0]
+    sampled = np.array(
+        [draw(st.sampled_from(np.flatnonzero(np.isfinite(row)).tolist())) for row in x]
+    )
+    tau = draw(row_values(b, st.sampled_from((0.5, 3.0, 5.0, 8.0)), FLOAT_DTYPES))
+    eta = draw(row_values(b, st.sampled_from((0.05, 0.1, 0.5, 1.0)), FLOAT_DTYPES))
+    mu = draw(row_values(b, st.floats(-5.0, 20.0), FLOAT_DTYPES))
+    return Case(
+        logits=x,
+        sampled=sampled.astype(draw(st.sampled_from((np.int64, np.int32)))),
+        mu=mu.astype(np.float64),
+        tau=tau.astype(np.float64),
+        eta=eta.astype(np.float64),
+    )
+
+
+def mirostat_updated(case: Case) -> np.ndarray:
+    """mu - eta * (-log2 p(sampled) - tau) per row, from an independent log_softmax."""
+    out = []
+    for b, row in enumerate(case.logits):
+        q, _, _ = oracles.surprisal64(row)
+        surprise = -float(q[int(case.sampled[b])]) / math.log(2)
+        out.append(float(case.mu[b]) - float(case.eta[b]) * (surprise - float(case.tau[b])))
+    return np.array(out)
+
+
+def _update_compare(case: Case, got: Any, ref: Any) -> None:
+    scale = row_magnitude(case.logits, (case.logits.shape[0],)) + np.abs(case.mu) + case.tau
+    checks.assert_close(np.asarray(got), np.asarray(ref), np.float64, scale * 1e3)
+
+
+@spec.prop("mirostat_update", mirostat_update_cases())
+def moves_mu_by_the_surprise_error(ctx: Ctx, case: Case) -> None:
+    """The result is mu - eta * (-log2 softmax(logits)[sampled] - tau), in float64 (within a few
+    ulp of the operands' scale)."""
+    _update_compare(case, call(ctx, "mirostat_update", case), mirostat_updated(case))
+
+
+@spec.prop("mirostat_update", mirostat_update_cases())
+def returns_float64_per_row(ctx: Ctx, case: Case) -> None:
+    """The result is a float64 array of shape (batch,) in the logits' library."""
+    args = [ctx.convert(a) for a in SHAPES["mirostat_update"].call_args(case)]
+    out = ctx.fn("mirostat_update")(*args)
+    problem = checks.same_library(out, args[0])
+    assert problem is None, f"result {problem}"
+    assert checks.dtype_name(out) == "float64", f"result has dtype {checks.dtype_name(out)}"
+    assert tuple(out.shape) == (case.logits.shape[0],), f"result has shape {tuple(out.shape)}"
+
+
+def _masked_pick(case: Case) -> np.ndarray:
+    """A logits copy where row 0's sampled token is -inf (another entry made finite)."""
+    x = case.logits.copy()
+    token = int(case.sampled[0])
+    if np.isfinite(x[0]).sum() == 1:
+        x[0, (token + 1) % x.shape[1]] = 0.0
+    x[0, token] = NEG_INF
+    return x
+
+
+def _with_masked_pick(cases: ErrorCases) -> ErrorCases:
+    """The error cases, and one more: row 0's sampled token is -inf in its row."""
+    args = (_masked_pick(cases.base), *_UPDATE.call_args(cases.base)[1:])
+    masked = ErrorCase(ValueError, "a sampled token that is -inf in its row", args)
+    return ErrorCases(cases.base, [*cases, masked])
+
+
+_UPDATE = SHAPES["mirostat_update"]
+add_does_not_modify_inputs(spec, _UPDATE, mirostat_update_cases())
+add_rejects_invalid_input(
+    spec,
+    _UPDATE,
+    logits_errors(
+        mirostat_update_cases(),
+        _UPDATE,
+        {
+            "sampled": [
+                (
+                    "a sampled id == vocab",
+                    lambda c: np.full_like(c.sampled, c.logits.shape[1]),
+                    ValueError,
+                ),
+                ("a negative sampled id", -1, ValueError),
+                ("float sampled ids", lambda c: c.sampled.astype(np.float64), TypeError),
+            ],
+            "mu": [("an infinite mu", math.inf, ValueError), ("a NaN mu", math.nan, ValueError)],
+            "tau": [("tau == 0", 0.0, ValueError), ("a NaN tau", math.nan, ValueError)],
+            "eta": [("eta == 0", 0.0, ValueError), ("eta > 1", 1.5, ValueError)],
+        },
+    ).map(_with_masked_pick),
+)
+add_matches_reference(
+    spec,
+    _UPDATE,
+    mirostat_update_cases(),
+    _update_compare,
+    "Within a few ulp of the reference's float64 (exp and log differ in the last bit).",
+)
+add_accepts_strided_input(spec, _UPDATE, mirostat_update_cases())

@@ -30,6 +30,8 @@ pub trait Float:
     const ZERO: Self;
     const NEG_ZERO: Self;
     const ONE: Self;
+    /// The lowest finite value.
+    const MIN: Self;
 
     fn to_f64(self) -> f64;
     /// Round a double to this type (round to nearest even, like numpy's astype).
@@ -52,6 +54,7 @@ impl Float for f32 {
     const ZERO: Self = 0.0;
     const NEG_ZERO: Self = -0.0;
     const ONE: Self = 1.0;
+    const MIN: Self = f32::MIN;
 
     #[inline(always)]
     fn to_f64(self) -> f64 {
@@ -93,6 +96,7 @@ impl Float for f64 {
     const ZERO: Self = 0.0;
     const NEG_ZERO: Self = -0.0;
     const ONE: Self = 1.0;
+    const MIN: Self = f64::MIN;
 
     #[inline(always)]
     fn to_f64(self) -> f64 {

@@ -71,6 +71,36 @@ pub fn proposal_start(s: &[i64], lookup_min: usize, lookup_max: usize) -> Option
     best_start
 }
 
+/// The Z-function of `s` reversed, read where `s` stands: z[i] = the length of the
+/// longest common suffix of s[.. n - i] and s (z[0] = n). Gusfield's algorithm, linear
+/// in n: [left, right) is the rightmost window of the reversed sequence known to equal
+/// its prefix, inside which z[i] starts from z[i - left]. (`proposal_start` runs the
+/// same pass, stopping early and keeping only the entries it reads again.)
+pub fn reversed_z_function(s: &[i64]) -> Vec<usize> {
+    let n = s.len();
+    let r = |i: usize| s[n - 1 - i];
+    let mut z = vec![0usize; n];
+    if n > 0 {
+        z[0] = n;
+    }
+    let (mut left, mut right) = (0usize, 0usize);
+    for i in 1..n {
+        let mut zi = if i < right {
+            (right - i).min(z[i - left])
+        } else {
+            0
+        };
+        while i + zi < n && r(zi) == r(i + zi) {
+            zi += 1;
+        }
+        if i + zi > right {
+            (left, right) = (i, i + zi);
+        }
+        z[i] = zi;
+    }
+    z
+}
+
 /// The proposal as a range of `s`: [start, min(start + num, n)), empty when nothing
 /// matches. Needs num >= 1 and 1 <= lookup_min <= lookup_max.
 pub fn proposal(s: &[i64], num: usize, lookup_min: usize, lookup_max: usize) -> (usize, usize) {

@@ -191,6 +191,61 @@ def test_token_masks_bit_exact(lib, dtype, shape):
     same_bits(R.apply_no_repeat_ngram(xl, tokens, n), A.apply_no_repeat_ngram(xl, tokens, n))
 
 
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_dry_bit_exact(lib, dtype, shape):
+    """DRY: the same penalties to the bit, loops (long repeats), breakers, windows and
+    penalties past the dtype (clamped) included."""
+    rng = np.random.default_rng(17 + hash((lib, shape)) % 1000)
+    b, v = shape
+    x = make_logits(rng, b, v, dtype, masked=0.2)
+    xl = as_lib(x, lib)
+    alphabet = min(v, 4)
+    tokens = right_padded(rng, b, 300, alphabet)
+    tokens[: b // 2, :40] = np.tile(np.arange(4) % alphabet, 10)  # a loop
+    breakers = as_lib(rng.integers(-1, alphabet, size=(b, 2)), lib)
+    for multiplier, base in ((0.8, 1.75), (3.0, 2.0), (1e300, 1e30)):
+        args = (
+            as_lib(tokens, lib),
+            as_lib(np.where(rng.random(b) < 0.2, 0.0, multiplier), lib),
+            as_lib(np.full(b, base), lib),
+            as_lib(rng.integers(1, 4, size=b), lib),
+            as_lib(rng.integers(-1, 50, size=b), lib),
+            breakers,
+        )
+        same_bits(R.apply_dry(xl, *args), A.apply_dry(xl, *args))
+
+
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_xtc_and_mirostat(lib, dtype, shape):
+    """XTC and mirostat masks agree (only decisions within 1e-9 may differ); the mirostat
+    update within a few ulp."""
+    rng = np.random.default_rng(19 + hash((lib, shape)) % 1000)
+    b, v = shape
+    seeds = as_lib(rng.integers(-(2**63), 2**63 - 1, size=b), lib)
+    positions = as_lib(rng.integers(0, 1000, size=b), lib)
+    for scale, masked in ((3.0, 0.0), (1.0, 0.2), (0.3, 0.0)):
+        x = make_logits(rng, b, v, dtype, scale=scale, masked=masked)
+        xl = as_lib(x, lib)
+        for threshold, probability in ((0.1, 1.0), (0.01, 0.5), (0.3, 0.0)):
+            args = (as_lib(np.full(b, threshold), lib), as_lib(np.full(b, probability), lib))
+            ref = to_np(R.apply_xtc(xl, *args, seeds, positions))
+            assert_masks_close(x, ref, to_np(A.apply_xtc(xl, *args, seeds, positions)), "xtc")
+        for mu in (np.full(b, np.inf), rng.uniform(-1, 12, size=b)):
+            ref = to_np(R.apply_mirostat(xl, as_lib(mu, lib)))
+            acc = to_np(A.apply_mirostat(xl, as_lib(mu, lib)))
+            assert_masks_close(x, ref, acc, "mirostat")
+            drawn = as_lib(np.argmax(ref, axis=1), lib)
+            more = [as_lib(np.where(np.isfinite(mu), mu, 10.0), lib)]
+            more += [as_lib(np.full(b, 5.0), lib), as_lib(np.full(b, 0.1), lib)]
+            want = to_np(R.mirostat_update(as_lib(ref, lib), drawn, *more))
+            got = to_np(A.mirostat_update(as_lib(ref, lib), drawn, *more))
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 def assert_masks_close(x, ref, acc, what):
     # kept entries keep their bits; only the mask may differ, and only at the threshold
     diff = (ref == -np.inf) != (acc == -np.inf)
@@ -306,6 +361,8 @@ XN = X.copy()
 XN[1, 2] = np.nan
 XI = X.copy()
 XI[0, :] = -np.inf
+XM = X.copy()
+XM[1, 1] = -np.inf  # mirostat_update: the sampled token of row 1 is masked
 
 
 @pytest.mark.parametrize(
@@ -359,6 +416,32 @@ XI[0, :] = -np.inf
         ("apply_no_repeat_ngram", (X, [[1], [2]], [1.0, 2.0])),
         ("apply_no_repeat_ngram", (X, [[-1], [2]], [1, 2, 3])),
         ("apply_no_repeat_ngram", (X, [[-1, 3], [2, 2]], [1, 2])),
+        ("apply_dry", (X, [[1], [2]], [1.0, -1.0], [2.0, 2.0], [1, 1], [-1, -1], [[-1], [-1]])),
+        ("apply_dry", (X, [[1], [2]], [1.0, 1.0], [2.0, 1.0], [1, 1], [-1, -1], [[-1], [-1]])),
+        ("apply_dry", (X, [[1], [2]], [1.0, 1.0], [2.0, 2.0], [1, 0], [-1, -1], [[-1], [-1]])),
+        ("apply_dry", (X, [[1], [2]], [1.0, 1.0], [2.0, 2.0], [1, 1], [-1, -2], [[-1], [-1]])),
+        ("apply_dry", (X, [[1], [2]], [1.0, 1.0], [2.0, 2.0], [1.0, 1.0], [-1, -1], [[-1], [1]])),
+        ("apply_dry", (X, [[1], [2]], [1.0, 1.0], [2.0, 2.0], [1, 1], [-1, -1], [[-1], [9]])),
+        (
+            "apply_dry",
+            (X, [[-1, 1], [2, 2]], [1.0, 1.0], [2.0, 2.0], [1, 1], [-1, -1], [[-1], [1]]),
+        ),
+        ("apply_dry", (XN, [[1], [2]], [1.0, 1.0], [2.0, 2.0], [1, 0], [-1, -1], [[-1], [1]])),
+        ("apply_xtc", (X, [0.1, 1.5], [1.0, 1.0], np.array([1, 2]), [0, 0])),
+        ("apply_xtc", (X, [0.1, 0.1], [np.nan, 1.0], np.array([1, 2]), [0, 0])),
+        ("apply_xtc", (X, [0.1, 0.1], [1.0, 1.0], np.array([1.0, 2.0]), [0, 0])),
+        ("apply_xtc", (X, [0.1, 0.1], [1.0, 1.0], np.array([1, 2]), [0, -3])),
+        ("apply_xtc", (XN, [0.1, 2.0], [1.0, 1.0], np.array([1, 2]), [0, 0])),
+        ("apply_mirostat", (X, [1.0, np.nan])),
+        ("apply_mirostat", (X, [1.0])),
+        ("apply_mirostat", (XI, [1.0, 2.0])),
+        ("mirostat_update", (X, [0, 4], [1.0, 1.0], [5.0, 5.0], [0.1, 0.1])),
+        ("mirostat_update", (X, [0, 1], [1.0, np.inf], [5.0, 5.0], [0.1, 0.1])),
+        ("mirostat_update", (X, [0, 1], [1.0, 1.0], [0.0, 5.0], [0.1, 0.1])),
+        ("mirostat_update", (X, [0, 1], [1.0, 1.0], [5.0, 5.0], [0.1, 1.5])),
+        ("mirostat_update", (X, [0.0, 1.0], [1.0, 1.0], [5.0, 5.0], [0.1, 0.1])),
+        ("mirostat_update", (XM, [0, 1], [1.0, 1.0], [5.0, 5.0], [0.1, 0.1])),
+        ("mirostat_update", (XN, [0, 1], [1.0, 1.0], [5.0, -5.0], [0.1, 0.1])),
         ("apply_penalties", (X, [[1]], [[1], [2]], [1, 1], [0, 0], [0, 0])),
         ("apply_penalties", (X, [[1], [4]], [[1], [2]], [1, 1], [0, 0], [0, 0])),
         ("apply_penalties", (X, np.array([[1.0], [2.0]]), [[1], [2]], [1, 1], [0, 0], [0, 0])),

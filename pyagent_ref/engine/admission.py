@@ -9,8 +9,9 @@ needs the model is checked here:
     prompt   a str that is valid Unicode (no lone surrogates), a non-empty sequence of
              int token ids (numpy or torch integers too, never bool or bytes), or
              vLLM's dict forms {"prompt": str} and {"prompt_token_ids": [int, ...]}
-    ids      prompt ids, stop_token_ids, logit_bias keys, allowed_token_ids and
-             bad_words_token_ids (the bad words, tokenized) in [0, vocab_size)
+    ids      prompt ids, stop_token_ids, logit_bias keys, allowed_token_ids,
+             bad_words_token_ids (the bad words, tokenized) and
+             dry_sequence_breaker_ids in [0, vocab_size)
     n        at most MAX_N completions per prompt (the OpenAI API's bound)
     logprobs and prompt_logprobs at most max_logprobs
     length   prompt + max_tokens <= max_model_len (max_tokens=None takes the rest)
@@ -84,6 +85,7 @@ def check_request(request: Request, limits: Limits) -> None:
     _check_ids("allowed_token_ids", params.allowed_token_ids or (), limits.vocab_size)
     for seq in params.bad_words_token_ids or ():
         _check_ids("bad_words_token_ids", seq, limits.vocab_size)
+    _check_ids("dry_sequence_breaker_ids", params.dry_sequence_breaker_ids or (), limits.vocab_size)
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
         if value is not None and value > limits.max_logprobs:

@@ -494,12 +494,15 @@ class EngineCore:
         """Speculative decoding: drafts for the next step of each running request that
         decodes (its tokens all computed but the last), at most as many as its
         max_tokens and the context leave room for. Requests with structured outputs or
-        pooling get none (their grammar would have to follow the drafts)."""
+        pooling get none (their grammar would have to follow the drafts), nor do those
+        with mirostat (each token's truncation depends on the mu the previous token left,
+        which a draft's verification row cannot know)."""
         for request in self.scheduler.running:
             if (
                 request.num_computed_tokens != request.num_tokens - 1
                 or request.grammar is not None
                 or request.pooling_params is not None
+                or request.sampling_params.mirostat
             ):
                 continue
             room = min(

@@ -121,6 +121,10 @@ class _Frontend:
             params = dataclasses.replace(
                 params, bad_words_token_ids=self._bad_words_token_ids(params)
             )
+        if params.dry and params.dry_sequence_breakers:
+            params = dataclasses.replace(
+                params, dry_sequence_breaker_ids=self._dry_breaker_ids(params)
+            )
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
         max_tokens = params.max_tokens or self.core.max_model_len - len(ids)
         constraint = params.structured_outputs
@@ -147,6 +151,18 @@ class _Frontend:
         for child in children:
             self.core.check_request(child)
         return _Admission(rid, text, ids, params, children, stream)
+
+    def _dry_breaker_ids(self, params: SamplingParams) -> list[int]:
+        """params.dry_sequence_breaker_ids plus every token of each breaker string's
+        encoding. llama.cpp matches a multi-token breaker as a token sequence; here each
+        of its tokens ends a repeat on its own (a simpler rule that breaks at least as
+        often)."""
+        out = list(params.dry_sequence_breaker_ids or ())
+        for breaker in params.dry_sequence_breakers:
+            for token in self.tokenizer.encode(breaker, add_special_tokens=False):
+                if token not in out:
+                    out.append(token)
+        return out
 
     def _bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:
         """params.bad_words_token_ids plus each bad word tokenized as vLLM does: the word

@@ -7,15 +7,20 @@ numpy arrays and torch tensors on any device; results come back in the input's l
 dtype and device.
 
 The order a sampler applies them in (vLLM's, with HF's extra warpers after top-p as
-HF orders them): the masks `apply_allowed_token_ids`, `apply_bad_words`,
-`apply_no_repeat_ngram`, penalties and logit bias on the raw logits, then
-`apply_temperature`, then `apply_min_p`, `apply_top_k`, `apply_top_p`,
-`apply_typical_p`, `apply_epsilon_cutoff`, `apply_eta_cutoff`, then `sample`.
+HF orders them, and llama.cpp's XTC and mirostat last): the masks
+`apply_allowed_token_ids`, `apply_bad_words`, `apply_no_repeat_ngram`, penalties,
+`apply_dry` and logit bias on the raw logits, then `apply_temperature`, then
+`apply_min_p`, `apply_top_k`, `apply_top_p`, `apply_typical_p`, `apply_epsilon_cutoff`,
+`apply_eta_cutoff`, `apply_xtc`, `apply_mirostat`, then `sample` (and, for mirostat,
+`mirostat_update` with the drawn token).
 
 Randomness: `sample` draws with the exponential race over `philox_uniform`, a
 counter-based generator keyed by each row's seed and counted by (output position,
 token index). The same (seed, position, logits row) gives the same token in any
-conforming implementation, whatever else is in the batch.
+conforming implementation, whatever else is in the batch. The entries of a position's
+stream are shared out: 0 .. vocab - 1 to `sample` (and to the token
+`spec_decode.rejection_sample` draws), vocab to rejection sampling's acceptance test,
+vocab + 1 to the coin of `apply_xtc`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 from array_api_compat import device
 
 from ._arrays import bincount_rows, check_logits, first_bad_row, namespace, row_param
+from ._sequences import z_function
 
 __all__ = [
     "apply_temperature",
@@ -40,6 +46,10 @@ __all__ = [
     "apply_allowed_token_ids",
     "apply_bad_words",
     "apply_no_repeat_ngram",
+    "apply_dry",
+    "apply_xtc",
+    "apply_mirostat",
+    "mirostat_update",
     "log_softmax",
     "topk_logprobs",
     "philox_uniform",
@@ -555,6 +565,294 @@ def apply_no_repeat_ngram(logits: Any, token_ids: Any, n: Any) -> Any:
     return _mask_tokens(xp, logits, xp.where(matched, _at(xp, tokens, start + big_n - 1), -1))
 
 
+def _power_or_inf(base: float, exponent: int) -> float:
+    """base ** exponent in float64, +inf where it overflows (Python raises instead)."""
+    try:
+        return base**exponent
+    except OverflowError:
+        return math.inf
+
+
+def _dry_repeats(tokens: list[int], breakers: set[int]) -> dict[int, int]:
+    """DRY's n(v) of one context: for each token v that would extend a repeat, the length
+    of the longest one (see `apply_dry`)."""
+    size = len(tokens)
+    # r: the tokens after the last breaker; a repeat never reaches back past one
+    tail = next((k for k in range(size) if tokens[size - 1 - k] in breakers), size)
+    # On the reversed context, z[k] is the longest common suffix of tokens[: size - k]
+    # and tokens: the repeat that ends at i = size - 1 - k and that tokens[i + 1] extends.
+    z = z_function(tokens[::-1])
+    longest: dict[int, int] = {}
+    for k in range(1, size):
+        repeat = min(z[k], tail)
+        follower = tokens[size - k]
+        if repeat > longest.get(follower, 0):
+            longest[follower] = repeat
+    return longest
+
+
+def apply_dry(
+    logits: Any,
+    token_ids: Any,
+    multiplier: Any,
+    base: Any,
+    allowed_length: Any,
+    penalty_last_n: Any,
+    sequence_breakers: Any,
+) -> Any:
+    """DRY ("Don't Repeat Yourself"): penalise the tokens that would extend a repeat.
+
+    Row b, with t = the row's context (its tokens in token_ids[b], oldest first; only the
+    last penalty_last_n[b] of them when that is > 0, all of them when it is -1), L = len(t)
+    and B = the ids in sequence_breakers[b]:
+      - r = the number of tokens of t after its last breaker (L if t holds none): a
+        repeat never reaches back past a sequence breaker;
+      - for each i in [0, L - 1): m_i = min(r, the length of the longest common suffix of
+        t[: i + 1] and t), the repeat that token t[i + 1] would extend (the last m_i
+        tokens of t, followed by t[i + 1], occurred earlier in t; it may overlap them);
+      - n(v) = the largest m_i over the i with t[i + 1] == v (0 if there is none);
+      - every token v not in B with n(v) >= allowed_length[b] gets
+            logits[b, v] - multiplier[b] * base[b] ** (n(v) - allowed_length[b]),
+        computed in float64 and rounded once to the logits' dtype; a result below the
+        dtype's lowest finite value (a huge penalty) becomes that value, so DRY never
+        masks a token. -inf logits stay -inf; every other logit is unchanged.
+    multiplier[b] == 0 or penalty_last_n[b] == 0 disables the row (llama.cpp's
+    conventions: its dry_penalty_last_n is -1 for the whole context, 0 for off).
+    The penalty's power may differ in its last bit between implementations (libm pow);
+    results agree within the float tolerance, masks exactly.
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        token_ids: integers, shape (batch, width); row b's context is its leading entries
+            >= 0 and the rest is padding (negative values). A sampler passes the prompt
+            and the output tokens.
+        multiplier: numbers, shape (batch,), each finite and >= 0.
+        base: numbers, shape (batch,), each finite and > 1.
+        allowed_length: integers, shape (batch,), each >= 1.
+        penalty_last_n: integers, shape (batch,), each >= -1.
+        sequence_breakers: integers, shape (batch, n), the breaker token ids of each row,
+            padded with negative values anywhere (order and repetitions do not matter).
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, non-integer ids, allowed_length or penalty_last_n,
+            non-numeric multiplier or base.
+        ValueError: wrong shapes, a token id >= vocab, a token id after padding, or a
+            parameter out of range (names the row and the value).
+    """
+    xp = check_logits(logits)
+    tokens = _token_ids(logits, token_ids, "token_ids")
+    size = _lengths(xp, tokens, "token_ids")
+    breakers = _token_ids(logits, sequence_breakers, "sequence_breakers")
+    mult = row_param(logits, multiplier, "multiplier", xp.float64)
+    base = row_param(logits, base, "base", xp.float64)
+    allowed = row_param(logits, allowed_length, "allowed_length", xp.int64)
+    last_n = row_param(logits, penalty_last_n, "penalty_last_n", xp.int64)
+    for name, values, ok, why in (
+        ("multiplier", mult, xp.isfinite(mult) & (mult >= 0), "finite and >= 0"),
+        ("base", base, xp.isfinite(base) & (base > 1), "finite and > 1"),
+        ("allowed_length", allowed, allowed >= 1, ">= 1"),
+        ("penalty_last_n", last_n, last_n >= -1, ">= -1 (-1: the whole context, 0: off)"),
+    ):
+        row = first_bad_row(xp, ~ok)
+        if row is not None:
+            value = values[row]
+            shown = float(value) if name in ("multiplier", "base") else int(value)
+            raise ValueError(f"{name}[{row}] must be {why}, got {shown}")
+    batch = logits.shape[0]
+    penalised: list[list[tuple[int, float]]] = []
+    for b in range(batch):
+        n_b, last = int(size[b]), int(last_n[b])
+        if float(mult[b]) == 0 or last == 0:
+            penalised.append([])
+            continue
+        context = [int(t) for t in tokens[b, :n_b].tolist()]
+        if last > 0:
+            context = context[-last:]
+        stops = {int(t) for t in breakers[b].tolist() if t >= 0}
+        floor = int(allowed[b])
+        penalised.append(
+            [
+                (token, float(mult[b]) * _power_or_inf(float(base[b]), repeat - floor))
+                for token, repeat in _dry_repeats(context, stops).items()
+                if repeat >= floor and token not in stops
+            ]
+        )
+    width = max((len(p) for p in penalised), default=0)
+    ids = [[t for t, _ in p] + [-1] * (width - len(p)) for p in penalised]
+    amounts = [[a for _, a in p] + [0.0] * (width - len(p)) for p in penalised]
+    where = device(logits)
+    ids_arr = xp.reshape(xp.asarray(ids, dtype=xp.int64, device=where), (batch, width))
+    amount_arr = xp.reshape(xp.asarray(amounts, dtype=xp.float64, device=where), (batch, width))
+    penalty = bincount_rows(xp, ids_arr, logits.shape[1], weights=amount_arr)
+    out = xp.astype(logits, xp.float64) - penalty
+    # clamping before the rounding gives what rounding then clamping gives, without overflow
+    lowest = xp.finfo(logits.dtype).min
+    out = xp.where(xp.isfinite(logits) & (out < lowest), lowest, out)
+    return xp.astype(out, logits.dtype)
+
+
+def _uniform_at(xp: Any, seeds: Any, positions: Any, index: int) -> Any:
+    """philox_uniform(seeds, positions, index + 1)[:, index], computing only the Philox
+    block that holds that entry (seeds and positions: checked int64 vectors)."""
+    block = index // 2
+    zeros = xp.zeros_like(positions)
+    counter = (
+        zeros + (block & _MASK32),
+        zeros + (block >> 32),
+        positions & _MASK32,
+        positions >> 32,
+    )
+    x0, x1, x2, x3 = _philox4x32_10(counter, (seeds & _MASK32, (seeds >> 32) & _MASK32))
+    lo, hi = (x0, x1) if index % 2 == 0 else (x2, x3)
+    return _to_unit_interval(xp, (hi << 20) | (lo >> 12))
+
+
+def apply_xtc(logits: Any, threshold: Any, probability: Any, seeds: Any, positions: Any) -> Any:
+    """XTC ("exclude top choices"): sometimes mask the likely tokens but the least of them.
+
+    Row b, with p = softmax(logits[b]) in float64, the candidates C = the tokens with
+    finite logits and p >= threshold[b], and the coin
+    u = philox_uniform(seeds, positions, vocab + 2)[b, vocab + 1]:
+    if u < probability[b] and C holds at least two tokens, every token of C whose logit
+    is larger than the smallest logit in C is masked (the least likely candidate stays,
+    and every candidate tied with it). Otherwise the row is unchanged. So probability 0
+    disables XTC and probability 1 applies it at every position (u is in (0, 1));
+    threshold > 0.5 never finds two candidates. Decisions whose p is within 1e-9
+    (relative) of threshold[b] may differ between implementations.
+
+    The coin is entry vocab + 1 of the row's Philox stream at its position (`sample`
+    reads entries 0 .. vocab - 1, rejection sampling's acceptance test entry vocab), so
+    it is independent of the token drawn there, reproducible from the seed and the same
+    whatever else is in the batch (text-generation-webui's and llama.cpp's XTC draw it
+    from a generator shared by the whole run).
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        threshold: numbers, shape (batch,), each in [0, 1].
+        probability: numbers, shape (batch,), each in [0, 1].
+        seeds: integers, shape (batch,), see `philox_uniform`.
+        positions: integers, shape (batch,), each >= 0 (the output position of the token
+            that will be drawn from the row).
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, non-numeric threshold or probability, non-integer
+            seeds or positions.
+        ValueError: shapes disagree, a threshold or probability outside [0, 1], a negative
+            position (names the row and the value).
+    """
+    xp = check_logits(logits)
+    cut = row_param(logits, threshold, "threshold", xp.float64)
+    chance = row_param(logits, probability, "probability", xp.float64)
+    for name, value in (("threshold", cut), ("probability", chance)):
+        row = first_bad_row(xp, ~((value >= 0) & (value <= 1)))
+        if row is not None:
+            raise ValueError(f"{name}[{row}] must be in [0, 1], got {float(value[row])}")
+    seed = row_param(logits, seeds, "seeds", xp.int64)
+    pos = row_param(logits, positions, "positions", xp.int64)
+    row = first_bad_row(xp, pos < 0)
+    if row is not None:
+        raise ValueError(f"positions[{row}] must be >= 0, got {int(pos[row])}")
+    coin = _uniform_at(xp, seed, pos, logits.shape[1] + 1)
+    candidate = (_probs64(xp, logits) >= xp.reshape(cut, (-1, 1))) & xp.isfinite(logits)
+    count = xp.sum(xp.astype(candidate, xp.int64), axis=1)
+    least = xp.min(xp.where(candidate, logits, float("inf")), axis=1, keepdims=True)
+    active = xp.reshape((coin < chance) & (count >= 2), (-1, 1))
+    return xp.where(active & candidate & (logits > least), _NEG_INF, logits)
+
+
+_LN2 = math.log(2.0)
+
+
+def apply_mirostat(logits: Any, mu: Any) -> Any:
+    """Mirostat v2's truncation: mask the tokens more surprising than mu bits.
+
+    Row b, in float64: q = log_softmax(logits[b]) and each token's surprise in bits
+    s[i] = -q[i] / ln 2. Token i is masked iff s[i] > mu[b] and logits[b, i] <
+    max(logits[b]), evaluated as p[i] < 2 ** -mu[b] with p = exp(q): the tokens tied
+    for the most likely always stay (llama.cpp keeps one token when every one is too
+    surprising). The comparison is strict; mu[b] == +inf leaves the row unchanged.
+    Decisions within 1e-9 (relative) of the threshold may differ between
+    implementations.
+
+    Mirostat v2 (Basu et al. 2021, llama.cpp's `mirostat = 2`) per step: mask with the
+    request's mu, draw with `sample` from what is left (softmax of the result is the
+    renormalised distribution), then `mirostat_update` with the drawn token gives the
+    next step's mu. The state mu lives with the request (it starts at 2 * tau).
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        mu: numbers, shape (batch,), each not NaN (+inf disables the row).
+    Returns:
+        A new array like `logits`.
+    Raises:
+        TypeError: non-float logits, or a non-numeric mu.
+        ValueError: shapes disagree, or a NaN mu (names the row and the value).
+    """
+    xp = check_logits(logits)
+    mu = row_param(logits, mu, "mu", xp.float64)
+    row = first_bad_row(xp, xp.isnan(mu))
+    if row is not None:
+        raise ValueError(f"mu[{row}] must not be NaN, got {float(mu[row])}")
+    _, p, _ = _log_probs64(xp, logits)
+    return _cut_below(xp, logits, p, xp.exp2(-mu))
+
+
+def mirostat_update(logits: Any, sampled: Any, mu: Any, tau: Any, eta: Any) -> Any:
+    """Mirostat v2's learning step: the next mu after drawing `sampled` from `logits`.
+
+    Row b, in float64: q = log_softmax(logits[b]), the observed surprise in bits
+    s = -q[sampled[b]] / ln 2, and the result mu[b] - eta[b] * (s - tau[b]): mu falls
+    after a surprising token and rises after a predictable one, steering the average
+    surprise towards tau. `logits` are those the token was drawn from (after
+    `apply_mirostat`), so q is the log-probability renormalised over the kept tokens.
+    Within a few ulp of that float64 formula (implementations take log differently).
+
+    Args:
+        logits: float32 or float64, shape (batch, vocab).
+        sampled: integers, shape (batch,), each a token id in [0, vocab) whose logit is
+            finite (a masked token cannot have been drawn).
+        mu: numbers, shape (batch,), each finite (the mu the row was masked with).
+        tau: numbers, shape (batch,), each finite and > 0 (the target surprise in bits).
+        eta: numbers, shape (batch,), each in (0, 1] (the learning rate).
+    Returns:
+        float64 array of shape (batch,) in the logits' library and device.
+    Raises:
+        TypeError: non-float logits, non-integer sampled, non-numeric mu, tau or eta.
+        ValueError: shapes disagree, a sampled id outside the vocab or masked in its row,
+            or a mu, tau or eta out of range (names the row and the value).
+    """
+    xp = check_logits(logits)
+    vocab = logits.shape[1]
+    token = row_param(logits, sampled, "sampled", xp.int64)
+    row = first_bad_row(xp, (token < 0) | (token >= vocab))
+    if row is not None:
+        raise ValueError(
+            f"sampled[{row}] must be a token id in [0, {vocab}), got {int(token[row])}"
+        )
+    mu = row_param(logits, mu, "mu", xp.float64)
+    tau = row_param(logits, tau, "tau", xp.float64)
+    eta = row_param(logits, eta, "eta", xp.float64)
+    for name, values, ok, why in (
+        ("mu", mu, xp.isfinite(mu), "finite"),
+        ("tau", tau, xp.isfinite(tau) & (tau > 0), "finite and > 0"),
+        ("eta", eta, (eta > 0) & (eta <= 1), "in (0, 1]"),
+    ):
+        row = first_bad_row(xp, ~ok)
+        if row is not None:
+            raise ValueError(f"{name}[{row}] must be {why}, got {float(values[row])}")
+    q, _, _ = _log_probs64(xp, logits)
+    chosen = xp.reshape(xp.take_along_axis(q, xp.reshape(token, (-1, 1)), axis=1), (-1,))
+    row = first_bad_row(xp, xp.isinf(chosen))
+    if row is not None:
+        raise ValueError(
+            f"sampled[{row}] is token {int(token[row])}, masked (-inf) in logits row {row}: "
+            "it cannot have been drawn"
+        )
+    return mu - eta * (-chosen / _LN2 - tau)
+
+
 def log_softmax(logits: Any) -> Any:
     """Log-probabilities: x - max(x) - log(sum(exp(x - max(x)))) per row.
 
@@ -689,8 +987,12 @@ def philox_uniform(seeds: Any, positions: Any, num: int) -> Any:
     key = col(seed & _MASK32), col((seed >> 32) & _MASK32)
     x0, x1, x2, x3 = _philox4x32_10(counter, key)
     m = xp.stack([(x1 << 20) | (x0 >> 12), (x3 << 20) | (x2 >> 12)], axis=2)
-    u = (xp.astype(m, xp.float64) * 2.0 + 1.0) * 2.0**-53
-    return xp.reshape(u, (batch, 2 * blocks))[:, :num]
+    return xp.reshape(_to_unit_interval(xp, m), (batch, 2 * blocks))[:, :num]
+
+
+def _to_unit_interval(xp: Any, m: Any) -> Any:
+    """u = (2 * m + 1) * 2**-53 for 52 random bits m: exact in float64, in (0, 1)."""
+    return (xp.astype(m, xp.float64) * 2.0 + 1.0) * 2.0**-53
 
 
 def sample(logits: Any, temperature: Any, seeds: Any, positions: Any) -> Any:

@@ -40,6 +40,7 @@ from typing import Any
 from array_api_compat import device
 
 from ._arrays import FLOAT_DTYPE_NAMES, check_logits, dtype_name, first_bad_row, row_param
+from ._sequences import z_function as _z_function
 from .sampling import philox_uniform
 
 __all__ = ["verify_greedy", "rejection_sample", "propose_ngram"]
@@ -290,28 +291,6 @@ def rejection_sample(
 
 
 # --- proposing: prompt lookup -----------------------------------------------------------------
-
-
-def _z_function(seq: list[int]) -> list[int]:
-    """z[i] = the length of the longest common prefix of seq and seq[i:] (z[0] = len(seq)).
-
-    Linear time (Gusfield's Z-algorithm): [left, right) is the rightmost window known to
-    equal a prefix of seq; inside it z[i] starts from the value already computed at
-    i - left, and only comparisons past `right` are new, and each moves `right` forward.
-    """
-    n = len(seq)
-    z = [0] * n
-    if n:
-        z[0] = n
-    left = right = 0
-    for i in range(1, n):
-        if i < right:
-            z[i] = min(right - i, z[i - left])
-        while i + z[i] < n and seq[z[i]] == seq[i + z[i]]:
-            z[i] += 1
-        if i + z[i] > right:
-            left, right = i, i + z[i]
-    return z
 
 
 def _lookup_settings(num_speculative_tokens: Any, lookup_min: Any, lookup_max: Any) -> None:

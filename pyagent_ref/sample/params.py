@@ -13,6 +13,9 @@ from typing import Any
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38
 GREEDY_TEMPERATURE = 1e-5
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
+"""llama.cpp's and koboldcpp's default DRY sequence breakers."""
+MIROSTAT_MODES = (0, 2)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,29 @@ class SamplingParams:
             given directly (lists of token ids); the frontend adds the words' to them.
         no_repeat_ngram_size: no n-gram of this size repeats within prompt + output
             (HF's; 0 disables).
+        dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+        dry_sequence_breakers: DRY, koboldcpp's and llama.cpp's repetition penalty
+            (`ops.sampling.apply_dry`, over prompt + output): a token that would extend
+            a repeat of n >= dry_allowed_length (an int >= 1) tokens loses
+            dry_multiplier * dry_base ** (n - dry_allowed_length) from its logit.
+            dry_multiplier >= 0 (0 disables), dry_base > 1, dry_penalty_last_n >= -1
+            (the last n tokens; -1 the whole context, 0 disables, as in llama.cpp).
+            dry_sequence_breakers: strings that end a repeat (default llama.cpp's
+            newline, colon, double quote, asterisk); the frontend tokenizes each and
+            every token of its encoding becomes a breaker token id, added to
+            dry_sequence_breaker_ids (which may also be given directly).
+        xtc_threshold, xtc_probability: XTC ("exclude top choices",
+            `ops.sampling.apply_xtc`): at each position, with probability
+            xtc_probability (in [0, 1]; 0 disables) drawn from the request's seed, when
+            two or more tokens have probability >= xtc_threshold (in [0, 1]), all but
+            the least likely of them are removed. Like typical_p, it leaves greedy
+            requests alone.
+        mirostat_mode, mirostat_tau, mirostat_eta: mirostat (llama.cpp's): 0 off, 2
+            mirostat v2 (1, the original mirostat, is not supported): tokens more
+            surprising than mu bits are dropped and mu, which starts at
+            2 * mirostat_tau (> 0, the target surprise), moves by mirostat_eta (in
+            (0, 1]) times the error after each token (`ops.sampling.apply_mirostat`,
+            `mirostat_update`). Requests with mirostat get no speculative drafts.
         seed: the request's Philox key; None draws one at random at admission.
         max_tokens: generated tokens at most (None: up to the model's context);
         min_tokens: EOS and stop token ids are ignored before this many.
@@ -162,6 +188,17 @@ class SamplingParams:
     bad_words: list[str] | None = None
     bad_words_token_ids: list[list[int]] | None = None
     no_repeat_ngram_size: int = 0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] = field(default_factory=lambda: list(DRY_SEQUENCE_BREAKERS))
+    dry_sequence_breaker_ids: list[int] | None = None
+    xtc_threshold: float = 0.1
+    xtc_probability: float = 0.0
+    mirostat_mode: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -204,6 +241,13 @@ class SamplingParams:
                     f"got {value!r}"
                 )
             self.bad_words_token_ids = [_int_list("bad_words_token_ids", s) for s in value]
+        self.dry_sequence_breakers = _string_list(
+            "dry_sequence_breakers", self.dry_sequence_breakers
+        )
+        if self.dry_sequence_breaker_ids is not None:
+            self.dry_sequence_breaker_ids = _int_list(
+                "dry_sequence_breaker_ids", self.dry_sequence_breaker_ids
+            )
         if self.logit_bias is not None and not isinstance(self.logit_bias, Mapping):
             raise TypeError(
                 "logit_bias must be None or a dict of token id -> bias, "
@@ -245,6 +289,7 @@ class SamplingParams:
                 raise bad("bad_words_token_ids", "must hold non-empty lists of token ids >= 0")
         if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
             raise bad("no_repeat_ngram_size", "must be an int >= 0 (0 disables)")
+        self._validate_dry_xtc_mirostat(bad)
         for name in ("presence_penalty", "frequency_penalty"):
             if not _is_float32(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
                 raise bad(name, "must be in [-2, 2]")
@@ -287,6 +332,47 @@ class SamplingParams:
         ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    def _validate_dry_xtc_mirostat(self, bad: Any) -> None:
+        if not _is_float32(self.dry_multiplier) or self.dry_multiplier < 0:
+            raise bad("dry_multiplier", "must be a number >= 0 (0 disables)")
+        if not _is_float32(self.dry_base) or self.dry_base <= 1:
+            raise bad("dry_base", "must be a number > 1")
+        if not _is_int(self.dry_allowed_length) or self.dry_allowed_length < 1:
+            raise bad("dry_allowed_length", "must be an int >= 1")
+        if not _is_int(self.dry_penalty_last_n) or self.dry_penalty_last_n < -1:
+            raise bad(
+                "dry_penalty_last_n", "must be an int >= -1 (-1: the whole context, 0 disables)"
+            )
+        if any(not s for s in self.dry_sequence_breakers):
+            raise bad("dry_sequence_breakers", "must hold non-empty strings")
+        if any(t < 0 for t in self.dry_sequence_breaker_ids or ()):
+            raise bad("dry_sequence_breaker_ids", "must hold token ids >= 0")
+        for name in ("xtc_threshold", "xtc_probability"):
+            if not _is_float32(getattr(self, name)) or not 0 <= getattr(self, name) <= 1:
+                raise bad(name, "must be in [0, 1]")
+        if self.mirostat_mode == 1 and _is_int(self.mirostat_mode):
+            raise bad("mirostat_mode", "1 (mirostat v1) is not supported: use 2 (v2) or 0 (off)")
+        if not _is_int(self.mirostat_mode) or self.mirostat_mode not in MIROSTAT_MODES:
+            raise bad("mirostat_mode", "must be 0 (off) or 2 (mirostat v2)")
+        if not _is_float32(self.mirostat_tau) or self.mirostat_tau < FLOAT32_TINY:
+            raise bad("mirostat_tau", "must be a number > 0")
+        if not _is_float32(self.mirostat_eta) or not 0 < self.mirostat_eta <= 1:
+            raise bad("mirostat_eta", "must be in (0, 1]")
+
+    @property
+    def dry(self) -> bool:
+        """Whether DRY is on (a multiplier > 0 over a non-empty window)."""
+        return self.dry_multiplier > 0 and self.dry_penalty_last_n != 0
+
+    @property
+    def xtc(self) -> bool:
+        """Whether XTC can fire (a probability > 0 on a request that samples)."""
+        return self.xtc_probability > 0 and not self.greedy
+
+    @property
+    def mirostat(self) -> bool:
+        return self.mirostat_mode == 2
 
     @property
     def greedy(self) -> bool:

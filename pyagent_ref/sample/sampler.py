@@ -3,13 +3,21 @@
 The pipeline, in vLLM's order, every stage an op of the chosen ops namespace:
     grammar bitmask (structured outputs) -> allowed_token_ids -> bad words (against the
     output) -> no-repeat n-grams (prompt + output)
-    -> custom logits processors (`logits_processor`) -> penalties -> logit bias
-    -> min_tokens mask -> temperature -> min_p -> top_k -> top_p -> typical_p
-    -> epsilon -> eta -> sample
+    -> custom logits processors (`logits_processor`) -> penalties -> DRY (prompt +
+    output) -> logit bias -> min_tokens mask -> temperature -> min_p -> top_k -> top_p
+    -> typical_p -> epsilon -> eta -> XTC -> mirostat -> sample (-> mirostat_update)
 The masks commute (a masked token stays -inf through every later stage). HF's three
 warpers that vLLM lacks come after top-k/top-p, in HF's order; like HF (which applies
 no warper without do_sample) they leave greedy rows alone: typical_p can mask the most
-likely token, so a greedy row gets typical_p 1.
+likely token, so a greedy row gets typical_p 1. DRY is a repetition penalty, so it sits
+with the penalties on the raw logits (llama.cpp runs it right after its penalties).
+XTC comes after every truncation, as in text-generation-webui: its threshold reads the
+probabilities the request samples from (temperature and the filters applied), and it
+always removes the most likely token when it fires, so greedy rows skip it like
+typical_p. Mirostat v2 is last, as in llama.cpp where it is the final sampler before
+the draw: it truncates what the other stages left by the request's current mu, and
+after the draw `mirostat_update` gives the request's next mu, which `SamplerOutput`
+returns (the runner keeps it with the request; see `SamplingRow.mirostat_mu`).
 The log-probabilities a request asks for are taken where `LOGPROBS_MODES` says: of the
 model's logits as they come ("raw") or of the final logits `sample` draws from
 ("processed"), as log-probabilities or as the logits themselves.
@@ -52,6 +60,8 @@ class SamplingRow:
     stop_ids: Sequence[int] = ()  # masked while len(output) < params.min_tokens
     bitmask: np.ndarray | None = None  # int32 words: the tokens its grammar allows next
     draft_token_ids: Sequence[int] = ()  # speculative decoding: the drafts `verify` checks
+    # mirostat v2: the request's mu for this token (None: the first token, 2 * tau)
+    mirostat_mu: float | None = None
 
     @property
     def position(self) -> int:
@@ -65,6 +75,8 @@ class SamplerOutput:
 
     token_ids: list[int]
     logprobs: list[Logprobs | None]
+    # per row: its next mirostat mu (None for rows without mirostat)
+    mirostat_mu: list[float | None] = dataclasses.field(default_factory=list)
 
 
 def _padded(rows: Sequence[Sequence[int]]) -> np.ndarray:
@@ -97,18 +109,21 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """One token per row of `logits`, drawn with its row's parameters."""
         x, logprobs, temperature = self._process(logits, rows)
-        seeds = np.array([r.seed for r in rows], dtype=np.uint64).astype(np.int64)
-        positions = np.array([r.position for r in rows], dtype=np.int64)
         tokens = self.ops.sample(
-            x, temperature, torch.from_numpy(seeds), torch.from_numpy(positions)
+            x, temperature, torch.from_numpy(_seeds(rows)), torch.from_numpy(_positions(rows))
         )
         token_list = [int(t) for t in tokens]
-        return SamplerOutput(token_list, self._with_sampled(logprobs, token_list, rows))
+        return SamplerOutput(
+            token_list,
+            self._with_sampled(logprobs, token_list, rows),
+            self._mirostat_update(x, rows, token_list),
+        )
 
     def verify(
         self, logits: torch.Tensor, rows: Sequence[SamplingRow]
-    ) -> list[tuple[list[int], list[Logprobs] | None]]:
-        """Speculative decoding: the tokens each request emits, and their logprobs.
+    ) -> list[tuple[list[int], list[Logprobs] | None, float | None]]:
+        """Speculative decoding: the tokens each request emits, their logprobs, and the
+        request's next mirostat mu (None without mirostat).
 
         Request b (rows[b], with k_b = len(draft_token_ids) drafts) owns the k_b + 1
         consecutive rows of `logits` that score its last token and each draft, in the
@@ -117,7 +132,16 @@ class Sampler:
         penalties and min_tokens see them, and its Philox position is position + i);
         then `rejection_sample` keeps the accepted drafts and adds one token. Greedy
         requests get exactly greedy decoding's tokens, the others its distribution.
+        Mirostat requests take no drafts (the engine proposes none for them: each
+        token's truncation depends on the mu the previous token left), so their one row
+        is sampled as `__call__` samples it; drafts on one are a ValueError.
         """
+        for r in rows:
+            if r.params.mirostat and r.draft_token_ids:
+                raise ValueError(
+                    f"request {r.request_id}: mirostat requests take no speculative drafts, "
+                    f"got {len(r.draft_token_ids)}"
+                )
         expanded = [
             dataclasses.replace(
                 r,
@@ -135,10 +159,20 @@ class Sampler:
             np.array([len(r.draft_token_ids) for r in rows], dtype=np.int64),
             None,
             temperature[first],
-            np.array([r.seed for r in rows], dtype=np.uint64).astype(np.int64),
-            np.array([r.position for r in rows], dtype=np.int64),
+            _seeds(rows),
+            _positions(rows),
         )
         tokens = [[int(t) for t in row if t >= 0] for row in np.asarray(emitted)]
+        # a mirostat request has one row (no drafts) and emits one token
+        which = [b for b, r in enumerate(rows) if r.params.mirostat]
+        mus = (
+            self._mirostat_update(
+                x[first[which]], [rows[b] for b in which], [tokens[b][0] for b in which]
+            )
+            if which
+            else []
+        )
+        next_mu = dict(zip(which, mus, strict=True))
         # each emitted token is the sampled token of its own row; rows past them score 0
         sampled = [t for b, r in enumerate(rows) for t in _padded_to(tokens[b], r)]
         per_row = self._with_sampled(logprobs, sampled, expanded)
@@ -148,6 +182,7 @@ class Sampler:
                 per_row[first[b] : first[b] + len(tokens[b])]
                 if r.params.logprobs is not None
                 else None,
+                next_mu.get(b),
             )
             for b, r in enumerate(rows)
         ]
@@ -172,6 +207,16 @@ class Sampler:
                 np.array([q.frequency_penalty for q in p], dtype=np.float32),
                 np.array([q.presence_penalty for q in p], dtype=np.float32),
             )
+        if any(q.dry for q in p):
+            x = s.apply_dry(
+                x,
+                _padded([[*r.prompt_token_ids, *r.output_token_ids] for r in rows]),
+                np.array([q.dry_multiplier if q.dry else 0.0 for q in p], dtype=np.float64),
+                np.array([q.dry_base for q in p], dtype=np.float64),
+                np.array([q.dry_allowed_length for q in p], dtype=np.int64),
+                np.array([q.dry_penalty_last_n for q in p], dtype=np.int64),
+                _padded([q.dry_sequence_breaker_ids or () for q in p]),
+            )
         if any(q.logit_bias for q in p):
             biases = [sorted((q.logit_bias or {}).items()) for q in p]
             x = s.apply_logit_bias(
@@ -195,11 +240,42 @@ class Sampler:
             x = s.apply_epsilon_cutoff(x, np.array([q.epsilon_cutoff for q in p], np.float32))
         if any(q.eta_cutoff > 0 for q in p):
             x = s.apply_eta_cutoff(x, np.array([q.eta_cutoff for q in p], dtype=np.float32))
+        if any(q.xtc for q in p):
+            x = s.apply_xtc(
+                x,
+                np.array([q.xtc_threshold for q in p], dtype=np.float32),
+                np.array([q.xtc_probability if q.xtc else 0.0 for q in p], dtype=np.float32),
+                _seeds(rows),
+                _positions(rows),
+            )
+        if any(q.mirostat for q in p):
+            x = s.apply_mirostat(x, np.array([_mu(r) for r in rows], dtype=np.float64))
         return (
             x,
             self._logprobs(raw if self.logprobs_mode.startswith("raw") else x, rows),
             temperature,
         )
+
+    def _mirostat_update(
+        self, x: torch.Tensor, rows: Sequence[SamplingRow], tokens: Sequence[int]
+    ) -> list[float | None]:
+        """Each mirostat row's next mu, from the logits it drew `tokens` from; None for
+        the other rows."""
+        which = [i for i, r in enumerate(rows) if r.params.mirostat]
+        if not which:
+            return [None] * len(rows)
+        p = [rows[i].params for i in which]
+        mu = self.ops.mirostat_update(
+            x[which],
+            np.array([tokens[i] for i in which], dtype=np.int64),
+            np.array([_mu(rows[i]) for i in which], dtype=np.float64),
+            np.array([q.mirostat_tau for q in p], dtype=np.float64),
+            np.array([q.mirostat_eta for q in p], dtype=np.float64),
+        )
+        out: list[float | None] = [None] * len(rows)
+        for i, value in zip(which, np.asarray(mu).tolist(), strict=True):
+            out[i] = float(value)
+        return out
 
     def _mask_tokens(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         """allowed_token_ids, bad words (matched against the output, as vLLM does) and
@@ -275,6 +351,23 @@ class Sampler:
         num = max(r.params.logprobs or 0 for r in rows)
         topk = self.ops.topk_logprobs(logprobs, num, np.array(tokens, dtype=np.int64))
         return logprobs_rows(topk, tokens, [r.params.logprobs for r in rows])
+
+
+def _seeds(rows: Sequence[SamplingRow]) -> np.ndarray:
+    """The rows' Philox keys as int64 (the bit pattern of the unsigned 64-bit seed)."""
+    return np.array([r.seed for r in rows], dtype=np.uint64).astype(np.int64)
+
+
+def _positions(rows: Sequence[SamplingRow]) -> np.ndarray:
+    return np.array([r.position for r in rows], dtype=np.int64)
+
+
+def _mu(row: SamplingRow) -> float:
+    """The mirostat mu a row is truncated with: its request's, 2 * tau at the first token;
+    +inf (no truncation) for rows without mirostat."""
+    if not row.params.mirostat:
+        return float("inf")
+    return 2.0 * row.params.mirostat_tau if row.mirostat_mu is None else row.mirostat_mu
 
 
 def _padded_values(rows: Sequence[Sequence[float]]) -> list[list[float]]:

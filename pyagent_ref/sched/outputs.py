@@ -18,7 +18,8 @@ from ..sample.params import SamplingParams
 @dataclass(frozen=True)
 class NewRequestData:
     """A request the runner has not seen (or that lost its state to preemption): all
-    its tokens so far, its blocks, and how many of its tokens are already computed."""
+    its tokens so far, its blocks, how many of its tokens are already computed, and its
+    mirostat mu (None before its first token)."""
 
     req_id: str
     prompt_token_ids: tuple[int, ...]
@@ -29,6 +30,7 @@ class NewRequestData:
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None
+    mirostat_mu: float | None = None
 
 
 @dataclass(slots=True)
@@ -83,6 +85,8 @@ class ModelRunnerOutput:
     # request -> (first prompt position, the Logprobs of the prompt tokens its chunk
     # predicts, from that position + 1 on), for requests with prompt_logprobs
     prompt_logprobs: dict[str, tuple[int, list[Logprobs]]] = field(default_factory=dict)
+    # request -> its mirostat mu after the tokens it emits (requests with mirostat v2)
+    mirostat_mu: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

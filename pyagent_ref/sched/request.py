@@ -110,6 +110,10 @@ class Request:
         prompt_logprobs: with sampling_params.prompt_logprobs, the `Logprobs` of prompt
             tokens 1 .. P-1 as the chunks of its prompt are computed (by position, so a
             recomputation after preemption overwrites them); sent with its first token.
+        mirostat_mu: mirostat v2's state (`SamplingParams.mirostat_mode` 2): the mu its
+            next token is truncated with, as the runner last reported it (None before
+            its first token: the sampler starts from 2 * tau). Kept here, with the
+            output tokens, so that a preempted request resumes with the same mu.
     """
 
     request_id: str
@@ -136,6 +140,7 @@ class Request:
     pooling_params: PoolingParams | None = None
     spec_token_ids: list[int] = field(default_factory=list)
     prompt_logprobs: list[Any] = field(default_factory=list)
+    mirostat_mu: float | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

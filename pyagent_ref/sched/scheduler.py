@@ -248,6 +248,7 @@ class Scheduler:
                     block_ids=self.kv.get_block_ids(request),
                     num_computed_tokens=request.num_computed_tokens,
                     pooling_params=request.pooling_params,
+                    mirostat_mu=request.mirostat_mu,
                 )
             )
             self._known_to_runner.add(request.request_id)
@@ -320,6 +321,8 @@ class Scheduler:
                 self._roll_back_rejected(
                     request, len(sched.scheduled_spec_decode_tokens[rid]), len(tokens), spec
                 )
+            if rid in result.mirostat_mu:
+                request.mirostat_mu = result.mirostat_mu[rid]
             output = self._append_tokens(request, tokens, result.logprobs.get(rid), now)
             if output is not None:
                 outputs.append(output)

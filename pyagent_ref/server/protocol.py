@@ -62,6 +62,17 @@ class SamplingFields(Request):
     epsilon_cutoff: float | None = None
     eta_cutoff: float | None = None
     no_repeat_ngram_size: int | None = None
+    # llama.cpp's and koboldcpp's samplers (this server's extensions, llama.cpp's names)
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    xtc_threshold: float | None = None
+    xtc_probability: float | None = None
+    mirostat_mode: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -33,6 +33,7 @@ class CachedState:
     block_ids: list[list[int]]  # per KV cache group
     num_prompt_tokens: int
     hidden_states: list[Any] = field(default_factory=list)  # a pooling request's, by chunk
+    mirostat_mu: float | None = None  # mirostat v2: the mu of its next token
 
 
 @dataclass
@@ -86,6 +87,7 @@ class InputBatch:
                 data.num_computed_tokens,
                 [list(ids) for ids in data.block_ids],
                 len(data.prompt_token_ids),
+                mirostat_mu=data.mirostat_mu,
             )
         for cached in sched.cached_requests:
             state = self.states[cached.req_id]
@@ -138,13 +140,21 @@ class InputBatch:
             num_drafts=num_drafts,
         )
 
-    def after_step(self, sched: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+    def after_step(
+        self,
+        sched: SchedulerOutput,
+        sampled: dict[str, list[int]],
+        mirostat_mu: dict[str, float] | None = None,
+    ) -> None:
         """Advance computed counts (the scheduler corrects them for rejected drafts next
-        step); append each request's emitted tokens to its tokens."""
+        step); append each request's emitted tokens to its tokens; keep its new mirostat
+        mu."""
         for rid, n in sched.num_scheduled_tokens.items():
             state = self.states[rid]
             state.num_computed_tokens += n
             state.token_ids.extend(sampled.get(rid, ()))
+        for rid, mu in (mirostat_mu or {}).items():
+            self.states[rid].mirostat_mu = mu
 
     def sampling_row(self, rid: str) -> SamplingRow:
         state = self.states[rid]
@@ -155,4 +165,5 @@ class InputBatch:
             prompt_token_ids=state.token_ids[: state.num_prompt_tokens],
             output_token_ids=state.token_ids[state.num_prompt_tokens :],
             stop_ids=state.data.stop_ids,
+            mirostat_mu=state.mirostat_mu,
         )

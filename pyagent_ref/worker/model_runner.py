@@ -222,7 +222,7 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(prep, hidden)
         rows = [i for i, s in enumerate(prep.samples) if s and prep.req_ids[i] not in pooled]
         sampled: dict[str, list[int]] = {rid: [] for rid in prep.req_ids}
-        logprobs, errors = {}, {}
+        logprobs, errors, mirostat_mu = {}, {}, {}
         if rows:
             picks = rows
             if sched.scheduled_spec_decode_tokens:  # request i's 1 + k logits rows
@@ -235,13 +235,15 @@ class ModelRunner:
                 row.bitmask = sched.grammar_bitmask.get(row.request_id)
                 row.draft_token_ids = sched.scheduled_spec_decode_tokens.get(row.request_id, ())
             verify = bool(sched.scheduled_spec_decode_tokens)
-            for row, tokens, top, error in self._sample(logits, sampling_rows, verify):
-                if error is None:
-                    sampled[row.request_id], logprobs[row.request_id] = tokens, top
-                else:
+            for row, tokens, top, mu, error in self._sample(logits, sampling_rows, verify):
+                if error is not None:
                     errors[row.request_id] = error
-        self.batch.after_step(sched, sampled)
-        return ModelRunnerOutput(sampled, logprobs, errors, pooled, prompt_logprobs)
+                    continue
+                sampled[row.request_id], logprobs[row.request_id] = tokens, top
+                if mu is not None:
+                    mirostat_mu[row.request_id] = mu
+        self.batch.after_step(sched, sampled, mirostat_mu)
+        return ModelRunnerOutput(sampled, logprobs, errors, pooled, prompt_logprobs, mirostat_mu)
 
     def _update_logits_processors(self, sched: SchedulerOutput) -> None:
         """Tell the custom logits processors who joined and who left the batch."""
@@ -298,7 +300,8 @@ class ModelRunner:
         return pooled
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], verify: bool):
-        """(row, tokens, their logprobs or None, error) per row: one token drawn, or with
+        """(row, tokens, their logprobs or None, its next mirostat mu or None, error) per
+        row: one token drawn, or with
         `verify` (a step with speculative drafts) the tokens `Sampler.verify` emits, the
         rows' logits laid out as it takes them. If the batch raises, one request's row
         may be at fault: each row is then sampled alone. Sampling is batch-invariant
@@ -312,20 +315,22 @@ class ModelRunner:
                 try:
                     results += self._sample_batch(logits[start:end], [row], verify)
                 except Exception as exc:
-                    results.append((row, None, None, f"sampling failed: {_describe(exc)}"))
+                    results.append((row, None, None, None, f"sampling failed: {_describe(exc)}"))
                 start = end
             return results
 
     def _sample_batch(self, logits: torch.Tensor, rows: list[SamplingRow], verify: bool):
         if verify:
             return [
-                (row, t, lp, None)
-                for row, (t, lp) in zip(rows, self.sampler.verify(logits, rows), strict=True)
+                (row, t, lp, mu, None)
+                for row, (t, lp, mu) in zip(rows, self.sampler.verify(logits, rows), strict=True)
             ]
         out = self.sampler(logits, rows)
         return [
-            (row, [token], None if lp is None else [lp], None)
-            for row, token, lp in zip(rows, out.token_ids, out.logprobs, strict=True)
+            (row, [token], None if lp is None else [lp], mu, None)
+            for row, token, lp, mu in zip(
+                rows, out.token_ids, out.logprobs, out.mirostat_mu, strict=True
+            )
         ]
 
 

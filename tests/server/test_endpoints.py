@@ -82,6 +82,24 @@ def test_completion_takes_the_token_filters(client):
     assert set(out.choices[0].text) <= set("abc xyz")
 
 
+def test_completion_takes_llama_cpp_samplers(client):
+    kwargs = dict(model=MODEL, prompt="import", max_tokens=8, seed=3)
+    extra = {
+        "dry_multiplier": 0.8,
+        "dry_base": 1.75,
+        "dry_allowed_length": 2,
+        "dry_penalty_last_n": 64,
+        "dry_sequence_breakers": ["\n", ":"],
+        "xtc_threshold": 0.1,
+        "xtc_probability": 0.5,
+        "mirostat_mode": 2,
+        "mirostat_tau": 4.0,
+        "mirostat_eta": 0.2,
+    }
+    first = client.completions.create(**kwargs, extra_body=extra).choices[0].text
+    assert client.completions.create(**kwargs, extra_body=extra).choices[0].text == first
+
+
 def test_completion_streaming_matches_and_reports_usage(client):
     kwargs = dict(model=MODEL, prompt="class A:", max_tokens=8, temperature=0)
     whole = client.completions.create(**kwargs).choices[0].text

@@ -14,6 +14,10 @@ class Check:
     FINITE: ClassVar[Check]
     NONNEG: ClassVar[Check]
     INDEX: ClassVar[Check]
+    FINITE_ABOVE_ONE: ClassVar[Check]
+    POSITIVE: ClassVar[Check]
+    AT_LEAST_MINUS_ONE: ClassVar[Check]
+    NOT_NAN: ClassVar[Check]
 
 def check_logits(x: np.ndarray, name: str) -> None: ...
 def first_bad(values: np.ndarray, check: Check, bound: int = 0) -> int: ...
@@ -39,6 +43,26 @@ def apply_bad_words(
 ) -> np.ndarray: ...
 def apply_no_repeat_ngram(
     logits: np.ndarray, token_ids: np.ndarray, n: np.ndarray
+) -> np.ndarray: ...
+def apply_dry(
+    logits: np.ndarray,
+    token_ids: np.ndarray,
+    multiplier: np.ndarray,
+    base: np.ndarray,
+    allowed_length: np.ndarray,
+    penalty_last_n: np.ndarray,
+    sequence_breakers: np.ndarray,
+) -> np.ndarray: ...
+def apply_xtc(
+    logits: np.ndarray,
+    threshold: np.ndarray,
+    probability: np.ndarray,
+    seeds: np.ndarray,
+    positions: np.ndarray,
+) -> np.ndarray: ...
+def apply_mirostat(logits: np.ndarray, mu: np.ndarray) -> np.ndarray: ...
+def mirostat_update(
+    logits: np.ndarray, sampled: np.ndarray, mu: np.ndarray, tau: np.ndarray, eta: np.ndarray
 ) -> np.ndarray: ...
 def log_softmax(logits: np.ndarray) -> np.ndarray: ...
 def topk_logprobs(

@@ -14,7 +14,11 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use rayon::prelude::*;
 
-use super::filters::{allowed_row, bad_words_row, cutoff_row, no_repeat_row, typical_row, Cutoff};
+use super::dry::{dry_row, Dry};
+use super::filters::{
+    allowed_row, bad_words_row, cutoff_row, mirostat_update_row, no_repeat_row, typical_row,
+    xtc_row, Cutoff, Xtc,
+};
 use super::kernels::{
     log_softmax_row, logit_bias_row, min_p_row, penalties_row, sample_row, temperature_row,
     top_k_row, top_p_row, topk_logprobs_row, with_scratch,
@@ -278,6 +282,14 @@ pub enum Check {
     Nonneg,
     /// an integer in [0, bound) (sampled token ids)
     Index,
+    /// finite and > 1 (DRY's base)
+    FiniteAboveOne,
+    /// an integer >= 1 (DRY's allowed length)
+    Positive,
+    /// an integer >= -1 (DRY's penalty_last_n)
+    AtLeastMinusOne,
+    /// not NaN (mirostat's mu in the truncation, where +inf disables)
+    NotNan,
 }
 
 /// What a `Check` rejects: `true` for a bad entry (NaN fails every float check).
@@ -297,6 +309,10 @@ impl Check {
             Check::Finite => Rejects::Float(|f| !f.is_finite()),
             Check::Nonneg => Rejects::Int(|v, _| v < 0),
             Check::Index => Rejects::Int(|v, bound| v < 0 || v >= bound),
+            Check::FiniteAboveOne => Rejects::Float(|b| !(b.is_finite() && b > 1.0)),
+            Check::Positive => Rejects::Int(|v, _| v < 1),
+            Check::AtLeastMinusOne => Rejects::Int(|v, _| v < -1),
+            Check::NotNan => Rejects::Float(|m| m.is_nan()),
         }
     }
 }
@@ -602,6 +618,142 @@ fn apply_no_repeat_ngram<'py>(
     })
 }
 
+/// DRY: penalise the tokens that would extend a repeat of the row's context.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn apply_dry<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    token_ids: PyReadonlyArray2<'py, i64>,
+    multiplier: PyReadonlyArray1<'py, f64>,
+    base: PyReadonlyArray1<'py, f64>,
+    allowed_length: PyReadonlyArray1<'py, i64>,
+    penalty_last_n: PyReadonlyArray1<'py, i64>,
+    sequence_breakers: PyReadonlyArray2<'py, i64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let (batch, vocab) = dims(&x, "logits")?;
+        let (tokens, width) = id_rows(&token_ids, batch, vocab, "token_ids")?;
+        let (breakers, breakers_width) =
+            id_rows(&sequence_breakers, batch, vocab, "sequence_breakers")?;
+        let multiplier = row_param(&multiplier, batch, "multiplier")?;
+        let base = row_param(&base, batch, "base")?;
+        let allowed_length = row_param(&allowed_length, batch, "allowed_length")?;
+        let penalty_last_n = row_param(&penalty_last_n, batch, "penalty_last_n")?;
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            let dry = Dry {
+                multiplier: multiplier[i],
+                base: base[i],
+                allowed_length: allowed_length[i],
+                penalty_last_n: penalty_last_n[i],
+            };
+            dry_row(
+                row,
+                out,
+                row_of(tokens, width, i),
+                row_of(breakers, breakers_width, i),
+                dry,
+            )
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// XTC: sometimes mask the likely tokens but the least of them.
+#[pyfunction]
+fn apply_xtc<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    threshold: PyReadonlyArray1<'py, f64>,
+    probability: PyReadonlyArray1<'py, f64>,
+    seeds: PyReadonlyArray1<'py, i64>,
+    positions: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let (batch, vocab) = dims(&x, "logits")?;
+        let thresholds = row_param(&threshold, batch, "threshold")?;
+        let probabilities = row_param(&probability, batch, "probability")?;
+        let seeds = row_param(&seeds, batch, "seeds")?;
+        let positions = row_param(&positions, batch, "positions")?;
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            let xtc = Xtc {
+                threshold: thresholds[i],
+                probability: probabilities[i],
+                coin: philox::uniform_at(seeds[i], positions[i], vocab as u64 + 1),
+            };
+            xtc_row(row, out, xtc)
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// Mirostat v2's truncation: mask the tokens more surprising than mu bits.
+#[pyfunction]
+fn apply_mirostat<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    mu: PyReadonlyArray1<'py, f64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    dispatch!(logits, "logits", |x: T| {
+        let mus = row_param(&mu, x.shape()[0], "mu")?;
+        let out = map_rows(py, &x, "logits", |i, row, out| {
+            cutoff_row(row, out, Cutoff::Mirostat(mus[i]))
+        })?;
+        Ok(out.into_any())
+    })
+}
+
+/// Mirostat v2's learning step: mu - eta * (-log2 p(sampled) - tau) per row.
+#[pyfunction]
+fn mirostat_update<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    sampled: PyReadonlyArray1<'py, i64>,
+    mu: PyReadonlyArray1<'py, f64>,
+    tau: PyReadonlyArray1<'py, f64>,
+    eta: PyReadonlyArray1<'py, f64>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    dispatch!(logits, "logits", |x: T| {
+        let (batch, vocab) = dims(&x, "logits")?;
+        let tokens = row_param(&sampled, batch, "sampled")?;
+        if let Some(i) = tokens
+            .iter()
+            .position(|&t| t < 0 || t as u64 >= vocab as u64)
+        {
+            return Err(value_error(format!(
+                "sampled[{i}] must be a token id in [0, {vocab}), got {}",
+                tokens[i]
+            )));
+        }
+        let mus = row_param(&mu, batch, "mu")?;
+        let taus = row_param(&tau, batch, "tau")?;
+        let etas = row_param(&eta, batch, "eta")?;
+        let rows = row_slices(&x, "logits")?;
+        let results: Vec<Result<f64, RowStatus>> = detached(py, || {
+            par_rows(&rows, vocab, |i, row| {
+                mirostat_update_row::<T>(row, tokens[i] as usize)
+            })
+        })?;
+        let statuses: Vec<RowStatus> = results
+            .iter()
+            .map(|r| r.err().unwrap_or_default())
+            .collect();
+        raise_rows(&statuses, "logits")?;
+        let mut out = Vec::with_capacity(batch);
+        for (i, q) in results.into_iter().map(|r| r.unwrap_or(0.0)).enumerate() {
+            if q == f64::NEG_INFINITY {
+                return Err(value_error(format!(
+                    "sampled[{i}] is token {}, masked (-inf) in logits row {i}: it cannot \
+                     have been drawn",
+                    tokens[i]
+                )));
+            }
+            out.push(mus[i] - etas[i] * (-q / std::f64::consts::LN_2 - taus[i]));
+        }
+        Ok(PyArray1::from_vec(py, out))
+    })
+}
+
 /// Log-probabilities: x - max(x) - log(sum(exp(x - max(x)))) per row, summed in
 /// numpy's pairwise order (within 2 eps of the reference; see the module docstring).
 #[pyfunction]
@@ -824,6 +976,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(apply_allowed_token_ids, m)?)?;
     m.add_function(wrap_pyfunction!(apply_bad_words, m)?)?;
     m.add_function(wrap_pyfunction!(apply_no_repeat_ngram, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_dry, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_xtc, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_mirostat, m)?)?;
+    m.add_function(wrap_pyfunction!(mirostat_update, m)?)?;
     m.add_function(wrap_pyfunction!(log_softmax, m)?)?;
     m.add_function(wrap_pyfunction!(topk_logprobs, m)?)?;
     m.add_function(wrap_pyfunction!(sample, m)?)?;

@@ -1,7 +1,8 @@
-//! The filters HF transformers and vLLM have beside top-k / top-p / min-p, one row at a
-//! time like `kernels`: typical-p, epsilon and eta cutoffs (float64 decisions on
-//! log_softmax and the entropy), and the token masks of allowed ids, bad words and
-//! no-repeat n-grams (exact: no arithmetic).
+//! The filters HF transformers, vLLM and llama.cpp have beside top-k / top-p / min-p,
+//! one row at a time like `kernels`: typical-p, epsilon and eta cutoffs, XTC and
+//! mirostat's truncation and update (float64 decisions on log_softmax and the entropy),
+//! and the token masks of allowed ids, bad words and no-repeat n-grams (exact: no
+//! arithmetic).
 //!
 //! The float64 filters compute e = exp(x - max) with `exp_f64` (1 ulp), S = sum e
 //! (numpy's pairwise order), p = e / S and H = ln S - sum(e * (x - max)) / S, the
@@ -115,11 +116,13 @@ multiversion! {
     pub fn typical_row<T>(row: &[T], out: &mut [T], mass: f64) -> RowStatus = typical_row_impl;
 }
 
-/// The cutoff of `apply_epsilon_cutoff` (`Cutoff::Epsilon`) or `apply_eta_cutoff`.
+/// The cutoff of `apply_epsilon_cutoff` (`Cutoff::Epsilon`), `apply_eta_cutoff` or
+/// `apply_mirostat` (threshold 2 ^ -mu).
 #[derive(Clone, Copy)]
 pub enum Cutoff {
     Epsilon(f64),
     Eta(f64),
+    Mirostat(f64),
 }
 
 #[inline(always)]
@@ -128,8 +131,11 @@ fn cutoff_row_impl<T: Float>(row: &[T], out: &mut [T], cutoff: Cutoff) -> RowSta
     if status != RowStatus::Ok {
         return status;
     }
-    let (Cutoff::Epsilon(v) | Cutoff::Eta(v)) = cutoff;
-    if !(v > 0.0) {
+    let disabled = match cutoff {
+        Cutoff::Epsilon(v) | Cutoff::Eta(v) => !(v > 0.0),
+        Cutoff::Mirostat(mu) => mu == f64::INFINITY,
+    };
+    if disabled {
         out.copy_from_slice(row);
         return RowStatus::Ok;
     }
@@ -140,6 +146,7 @@ fn cutoff_row_impl<T: Float>(row: &[T], out: &mut [T], cutoff: Cutoff) -> RowSta
         let threshold = match cutoff {
             Cutoff::Epsilon(eps) => eps,
             Cutoff::Eta(eta) => eta.min(eta.sqrt() * (-entropy).exp()),
+            Cutoff::Mirostat(mu) => (-mu).exp2(),
         };
         // p < threshold as e < threshold * S (the same decision but within rounding)
         let bound = threshold * sum;
@@ -156,9 +163,79 @@ fn cutoff_row_impl<T: Float>(row: &[T], out: &mut [T], cutoff: Cutoff) -> RowSta
 }
 
 multiversion! {
-    /// `apply_epsilon_cutoff` / `apply_eta_cutoff` for one row: mask p < threshold except
-    /// the tokens tied for the max (threshold epsilon, or min(eta, sqrt(eta) * exp(-H))).
+    /// `apply_epsilon_cutoff` / `apply_eta_cutoff` / `apply_mirostat` for one row: mask
+    /// p < threshold except the tokens tied for the max (threshold epsilon,
+    /// min(eta, sqrt(eta) * exp(-H)) or 2 ^ -mu).
     pub fn cutoff_row<T>(row: &[T], out: &mut [T], cutoff: Cutoff) -> RowStatus = cutoff_row_impl;
+}
+
+/// The settings of one row of `apply_xtc` (checked by the wrapper: threshold and
+/// probability in [0, 1]) and its coin, entry vocab + 1 of its Philox stream.
+#[derive(Clone, Copy)]
+pub struct Xtc {
+    pub threshold: f64,
+    pub probability: f64,
+    pub coin: f64,
+}
+
+#[inline(always)]
+fn xtc_row_impl<T: Float>(row: &[T], out: &mut [T], xtc: Xtc) -> RowStatus {
+    let (status, max) = scan(row);
+    if status != RowStatus::Ok {
+        return status;
+    }
+    out.copy_from_slice(row);
+    if !(xtc.coin < xtc.probability) {
+        return RowStatus::Ok;
+    }
+    let mut buffers = take_buffers();
+    {
+        let e = &mut buffers.e;
+        let (sum, _) = softmax_stats(row, max, e, false);
+        // candidates: finite tokens with p = e / S >= threshold; the least likely stays
+        let (mut count, mut least) = (0usize, T::INF);
+        for (&x, &ei) in row.iter().zip(e.iter()) {
+            if x != T::NEG_INF && ei / sum >= xtc.threshold {
+                count += 1;
+                least = if x < least { x } else { least };
+            }
+        }
+        if count >= 2 {
+            for ((o, &x), &ei) in out.iter_mut().zip(row).zip(e.iter()) {
+                if x != T::NEG_INF && ei / sum >= xtc.threshold && x > least {
+                    *o = T::NEG_INF;
+                }
+            }
+        }
+    }
+    give_back(buffers);
+    RowStatus::Ok
+}
+
+multiversion! {
+    /// `apply_xtc` for one row: when the coin is below the probability and two or more
+    /// tokens have p >= threshold, mask those of them above the least likely one.
+    pub fn xtc_row<T>(row: &[T], out: &mut [T], xtc: Xtc) -> RowStatus = xtc_row_impl;
+}
+
+#[inline(always)]
+fn mirostat_update_row_impl<T: Float>(row: &[T], token: usize) -> Result<f64, RowStatus> {
+    let (status, max) = scan(row);
+    if status != RowStatus::Ok {
+        return Err(status);
+    }
+    let mut buffers = take_buffers();
+    let (sum, _) = softmax_stats(row, max, &mut buffers.e, false);
+    give_back(buffers);
+    // q = (x - max) - ln S, the reference's log_softmax in float64
+    Ok((row[token].to_f64() - max.to_f64()) - sum.ln())
+}
+
+multiversion! {
+    /// The log-probability (float64 log_softmax) of `token` in a valid row, for
+    /// `mirostat_update`; -inf for a masked token.
+    pub fn mirostat_update_row<T>(row: &[T], token: usize) -> Result<f64, RowStatus>
+        = mirostat_update_row_impl;
 }
 
 /// The leading entries >= 0 of a right-padded id row (the wrapper has checked that no

@@ -16,11 +16,13 @@
 //!   its maximum, the argmax, numpy's pairwise sum.
 //! - `select`: the k-th largest value and the top-p threshold, without sorting.
 //! - `kernels`: one function per op, computing one row (`temperature_row`, ...).
-//! - `filters`: typical-p, epsilon and eta cutoffs, allowed ids, bad words, no-repeat
-//!   n-grams (one function per op and row, like `kernels`).
+//! - `filters`: typical-p, epsilon and eta cutoffs, XTC, mirostat, allowed ids, bad
+//!   words, no-repeat n-grams (one function per op and row, like `kernels`).
+//! - `dry`: the DRY repetition penalty (a Z-function pass over the row's context).
 //! - `bindings`: the `_native` functions: arguments, rows in parallel, errors.
 
 mod bindings;
+pub mod dry;
 pub mod filters;
 pub mod kernels;
 pub mod row_scan;

@@ -220,3 +220,130 @@ fn token_masks() {
     no_repeat_row(&row, &mut out, &[1, 2, 1, 3, 1, -1], 0);
     assert_eq!(out, row);
 }
+
+use super::dry::{dry_repeats, dry_row, Dry};
+use super::filters::{mirostat_update_row, xtc_row, Xtc};
+
+/// DRY's repeats by brute force: for each i < n - 1, the common suffix of s[..= i] and s
+/// that contains no breaker, credited to s[i + 1] (breakers excluded).
+fn brute_dry(s: &[i64], breakers: &[i64], allowed: usize) -> Vec<(i64, usize)> {
+    let n = s.len();
+    let mut best: Vec<(i64, usize)> = Vec::new();
+    for i in 0..n.saturating_sub(1) {
+        let mut m = 0;
+        while m <= i && s[i - m] == s[n - 1 - m] && !breakers.contains(&s[i - m]) {
+            m += 1;
+        }
+        let follower = s[i + 1];
+        if m >= allowed && !breakers.contains(&follower) {
+            match best.iter_mut().find(|e| e.0 == follower) {
+                Some(e) => e.1 = e.1.max(m),
+                None => best.push((follower, m)),
+            }
+        }
+    }
+    best.sort_unstable();
+    best
+}
+
+#[test]
+fn dry_repeats_match_brute_force() {
+    let mut seed = 5u64;
+    for trial in 0..500 {
+        let len = (lcg(&mut seed) * 30.0) as usize;
+        let alphabet = 1 + trial % 4;
+        let s: Vec<i64> = (0..len)
+            .map(|_| (lcg(&mut seed) * alphabet as f64) as i64)
+            .collect();
+        let breakers: Vec<i64> = if trial % 3 == 0 { vec![0] } else { vec![] };
+        for allowed in 1..4 {
+            assert_eq!(
+                dry_repeats(&s, &breakers, allowed),
+                brute_dry(&s, &breakers, allowed),
+                "{s:?} breakers {breakers:?} allowed {allowed}"
+            );
+        }
+    }
+}
+
+#[test]
+fn dry_penalises_and_clamps() {
+    let row = [0.0f32, 1.0, 2.0, f32::NEG_INFINITY];
+    let mut out = vec![0.0f32; 4];
+    let dry = Dry {
+        multiplier: 1.0,
+        base: 2.0,
+        allowed_length: 1,
+        penalty_last_n: -1,
+    };
+    // 0 1 2 0 1: 2 would extend "0 1" (n = 2): 1 * 2 ^ (2 - 1)
+    dry_row(&row, &mut out, &[0, 1, 2, 0, 1, -1], &[-1], dry);
+    assert_eq!(out, [0.0, 1.0, 0.0, f32::NEG_INFINITY]);
+    // a breaker 1 at the end: no repeat reaches past it
+    dry_row(&row, &mut out, &[0, 1, 2, 0, 1], &[1], dry);
+    assert_eq!(out, row);
+    // a penalty past float32 clamps to its lowest value
+    let huge = Dry {
+        multiplier: 1e300,
+        ..dry
+    };
+    dry_row(&row, &mut out, &[0, 1, 2, 0, 1], &[], huge);
+    assert_eq!(out, [0.0, 1.0, f32::MIN, f32::NEG_INFINITY]);
+    // the window: only the last 2 tokens ("0 1"), where nothing repeats
+    let window = Dry {
+        penalty_last_n: 2,
+        ..dry
+    };
+    dry_row(&row, &mut out, &[0, 1, 2, 0, 1], &[], window);
+    assert_eq!(out, row);
+}
+
+#[test]
+fn xtc_keeps_the_least_likely_candidate() {
+    // p = (0.4, 0.3, 0.2, 0.1): candidates at threshold 0.15 are the first three
+    let row: Vec<f64> = [0.4f64, 0.3, 0.2, 0.1].iter().map(|p| p.ln()).collect();
+    let mut out = vec![0.0; 4];
+    let fire = Xtc {
+        threshold: 0.15,
+        probability: 1.0,
+        coin: 0.5,
+    };
+    xtc_row(&row, &mut out, fire);
+    assert_eq!(kept(&out), [false, false, true, true]);
+    xtc_row(
+        &row,
+        &mut out,
+        Xtc {
+            coin: 0.7,
+            probability: 0.6,
+            ..fire
+        },
+    );
+    assert_eq!(out, row);
+    xtc_row(
+        &row,
+        &mut out,
+        Xtc {
+            threshold: 0.35,
+            ..fire
+        },
+    ); // one candidate
+    assert_eq!(out, row);
+}
+
+#[test]
+fn mirostat_truncation_and_update() {
+    // p = (0.5, 0.25, 0.25): surprises 1, 2, 2 bits
+    let row: Vec<f64> = [0.5f64, 0.25, 0.25].iter().map(|p| p.ln()).collect();
+    let mut out = vec![0.0; 3];
+    cutoff_row(&row, &mut out, Cutoff::Mirostat(1.5));
+    assert_eq!(kept(&out), [true, false, false]);
+    cutoff_row(&row, &mut out, Cutoff::Mirostat(-3.0)); // the top stays
+    assert_eq!(kept(&out), [true, false, false]);
+    cutoff_row(&row, &mut out, Cutoff::Mirostat(f64::INFINITY));
+    assert_eq!(out, row);
+    let q = mirostat_update_row(&row, 1).unwrap();
+    assert!((-q / std::f64::consts::LN_2 - 2.0).abs() < 1e-12);
+    let masked = [0.0f64, f64::NEG_INFINITY];
+    assert_eq!(mirostat_update_row(&masked, 1), Ok(f64::NEG_INFINITY));
+}

@@ -30,6 +30,12 @@ Exactness, against the numpy and the torch paths of the reference:
   sorted cumsum (also allowed); it never sorts the vocabulary.
 - `apply_allowed_token_ids`, `apply_bad_words`, `apply_no_repeat_ngram`: bit-identical
   (they only copy or mask).
+- `apply_dry`: bit-identical (the same float64 subtraction rounded once; the penalty's
+  power is libm's pow, as Python's `**` on floats), the masks always.
+- `apply_xtc` and `apply_mirostat` compute p = exp(x - max) / S in float64 with the 1-ulp
+  exp and numpy's pairwise sum, so only decisions inside the specification's 1e-9 band
+  may differ; XTC's coin is bit-identical (`philox_uniform`'s entry vocab + 1).
+- `mirostat_update`: within a few ulp of the reference (the last bit of exp and log).
 - `apply_typical_p`, `apply_epsilon_cutoff`, `apply_eta_cutoff` compute log_softmax,
   p and the entropy in float64 with the 1-ulp exp and numpy's pairwise sums, so only
   decisions inside the specification's 1e-9 bands may differ; typical-p sorts the row
@@ -77,6 +83,10 @@ __all__ = [
     "apply_allowed_token_ids",
     "apply_bad_words",
     "apply_no_repeat_ngram",
+    "apply_dry",
+    "apply_xtc",
+    "apply_mirostat",
+    "mirostat_update",
     "log_softmax",
     "topk_logprobs",
     "philox_uniform",
@@ -160,6 +170,54 @@ apply_no_repeat_ngram = _op(
     PaddingLast("token_ids"),
     Rows("n", I64),
     Values("n", Check.NONNEG, "n[{row}] must be >= 0 (0 disables), got {value}"),
+)
+apply_dry = _op(
+    _native.apply_dry,
+    TokenIds("token_ids"),
+    PaddingLast("token_ids"),
+    TokenIds("sequence_breakers"),
+    Rows("multiplier", F64),
+    Rows("base", F64),
+    Rows("allowed_length", I64),
+    Rows("penalty_last_n", I64),
+    Values(
+        "multiplier", Check.FINITE_NONNEG, "multiplier[{row}] must be finite and >= 0, got {value}"
+    ),
+    Values("base", Check.FINITE_ABOVE_ONE, "base[{row}] must be finite and > 1, got {value}"),
+    Values("allowed_length", Check.POSITIVE, "allowed_length[{row}] must be >= 1, got {value}"),
+    Values(
+        "penalty_last_n",
+        Check.AT_LEAST_MINUS_ONE,
+        "penalty_last_n[{row}] must be >= -1 (-1: the whole context, 0: off), got {value}",
+    ),
+)
+apply_xtc = _op(
+    _native.apply_xtc,
+    Rows("threshold", F64),
+    Rows("probability", F64),
+    Values("threshold", Check.UNIT_CLOSED, "threshold[{row}] must be in [0, 1], got {value}"),
+    Values("probability", Check.UNIT_CLOSED, "probability[{row}] must be in [0, 1], got {value}"),
+    Rows("seeds", I64),
+    Rows("positions", I64),
+    Values("positions", Check.NONNEG, _POSITION),
+)
+apply_mirostat = _op(
+    _native.apply_mirostat,
+    Rows("mu", F64),
+    Values("mu", Check.NOT_NAN, "mu[{row}] must not be NaN, got {value}"),
+)
+mirostat_update = _op(
+    _native.mirostat_update,
+    Rows("sampled", I64),
+    Values(
+        "sampled", Check.INDEX, "sampled[{row}] must be a token id in [0, {vocab}), got {value}"
+    ),
+    Rows("mu", F64),
+    Rows("tau", F64),
+    Rows("eta", F64),
+    Values("mu", Check.FINITE, "mu[{row}] must be finite, got {value}"),
+    Values("tau", Check.FINITE_POS, "tau[{row}] must be finite and > 0, got {value}"),
+    Values("eta", Check.UNIT_OPEN_CLOSED, "eta[{row}] must be in (0, 1], got {value}"),
 )
 log_softmax = _op(_native.log_softmax)
 topk_logprobs = _op(
