@@ -138,8 +138,10 @@ def _checkpoint_name(name: str, shard: object, model: nn.Module) -> str:
     """The HF tensor name that fills `shard` of our parameter `name` (for errors)."""
     from .llama import param_mapping
 
-    if isinstance(shard, tuple):
-        return model.checkpoint_name(name, shard)
+    moe_name = getattr(model, "checkpoint_name", None)
+    found = moe_name(name, shard) if moe_name is not None else None
+    if found is not None:
+        return found
     for fused, separate, fused_shard in param_mapping():
         if shard == fused_shard and f".{fused}." in name:
             return "model." + name.replace(f".{fused}.", f".{separate}.")

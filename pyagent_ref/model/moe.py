@@ -113,12 +113,17 @@ class MoEForCausalLM(LlamaForCausalLM):
         half = {gate: 0, up: 1, down: None}[proj]
         return f"layers.{layer}.mlp.experts.{param}", (expert, half)
 
-    def checkpoint_name(self, param: str, shard: tuple[int, int | None]) -> str:
-        """The checkpoint tensor that fills `shard` of stacked expert parameter `param`."""
-        layer = param.split(".")[1]
-        expert, half = shard
-        proj = self.PROJECTIONS[2 if half is None else half]
-        return f"model.layers.{layer}.{self.BLOCK}.experts.{expert}.{proj}.weight"
+    def checkpoint_name(self, param: str, shard: object) -> str | None:
+        """The checkpoint tensor that fills `shard` of our parameter `param` if it belongs
+        to the MoE block (see `checkpoint_target`), else None."""
+        layer = param.split(".")[1] if param.startswith("layers.") else None
+        if isinstance(shard, tuple):  # (expert, half) of the stacked experts
+            expert, half = shard
+            proj = self.PROJECTIONS[2 if half is None else half]
+            return f"model.layers.{layer}.{self.BLOCK}.experts.{expert}.{proj}.weight"
+        if param == f"layers.{layer}.mlp.gate.weight":
+            return f"model.layers.{layer}.{self.BLOCK}.gate.weight"
+        return None
 
 
 class MixtralForCausalLM(MoEForCausalLM):

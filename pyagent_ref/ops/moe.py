@@ -190,15 +190,6 @@ def route_grouped_topk(
         raise ValueError(f"group_score must be one of {GROUP_SCORES}, got {group_score!r}")
     if not abs(float(routed_scaling_factor)) < float("inf"):
         raise ValueError(f"routed_scaling_factor must be finite, got {routed_scaling_factor}")
-    compute = _compute_dtype(xp, logits)
-    x = xp.astype(logits, compute)
-    if scoring == "sigmoid":
-        tail = xp.exp(-xp.abs(x))  # never overflows: sigmoid(x) = 1 / (1 + exp(-x))
-        scores = xp.where(x >= 0, 1.0 / (1.0 + tail), tail / (1.0 + tail))
-    else:
-        shifted = xp.exp(x - xp.max(x, axis=1, keepdims=True))
-        scores = shifted / xp.sum(shifted, axis=1, keepdims=True)
-    biased = scores
     if correction_bias is not None:
         _float_array(correction_bias, "correction_bias", 1)
         if tuple(correction_bias.shape) != (experts,):
@@ -207,7 +198,15 @@ def route_grouped_topk(
             )
         if can_read_values(correction_bias) and not bool(xp.all(xp.isfinite(correction_bias))):
             raise ValueError("correction_bias contains NaN or inf")
-        biased = scores + xp.astype(correction_bias, compute)
+    compute = _compute_dtype(xp, logits)
+    x = xp.astype(logits, compute)
+    if scoring == "sigmoid":
+        tail = xp.exp(-xp.abs(x))  # never overflows: sigmoid(x) = 1 / (1 + exp(-x))
+        scores = xp.where(x >= 0, 1.0 / (1.0 + tail), tail / (1.0 + tail))
+    else:
+        shifted = xp.exp(x - xp.max(x, axis=1, keepdims=True))
+        scores = shifted / xp.sum(shifted, axis=1, keepdims=True)
+    biased = scores if correction_bias is None else scores + xp.astype(correction_bias, compute)
     tokens = logits.shape[0]
     grouped = xp.reshape(biased, (tokens, num_groups, size))
     if group_score == "max":

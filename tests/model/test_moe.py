@@ -217,8 +217,15 @@ def _edited_copy(src, dst, tensors=None, config=None):
     return dst
 
 
-def test_missing_expert_tensor_is_named(saved, tmp_path):
-    name = "model.layers.1.block_sparse_moe.experts.3.w3.weight"
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.layers.1.block_sparse_moe.experts.3.w3.weight",
+        "model.layers.1.block_sparse_moe.experts.0.w2.weight",
+        "model.layers.0.block_sparse_moe.gate.weight",
+    ],
+)
+def test_missing_expert_tensor_is_named(saved, tmp_path, name):
     path = _edited_copy(saved["mixtral"][1], tmp_path / "m", tensors=lambda t: t.pop(name))
     with pytest.raises(ValueError, match=re.escape(name)):
         load_model(path, progress=False)
