@@ -94,6 +94,10 @@ class MoEForCausalLM(LlamaForCausalLM):
             return SparseMoeBlock(config, ops)
         return MLP(config, ops)
 
+    def required_ops(self) -> list[str]:
+        """The decoder's ops and the MoE block's router and experts."""
+        return [*super().required_ops(), "moe.route_topk_softmax", "moe.fused_moe"]
+
     def checkpoint_target(self, name: str) -> tuple[str, tuple[int, int | None]] | None:
         """Where checkpoint tensor `name` ("model." removed) goes if it belongs to the MoE
         block: (our stacked parameter, (expert, 0 gate / 1 up / None down)), or (our name,
