@@ -1,5 +1,5 @@
 """Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling, structured,
-hashing, layers, rope and attention).
+hashing, layers, rope, attention and moe).
 
     python benchmarks/bench_ops.py            # full grid (a few minutes)
     python benchmarks/bench_ops.py --quick    # smoke run for CI (seconds)
@@ -24,7 +24,10 @@ models' shapes, for decode and prefill token counts, in bfloat16 and float32: th
 reference on numpy (float32 only: numpy has no bfloat16) and on torch CPU tensors, and
 accel on the same torch tensors. Attention (`bench_attention_ops`) times
 reshape_and_cache, a prefill chunk and a decode batch over the paged cache at the same
-two models' shapes, the same way.
+two models' shapes, the same way. Mixture of experts (`bench_moe`) times the routers and
+fused_moe at shapes scaled down from Mixtral 8x7B and DeepSeek-V2-Lite / V3 (`MOE_MODELS`:
+the expert counts and top-k of the real models, hidden and expert sizes divided by 8 so
+a CPU run takes seconds), for a decode batch and a prefill chunk, the same way.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -49,6 +52,7 @@ from _timing import machine_line, timeit  # noqa: E402
 from pyagent_ref.ops import attention as ref_attention  # noqa: E402
 from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
 from pyagent_ref.ops import layers as ref_layers  # noqa: E402
+from pyagent_ref.ops import moe as ref_moe  # noqa: E402
 from pyagent_ref.ops import rope as ref_rope  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
 from pyagent_ref.ops import spec_decode as ref_spec_decode  # noqa: E402
@@ -64,6 +68,7 @@ try:
     from pyagent_accel.ops import attention as accel_attention
     from pyagent_accel.ops import hashing as accel_hashing
     from pyagent_accel.ops import layers as accel_layers
+    from pyagent_accel.ops import moe as accel_moe
     from pyagent_accel.ops import rope as accel_rope
     from pyagent_accel.ops import sampling as accel_sampling
     from pyagent_accel.ops import spec_decode as accel_spec_decode
@@ -599,6 +604,75 @@ def bench_attention_ops(quick: bool, budget: float, min_reps: int) -> list[dict]
     return rows
 
 
+# --- mixture of experts ---------------------------------------------------------------------
+
+# name: (hidden, expert intermediate, experts, top-k), 1/8 of the real hidden and expert
+# sizes (Mixtral 8x7B: 4096, 14336, 8, 2; DeepSeek-V2-Lite: 2048, 1408, 64, 6)
+MOE_MODELS = {
+    "mixtral/8": (512, 1792, 8, 2),
+    "dsv2-lite/8": (256, 176, 64, 6),
+}
+
+
+def moe_cases(tokens: int, rng: np.random.Generator) -> list[tuple[str, str, str, tuple]]:
+    """(model, label, op, float32 numpy args): the routers of both models, DeepSeek-V3's
+    grouped sigmoid router (256 experts, 8 groups, 4 kept, top-8, a correction bias), and
+    fused_moe with the routing of the first."""
+    cases = []
+    for model, (hidden, inter, experts, k) in MOE_MODELS.items():
+        logits = rng.normal(0.0, 1.0, (tokens, experts)).astype(np.float32)
+        cases.append((model, "route_topk_softmax", "route_topk_softmax", (logits, k, True)))
+        weights, ids = ref_moe.route_topk_softmax(logits, k, True)
+        scale = hidden**-0.5
+        w_gate_up = rng.normal(0.0, scale, (experts, 2 * inter, hidden)).astype(np.float32)
+        w_down = rng.normal(0.0, inter**-0.5, (experts, hidden, inter)).astype(np.float32)
+        x = rng.normal(0.0, 1.0, (tokens, hidden)).astype(np.float32)
+        cases.append((model, "fused_moe", "fused_moe", (x, w_gate_up, w_down, weights, ids)))
+    v3 = rng.normal(0.0, 1.0, (tokens, 256)).astype(np.float32)
+    bias = rng.normal(0.0, 0.1, 256).astype(np.float32)
+    args = (v3, 8, 8, 4, bias, "sigmoid", 2.5, True)
+    cases.insert(0, ("dsv3", "route_grouped_topk", "route_grouped_topk", args))
+    return cases
+
+
+def bench_moe(token_counts: list[int], budget: float, min_reps: int) -> list[dict]:
+    """Routers and fused_moe: the reference on numpy (float32) and on torch CPU, accel on
+    the same tensors, in float32 and (fused_moe) bfloat16."""
+    rows = []
+    header = (
+        f"{'op':<19} {'model':<12} {'tokens':>6} {'dtype':<8} {'ref_numpy ms':>13} "
+        f"{'ref_torch ms':>13} {'accel ms':>10} {'np/accel':>9} {'torch/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(3)
+    for tokens in token_counts:
+        for model, label, op, args in moe_cases(tokens, rng):
+            ref_fn, acc_fn = getattr(ref_moe, op), getattr(accel_moe, op)
+            for dtype in ("float32", "bfloat16") if op == "fused_moe" else ("float32",):
+                targs = to_torch(args)
+                if dtype == "bfloat16":  # activations and experts in bf16, weights float32
+                    targs = (*(a.to(torch.bfloat16) for a in targs[:3]), *targs[3:])
+                want, got = ref_fn(*targs), acc_fn(*targs)
+                if op == "fused_moe":  # the same result first
+                    check_close(got, want, label)
+                else:
+                    assert torch.equal(got[1], want[1]), label
+                t_np = None
+                if dtype == "float32":
+                    t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
+                t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 50)
+                t_acc = timeit(functools.partial(acc_fn, *targs), budget, min_reps, 500)
+                rows.append(dict(op=label, model=model, tokens=tokens, np=t_np, accel=t_acc))
+                print(
+                    f"{label:<19} {model:<12} {tokens:>6} {dtype:<8} {fmt_ms(t_np):>13} "
+                    f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} "
+                    f"{fmt_ratio(t_np, t_acc):>9} {fmt_ratio(t_torch, t_acc):>11}",
+                    flush=True,
+                )
+    return rows
+
+
 TARGET_OPS = ("apply_top_k", "apply_top_p", "apply_min_p", "apply_penalties", "sample")
 
 
@@ -647,6 +721,8 @@ def main() -> None:
     if torch is not None:
         print()
         layers_summary(bench_layers_rope(list(LAYER_MODELS), layer_tokens, budget, min_reps))
+        print()
+        bench_moe([8] if args.quick else [8, 128], budget, min_reps)
     print()
     bench_attention_ops(args.quick, budget, min_reps)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

@@ -93,6 +93,21 @@ _HF_MODEL_NO_VALIDATION = (
     "KeyError"
 )
 
+_HF_ROUTER_DTYPE = (
+    "Qwen3MoeTopKRouter returns the weights in the router logits' dtype (float16 for float16 "
+    "logits, rounded after the float32 softmax) and takes the softmax in float32 even for "
+    "float64 logits; the contract returns float32 (float64 for float64 logits)"
+)
+_HF_ROUTER_TIES = (
+    "the routers choose with torch.topk, which orders tied scores arbitrarily (not by the "
+    "lower expert id)"
+)
+_HF_EXPERTS_HALF = (
+    "MixtralExperts computes in the weights' dtype: float16 experts round the projections, "
+    "the activation and the products to float16, where the contract computes in float32 and "
+    "rounds once"
+)
+
 
 def _hf_model(module_op: str, prop: str, reason: str) -> Divergence:
     return Divergence(HF, module_op, prop, reason)
@@ -677,8 +692,25 @@ DIVERGENCES: tuple[Divergence, ...] = (
             "layers.silu_and_mul",
             "rope.rope_inv_freq",
             "rope.apply_rope",
+            "moe.route_topk_softmax",
+            "moe.fused_moe",
         )
     ),
+    *(
+        _hf_model("moe.route_topk_softmax", prop, _HF_ROUTER_DTYPE)
+        for prop in (
+            "returns_documented_types",
+            "weights_are_the_softmax_probabilities",
+            "renormalized_weights_sum_to_one",
+        )
+    ),
+    _hf_model(
+        "moe.route_topk_softmax", "picks_the_largest_logits_lowest_id_first", _HF_ROUTER_TIES
+    ),
+    _hf_model(
+        "moe.route_topk_softmax", "matches_reference", f"{_HF_ROUTER_DTYPE}; {_HF_ROUTER_TIES}"
+    ),
+    _hf_model("moe.fused_moe", "matches_the_formula", _HF_EXPERTS_HALF),
     *(
         Divergence(ACCEL, f"sampling.{op}", "accepts_strided_input", _ACCEL_STRIDES)
         for op in _ACCEL_STRIDED_OPS

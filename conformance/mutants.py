@@ -28,6 +28,7 @@ from pyagent_ref.ops import attention as A
 from pyagent_ref.ops import block_table as BT
 from pyagent_ref.ops import hashing as H
 from pyagent_ref.ops import layers as L
+from pyagent_ref.ops import moe as M
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
 from pyagent_ref.ops import spec_decode as SD
@@ -2373,6 +2374,162 @@ def mirostat_update_stays(logits: Any, sampled: Any, mu: Any, tau: Any, eta: Any
     return _back(logits, _np(mu).astype(np.float64))
 
 
+# --- moe ------------------------------------------------------------------------------------
+
+
+def _routed(like: Any, weights: np.ndarray, ids: np.ndarray, dtype: Any) -> tuple[Any, Any]:
+    return _back(like, weights.astype(dtype)), _back(like, ids.astype(np.int64))
+
+
+def _topk_softmax(logits: Any, k: int, renormalize: bool, ties_high: bool = False) -> Any:
+    w_ref, _ = M.route_topk_softmax(logits, k, renormalize)
+    x = _np(logits).astype(np.float64)
+    if ties_high:  # among equal logits, the higher id first
+        rev = np.argsort(-x[:, ::-1], axis=1, kind="stable")[:, :k]
+        ids = x.shape[1] - 1 - rev
+    else:
+        ids = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    p = np.exp(x - x.max(axis=1, keepdims=True)) if x.size else x
+    p = p / p.sum(axis=1, keepdims=True) if x.size else p
+    w = np.take_along_axis(p, ids, axis=1)
+    if renormalize and w.size:
+        w = w / w.sum(axis=1, keepdims=True)
+    return _routed(logits, w, ids, _np(w_ref).dtype)
+
+
+@mutant("moe", "route_topk_softmax", "never renormalises the chosen weights")
+def topk_softmax_no_renormalize(logits: Any, k: int, renormalize: bool) -> Any:
+    M.route_topk_softmax(logits, k, renormalize)
+    return _topk_softmax(logits, k, False)
+
+
+@mutant("moe", "route_topk_softmax", "breaks ties between equal logits by the higher expert id")
+def topk_softmax_ties_high_id(logits: Any, k: int, renormalize: bool) -> Any:
+    M.route_topk_softmax(logits, k, renormalize)
+    return _topk_softmax(logits, k, renormalize, ties_high=True)
+
+
+@mutant("moe", "route_topk_softmax", "returns the chosen experts in id order, not score order")
+def topk_softmax_ids_sorted(logits: Any, k: int, renormalize: bool) -> Any:
+    w, ids = (_np(a) for a in M.route_topk_softmax(logits, k, renormalize))
+    order = np.argsort(ids, axis=1, kind="stable")
+    return _routed(
+        logits, np.take_along_axis(w, order, 1), np.take_along_axis(ids, order, 1), w.dtype
+    )
+
+
+def _grouped(
+    *args: Any,
+    bias_in_weights=False,
+    by_max=False,
+    no_groups=False,
+    scale_first=False,
+    ties_high=False,
+) -> Any:
+    logits, k, num_groups, topk_groups, bias, scoring, scale, renormalize, group_score = (
+        list(args) + [None, "sigmoid", 1.0, True, "top2_sum"][len(args) - 4 :]
+    )
+    w_ref, _ = M.route_grouped_topk(*args)
+    x = _np(logits).astype(np.float64)
+    tokens, experts = x.shape
+    if scoring == "sigmoid":
+        s = 1 / (1 + np.exp(-x))
+    else:
+        s = np.exp(x - x.max(axis=1, keepdims=True)) if x.size else x
+        s = s / s.sum(axis=1, keepdims=True) if x.size else s
+    b = s if bias is None else s + _np(bias).astype(np.float64)
+    size = experts // num_groups
+    g = b.reshape(tokens, num_groups, size)
+    per_group = (
+        g.max(axis=2)
+        if by_max or group_score == "max"
+        else -np.sort(-g, axis=2)[:, :, :2].sum(axis=2)
+    )
+    kept = np.argsort(-per_group, axis=1, kind="stable")[:, :topk_groups]
+    in_kept = (np.arange(experts)[None, :, None] // size == kept[:, None, :]).any(axis=2)
+    if no_groups:
+        in_kept[:] = True
+    candidates = np.where(in_kept, b, -np.inf)
+    if ties_high:  # among equal scores, the higher id first
+        ids = experts - 1 - np.argsort(-candidates[:, ::-1], axis=1, kind="stable")[:, :k]
+    else:
+        ids = np.argsort(-candidates, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(b if bias_in_weights else s, ids, axis=1)
+    if scale_first:
+        w = w * scale
+    if renormalize:
+        w = w / (w.sum(axis=1, keepdims=True) + 1e-20)
+    if not scale_first:
+        w = w * scale
+    return _routed(logits, w, ids, _np(w_ref).dtype)
+
+
+@mutant("moe", "route_grouped_topk", "weights the experts by their biased scores")
+def grouped_bias_in_weights(*args: Any) -> Any:
+    return _grouped(*args, bias_in_weights=True)
+
+
+@mutant("moe", "route_grouped_topk", "scores a group by its best expert instead of its top 2")
+def grouped_groups_by_max(*args: Any) -> Any:
+    return _grouped(*args, by_max=True)
+
+
+@mutant("moe", "route_grouped_topk", "ignores the groups: top-k over every expert")
+def grouped_ignores_groups(*args: Any) -> Any:
+    return _grouped(*args, no_groups=True)
+
+
+@mutant("moe", "route_grouped_topk", "breaks ties between equal scores by the higher expert id")
+def grouped_ties_high_id(*args: Any) -> Any:
+    return _grouped(*args, ties_high=True)
+
+
+@mutant("moe", "route_grouped_topk", "scales by routed_scaling_factor before renormalising")
+def grouped_scales_first(*args: Any) -> Any:
+    return _grouped(*args, scale_first=True)
+
+
+def _fused(hidden: Any, w_gate_up: Any, w_down: Any, weights: Any, ids: Any, **bug: bool) -> Any:
+    h, wgu, wd = (_np(a).astype(np.float64) for a in (hidden, w_gate_up, w_down))
+    w, e = _np(weights).astype(np.float64), _np(ids).astype(np.int64)
+    inter = wgu.shape[1] // 2
+    out = np.zeros(h.shape)
+    for t in range(e.shape[0]):
+        for j in range(1 if bug.get("first_slot") else e.shape[1]):
+            gu = wgu[e[t, j]] @ h[t]
+            g, u = (gu[inter:], gu[:inter]) if bug.get("swapped") else (gu[:inter], gu[inter:])
+            y = wd[e[t, j]] @ (g / (1 + np.exp(-g)) * u)
+            out[t] += y if bug.get("unweighted") else w[t, j] * y
+    return _back(hidden, out.astype(_np(hidden).dtype))
+
+
+@mutant("moe", "fused_moe", "does not multiply the experts' outputs by the routing weights")
+def fused_moe_unweighted(hidden: Any, w_gate_up: Any, w_down: Any, *rest: Any) -> Any:
+    M.fused_moe(hidden, w_gate_up, w_down, *rest)
+    return _fused(hidden, w_gate_up, w_down, *rest[:2], unweighted=True)
+
+
+@mutant("moe", "fused_moe", "applies silu to the up half instead of the gate half")
+def fused_moe_swapped_halves(hidden: Any, w_gate_up: Any, w_down: Any, *rest: Any) -> Any:
+    M.fused_moe(hidden, w_gate_up, w_down, *rest)
+    return _fused(hidden, w_gate_up, w_down, *rest[:2], swapped=True)
+
+
+@mutant("moe", "fused_moe", "uses only each token's first expert")
+def fused_moe_first_slot_only(hidden: Any, w_gate_up: Any, w_down: Any, *rest: Any) -> Any:
+    M.fused_moe(hidden, w_gate_up, w_down, *rest)
+    return _fused(hidden, w_gate_up, w_down, *rest[:2], first_slot=True)
+
+
+@mutant("moe", "fused_moe", "computes every expert on every token (reads unused experts)")
+def fused_moe_dense(
+    hidden: Any, w_gate_up: Any, w_down: Any, weights: Any, ids: Any, *rest: Any
+) -> Any:
+    out = M.fused_moe(hidden, w_gate_up, w_down, weights, ids, *rest)
+    poison = np.isnan(_np(w_gate_up)).any() or np.isnan(_np(w_down)).any()
+    return _back(hidden, _np(out) * np.nan) if poison else out
+
+
 def implementation(m: Mutant) -> Impl:
     """An Impl that is the reference except for mutant `m`."""
     modules = {}
@@ -2385,6 +2542,7 @@ def implementation(m: Mutant) -> Impl:
         ("attention", A),
         ("structured", ST),
         ("spec_decode", SD),
+        ("moe", M),
     ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:

@@ -27,6 +27,7 @@ _.post_processor  # HF tokenizers reads it
 _.pre_tokenizer  # HF tokenizers reads it
 _.__signature__  # inspect.signature reads it (accel wrappers carry the reference's)
 _._attn_implementation  # HF transformers reads it
+_._experts_implementation  # HF transformers reads it (the MoE adapter sets it)
 _.normalizer  # HF tokenizers reads it
 _.encode_special_tokens  # HF tokenizers reads it (conformance/adapters/hf_tokenizers.py)
 pytestmark  # pytest reads it

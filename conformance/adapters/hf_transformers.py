@@ -45,6 +45,17 @@ row. It does not validate anything else: what HF accepts or rejects is what is t
                        modeling_gptj, on the first 2 * len(inv_freq) features (the split
                        GPT-J and Phi attention do for partial rotary)
 
+`moe` (built on first access too) wraps the MoE modeling code, routers given an identity
+weight so that their router logits are the logits passed in:
+
+    route_topk_softmax Qwen3MoeTopKRouter with norm_topk_prob = renormalize (Mixtral's
+                       router is the same with renormalisation always on)
+    fused_moe          MixtralExperts holding w_gate_up and w_down
+
+`moe.route_grouped_topk` is declared missing: transformers has only two fixed variants of
+it, inside DeepSeek's router modules (tests/ops/test_moe.py compares both with the
+reference).
+
 `topk_logprobs`, `philox_uniform`, `sample`, llama.cpp's samplers (`apply_dry`,
 `apply_xtc`, `apply_mirostat`, `mirostat_update`), the `hashing`, `block_table` and
 `attention` ops have no counterpart and are declared in CONFORMANCE_MISSING (reported as
@@ -86,6 +97,13 @@ CONFORMANCE_MISSING = {
         "transformers' paged attention runs inside its continuous-batching cache classes "
         "(per-layer state, its own block layout): there is no stateless op with these "
         "signatures"
+    ),
+    "moe.route_grouped_topk": (
+        "transformers has two fixed variants inside stateful router modules, not the op: "
+        "DeepseekV3TopkRouter (sigmoid scores, groups by their top-2 sum, which raises for a "
+        "group of one expert, a correction bias) and DeepseekV2TopkRouter (softmax scores, "
+        "groups by their best score, no bias, no renormalisation); tests/ops/test_moe.py "
+        "compares both with the reference"
     ),
     "tokenize.*": (
         "transformers' fast tokenizers are the tokenizers library: see "
@@ -438,5 +456,64 @@ def apply_rope(
     return _back(q_out, query), _back(k_out, key)
 
 
+# --- moe --------------------------------------------------------------------------------
+
+
+def _router(router: Any, logits: Any) -> tuple[Any, Any]:
+    """(weights, ids) of an HF router module given an identity weight (router logits =
+    `logits`), in the library of `logits`."""
+    import torch
+
+    x = _torch(logits)
+    with torch.no_grad():
+        router.weight = torch.nn.Parameter(
+            torch.eye(x.shape[1], dtype=router.weight.dtype), requires_grad=False
+        )
+        _, weights, ids = router(x)
+    return _back(weights, logits), _back(ids, logits)
+
+
+def route_topk_softmax(logits: Any, k: int, renormalize: bool) -> tuple[Any, Any]:
+    """Qwen3MoeTopKRouter (softmax, topk, norm_topk_prob) on the logits."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    experts = logits.shape[1]
+    config = Qwen3MoeConfig(
+        hidden_size=experts, num_experts=experts, num_experts_per_tok=k, norm_topk_prob=renormalize
+    )
+    router = Qwen3MoeTopKRouter(config).to(_torch(logits).dtype)
+    return _router(router, logits)
+
+
+def fused_moe(
+    hidden: Any,
+    w_gate_up: Any,
+    w_down: Any,
+    topk_weights: Any,
+    topk_ids: Any,
+    activation: str = "silu",
+) -> Any:
+    """MixtralExperts holding the weights, on the routed tokens."""
+    import torch
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    gate_up, down = _torch(w_gate_up), _torch(w_down)
+    config = MixtralConfig(
+        hidden_size=gate_up.shape[2],
+        intermediate_size=gate_up.shape[1] // 2,
+        num_local_experts=gate_up.shape[0],
+        hidden_act=activation,
+    )
+    config._experts_implementation = "eager"  # the Python loop over experts
+    experts = MixtralExperts(config)
+    experts.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
+    experts.down_proj = torch.nn.Parameter(down, requires_grad=False)
+    with torch.no_grad():
+        out = experts(_torch(hidden), _torch(topk_ids).long(), _torch(topk_weights))
+    return _back(out, hidden)
+
+
 # `hf_transformers.sampling` etc.: this module's functions named like the reference's ops.
-__getattr__ = lazy_namespaces(__name__, globals(), ("sampling", "layers", "rope"), _hf)
+__getattr__ = lazy_namespaces(__name__, globals(), ("sampling", "layers", "rope", "moe"), _hf)

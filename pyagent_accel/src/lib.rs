@@ -19,6 +19,7 @@ pub mod float;
 pub mod grammar;
 pub mod hashing;
 pub mod layers;
+pub mod moe;
 pub mod ngram;
 pub mod philox;
 pub mod py_util;
@@ -34,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     block_table::register(m)?;
     bpe::register(m)?;
     layers::register(m)?;
+    moe::register(m)?;
     rope::register(m)?;
     attention::register(m)?;
     structured::register(m)?;

@@ -10,6 +10,82 @@ from .._files import read_json_object
 from .families import FAMILIES, check_rope_scaling, hf_activation
 
 DTYPES = ("float32", "bfloat16", "float16")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+
+
+def _require(cfg: dict[str, Any], key: str, arch: str) -> Any:
+    if key not in cfg:
+        raise ValueError(f"config.json for {arch} lacks {key!r}")
+    return cfg[key]
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The sparse MLP of a mixture-of-experts family (see `model.moe`).
+
+    `sparse_layers` are the decoder layers whose MLP is the MoE block (the others keep a
+    dense MLP of the model's `intermediate_size`); each of the `num_experts` experts is a
+    gated MLP of `intermediate_size`. A token goes to its `top_k` experts by softmax
+    routing, renormalised to sum to 1 if `renormalize`. A shared expert (Qwen2-MoE), when
+    `shared_expert_intermediate_size` > 0, runs on every token, scaled by
+    sigmoid(shared_expert_gate(x)) if `shared_expert_gate`.
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    renormalize: bool
+    sparse_layers: tuple[int, ...]
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+
+    @classmethod
+    def from_hf(cls, arch: str, cfg: dict[str, Any]) -> MoEConfig:
+        """The MoE keys of a Mixtral, Qwen2-MoE or Qwen3-MoE config.json.
+
+        Raises:
+            ValueError: a missing key, or a value the MoE block does not implement (the
+                message names the key and the value).
+        """
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"config.json for {arch}: hidden_act {act!r} is not supported")
+        layers = cfg["num_hidden_layers"]
+        # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts, like Mixtral's
+        key = "num_local_experts" if "num_local_experts" in cfg else "num_experts"
+        experts = _require(cfg, key, arch)
+        if arch == "MixtralForCausalLM":
+            inter, renormalize, sparse = cfg["intermediate_size"], True, tuple(range(layers))
+        else:
+            inter = _require(cfg, "moe_intermediate_size", arch)
+            renormalize = bool(cfg.get("norm_topk_prob", False))
+            step = cfg.get("decoder_sparse_step", 1)
+            if not isinstance(step, int) or step < 1:
+                raise ValueError(
+                    f"config.json for {arch}: decoder_sparse_step must be an int >= 1, got {step!r}"
+                )
+            dense = set(cfg.get("mlp_only_layers") or ())
+            sparse = tuple(
+                i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0
+            )
+        top_k = _require(cfg, "num_experts_per_tok", arch)
+        if sparse and not 1 <= top_k <= experts:
+            raise ValueError(
+                f"config.json for {arch}: num_experts_per_tok must be in [1, {experts}] "
+                f"(num_experts), got {top_k!r}"
+            )
+        shared = 0
+        if arch == "Qwen2MoeForCausalLM":
+            shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+        return cls(
+            num_experts=experts,
+            top_k=top_k,
+            intermediate_size=inter,
+            renormalize=renormalize,
+            sparse_layers=sparse,
+            shared_expert_intermediate_size=shared,
+            shared_expert_gate=shared > 0,
+        )
 
 
 NORMS = ("rms", "gemma_rms", "layer")
@@ -42,7 +118,8 @@ class ModelConfig:
     `attn_logit_softcapping`, `final_logit_softcapping`: cap * tanh(x / cap) on the
     attention scores and on the logits (Gemma 2). `embedding_multiplier` scales the token
     embeddings (Gemma: sqrt(hidden_size)); `position_embedding` is "rope" or "learned"
-    (GPT-2: a table of positions added to the embeddings).
+    (GPT-2: a table of positions added to the embeddings). `moe` describes the sparse MLP of a
+    mixture-of-experts family (None for a dense model).
     """
 
     architecture: str
@@ -65,6 +142,7 @@ class ModelConfig:
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
+    moe: MoEConfig | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
     norm: str = "rms"
     norm_placement: str = "pre"
@@ -129,8 +207,7 @@ class ModelConfig:
             "num_hidden_layers",
             "num_attention_heads",
         ):
-            if key not in cfg:
-                raise ValueError(f"config.json for {arch} lacks {key!r}")
+            _require(cfg, key, arch)
         heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
@@ -162,13 +239,18 @@ class ModelConfig:
             rope_scaling=rope or None,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", False)) or arch == "Qwen2ForCausalLM",
-            qk_norm="head" if arch == "Qwen3ForCausalLM" else None,
+            attention_bias=(
+                bool(cfg.get("attention_bias", False))
+                or arch == "Qwen2ForCausalLM"
+                or (arch == "Qwen2MoeForCausalLM" and bool(cfg.get("qkv_bias", True)))
+            ),
+            qk_norm="head" if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") else None,
             sliding_window=window,
             layer_types=layer_types,
             dtype=dtype if dtype in DTYPES else "float32",
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+            moe=MoEConfig.from_hf(arch, cfg) if arch in MOE_ARCHITECTURES else None,
             raw=cfg,
             partial_rotary_factor=float(partial),
             hidden_act=hf_activation(cfg.get("hidden_act", "silu"), "hidden_act"),

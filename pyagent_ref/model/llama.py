@@ -173,12 +173,17 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """down(act(gate(x)) * up(x)) with gate and up fused in `gate_up_proj` (silu: SwiGLU,
-    gelu: GeGLU), or down(act(up(x))) without a gate (GPT-2, GPT-NeoX)."""
+    gelu: GeGLU), or down(act(up(x))) without a gate (GPT-2, GPT-NeoX); of the config's
+    intermediate_size unless `intermediate_size` says otherwise (an MoE model's shared
+    expert)."""
 
-    def __init__(self, config: ModelConfig, ops: ModuleType) -> None:
+    def __init__(
+        self, config: ModelConfig, ops: ModuleType, intermediate_size: int | None = None
+    ) -> None:
         super().__init__()
         self.ops = ops
-        hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        hidden, bias = config.hidden_size, config.mlp_bias
+        inter = config.intermediate_size if intermediate_size is None else intermediate_size
         self.act, self.gated = config.hidden_act, config.gated_mlp
         if self.gated:
             self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)
@@ -229,10 +234,12 @@ class DecoderLayer(nn.Module):
     The stream travels as (hidden, residual), its value hidden + residual (residual None
     before the first layer), so that each add fuses into the next norm."""
 
-    def __init__(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_index: int, ops: ModuleType, mlp: nn.Module
+    ) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer_index, ops)
-        self.mlp = MLP(config, ops)
+        self.mlp = mlp
         self.parallel = config.norm_placement == "parallel"
         self.norm_names = NORM_PLACES[config.norm_placement]
         for name in filter(None, self.norm_names):
@@ -270,7 +277,8 @@ class LlamaForCausalLM(nn.Module):
         if config.position_embedding == "learned":
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, ops) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, ops, self.make_mlp(config, i, ops))
+            for i in range(config.num_hidden_layers)
         )
         self.norm = Norm(config.hidden_size, config, ops)
         self.build_rotary()
@@ -278,6 +286,10 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = None
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def make_mlp(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> nn.Module:
+        """The MLP of decoder layer `layer_index`: the gated MLP (MoE families override it)."""
+        return MLP(config, ops)
 
     def forward(
         self,

@@ -80,8 +80,10 @@ def iter_tensors(files: list[Path], progress: bool = True) -> Iterator[tuple[str
 
 
 def _target(hf_name: str, model: nn.Module, params: dict) -> tuple[str, object | None]:
-    """Our parameter name for an HF tensor name, and the fused shard it fills (None: the
-    whole parameter, a tensor the checkpoint already stores as we do)."""
+    """Our parameter name for an HF tensor name, and the shard of it the tensor fills
+    (None: the whole parameter, a tensor the checkpoint already stores as we do). Shards:
+    "q", "k", "v" of a fused qkv_proj; 0 (gate), 1 (up) of a fused gate_up_proj; (expert,
+    0 | 1 | None) of an MoE layer's stacked experts (the model's `checkpoint_target`)."""
     from .llama import param_mapping
 
     family = FAMILIES.get(model.config.architecture)
@@ -89,20 +91,61 @@ def _target(hf_name: str, model: nn.Module, params: dict) -> tuple[str, object |
     name = name.removeprefix("model.")
     if name in params:
         return name, None
+    moe_target = getattr(model, "checkpoint_target", None)
+    found = moe_target(name) if moe_target is not None else None
+    if found is not None:
+        return found
     for fused, separate, shard in param_mapping():
         if f".{separate}." in name:
             return name.replace(f".{separate}.", f".{fused}."), shard
     return name, None
 
 
-def _shard_slice(shard: object, model: nn.Module) -> slice:
-    cfg = model.config
+def _shards(name: str, param: torch.Tensor) -> set:
+    """The shards that fill parameter `name` (see `_target`): every one must be loaded."""
+    if name.endswith("experts.gate_up_proj"):
+        return {(e, half) for e in range(param.shape[0]) for half in (0, 1)}
+    if name.endswith("experts.down_proj"):
+        return {(e, None) for e in range(param.shape[0])}
+    if "qkv_proj" in name:
+        return {"q", "k", "v"}
+    if "gate_up_proj" in name:
+        return {0, 1}
+    return {None}
+
+
+def _shard_view(param: torch.Tensor, shard: object, model: nn.Module) -> torch.Tensor:
+    """The part of `param` that shard `shard` fills."""
+    if shard is None:
+        return param
+    if isinstance(shard, tuple):  # (expert, half) of stacked experts
+        expert, half = shard
+        rows = param[expert]
+        if half is None:
+            return rows
+        size = rows.shape[0] // 2
+        return rows[half * size : (half + 1) * size]
     if shard in ("q", "k", "v"):
+        cfg = model.config
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         start = {"q": 0, "k": q, "v": q + kv}[shard]
-        return slice(start, start + (q if shard == "q" else kv))
-    size = cfg.intermediate_size
-    return slice(shard * size, (shard + 1) * size)
+        return param[start : start + (q if shard == "q" else kv)]
+    size = param.shape[0] // 2  # gate_up_proj: the gate rows, then the up rows
+    return param[shard * size : (shard + 1) * size]
+
+
+def _checkpoint_name(name: str, shard: object, model: nn.Module) -> str:
+    """The HF tensor name that fills `shard` of our parameter `name` (for errors)."""
+    from .llama import param_mapping
+
+    moe_name = getattr(model, "checkpoint_name", None)
+    found = moe_name(name, shard) if moe_name is not None else None
+    if found is not None:
+        return found
+    for fused, separate, fused_shard in param_mapping():
+        if shard == fused_shard and f".{fused}." in name:
+            return "model." + name.replace(f".{fused}.", f".{separate}.")
+    return name if name == "lm_head.weight" else f"model.{name}"
 
 
 def load_weights(
@@ -110,11 +153,11 @@ def load_weights(
 ) -> None:
     """Fill every parameter of `model` from the files; errors name the tensor at fault
     (one without a place in the model, of the wrong shape or of a non-floating-point dtype,
-    or a parameter no tensor filled) or the file that cannot be read."""
+    or a checkpoint tensor that is missing) or the file that cannot be read."""
     params = dict(model.named_parameters())
     family = FAMILIES.get(model.config.architecture)
     ignored = ("rotary_emb.inv_freq", *(family.ignored if family else ()))
-    filled: dict[str, set] = {}
+    filled: dict[str, set] = {name: set() for name in params}
     for hf_name, tensor in iter_tensors(files, progress):
         if hf_name.endswith(ignored):
             continue  # buffers some checkpoints carry (RoPE tables, causal masks)
@@ -125,10 +168,9 @@ def load_weights(
             raise ValueError(
                 f"checkpoint tensor {hf_name!r} has no place in {type(model).__name__}"
             )
-        param = params[name]
         if family is not None and family.reshape is not None:
             tensor = family.reshape(name, tensor, model.config)
-        target = param.data if shard is None else param.data[_shard_slice(shard, model)]
+        target = _shard_view(params[name].data, shard, model)
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(
                 f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
@@ -140,19 +182,16 @@ def load_weights(
                 f"expected a floating-point dtype"
             )
         target.copy_(tensor.to(dtype))
-        filled.setdefault(name, set()).add(shard)
-    # a fused parameter is complete once it was copied whole or all of its shards were
-    shards = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
-    missing = sorted(
-        n
-        for n in params
-        if None not in filled.get(n, ())
-        and not any(f".{fused}." in n and filled.get(n) == need for fused, need in shards.items())
-    )
+        filled[name].add(shard)
+    # a parameter is complete once it was copied whole or all of its shards were
+    missing = [
+        f"{_checkpoint_name(name, shard, model)} (for {name})"
+        for name, param in params.items()
+        if None not in filled[name]
+        for shard in sorted(_shards(name, param) - filled[name], key=repr)
+    ]
     if missing:
-        raise ValueError(
-            f"checkpoint lacks tensors for {len(missing)} parameters, e.g. {missing[:5]}"
-        )
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {', '.join(missing[:5])}")
 
 
 def check_device(device: str | torch.device) -> torch.device:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from .llama import LlamaForCausalLM
+from .moe import MixtralForCausalLM, QwenMoeForCausalLM
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -19,6 +20,10 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Olmo2ForCausalLM": LlamaForCausalLM,
     "GPTNeoXForCausalLM": LlamaForCausalLM,
     "GPT2LMHeadModel": LlamaForCausalLM,
+    # the mixtures of experts of `moe`: the decoder with sparse MoE blocks
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": QwenMoeForCausalLM,
+    "Qwen3MoeForCausalLM": QwenMoeForCausalLM,
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from . import attention, block_table, hashing, layers, rope, sampling, spec_decode, structured
+from . import attention, block_table, hashing, layers, moe, rope, sampling, spec_decode, structured
 
 MODULES = (
     "sampling",
@@ -24,6 +24,7 @@ MODULES = (
     "attention",
     "structured",
     "spec_decode",
+    "moe",
 )
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
@@ -35,6 +36,7 @@ __all__ = [
     "hashing",
     "layers",
     "load",
+    "moe",
     "rope",
     "sampling",
     "spec_decode",
@@ -50,7 +52,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.spec_decode`).
+    result has one attribute per ops module (`.sampling`, ..., `.moe`).
     """
     if name == "ref":
         return importlib.import_module(__name__)

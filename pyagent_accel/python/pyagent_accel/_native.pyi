@@ -127,6 +127,27 @@ def rms_norm(
     x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 def silu_and_mul(x: np.ndarray) -> np.ndarray: ...
+def route_topk_softmax(
+    logits: np.ndarray, k: int, renormalize: bool
+) -> tuple[np.ndarray, np.ndarray]: ...
+def route_grouped_topk(
+    logits: np.ndarray,
+    k: int,
+    num_groups: int,
+    topk_groups: int,
+    correction_bias: np.ndarray | None,
+    sigmoid: bool,
+    routed_scaling_factor: float,
+    renormalize: bool,
+    group_max: bool,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def fused_moe(
+    hidden: np.ndarray,
+    w_gate_up: np.ndarray,
+    w_down: np.ndarray,
+    topk_weights: np.ndarray,
+    topk_ids: np.ndarray,
+) -> np.ndarray: ...
 def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray: ...
 def verify_greedy(
     target_logits: np.ndarray, draft_token_ids: np.ndarray, num_draft_tokens: np.ndarray

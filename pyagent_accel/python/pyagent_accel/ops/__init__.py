@@ -6,7 +6,7 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import attention, block_table, hashing, layers, rope, sampling, spec_decode, structured
+from . import attention, block_table, hashing, layers, moe, rope, sampling, spec_decode, structured
 
 MODULES = (
     "sampling",
@@ -17,6 +17,7 @@ MODULES = (
     "attention",
     "structured",
     "spec_decode",
+    "moe",
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "block_table",
     "hashing",
     "layers",
+    "moe",
     "rope",
     "sampling",
     "spec_decode",

@@ -2,6 +2,7 @@ from . import attention as attention
 from . import block_table as block_table
 from . import hashing as hashing
 from . import layers as layers
+from . import moe as moe
 from . import rope as rope
 from . import sampling as sampling
 from . import spec_decode as spec_decode
@@ -15,6 +16,7 @@ __all__ = [
     "block_table",
     "hashing",
     "layers",
+    "moe",
     "rope",
     "sampling",
     "spec_decode",

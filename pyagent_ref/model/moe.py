@@ -1,0 +1,143 @@
+"""Mixture-of-experts families on the Llama decoder: Mixtral, Qwen2-MoE, Qwen3-MoE.
+
+These models are the Llama-family decoder (`model.llama`: attention, RoPE, norms, the
+paged cache) with the MLP of some or all layers replaced by a sparse MoE block
+(`SparseMoeBlock`): a router (`gate`, a linear map to one logit per expert) picks each
+token's top-k experts by softmax (`ops.moe.route_topk_softmax`), the experts' gated
+MLPs run on the tokens routed to them (`ops.moe.fused_moe`), and their outputs are
+summed with the routing weights. Qwen2-MoE adds a shared expert that every token goes
+through, scaled by a sigmoid gate. What differs between the families is configuration
+(`ModelConfig.moe`): which layers are sparse (Qwen's `decoder_sparse_step` and
+`mlp_only_layers`), whether the top-k weights are renormalised (Mixtral always,
+Qwen's `norm_topk_prob`), the shared expert; and the checkpoint's tensor names.
+
+The experts of a layer are kept stacked, as `fused_moe` takes them: `gate_up_proj`
+(experts, 2 * inter, hidden) and `down_proj` (experts, hidden, inter). HF checkpoints
+hold one tensor per expert and projection; `checkpoint_target` says where each goes and
+`checkpoint_name` names the tensor a missing piece should have come from.
+
+DeepSeek-V2/V3 route with `ops.moe.route_grouped_topk` but also need multi-head latent
+attention (MLA), which the decoder does not have yet: their architectures are not
+registered.
+"""
+
+from __future__ import annotations
+
+import re
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from .. import ops as reference_ops
+from .config import ModelConfig
+from .llama import MLP, LlamaForCausalLM
+
+
+class Experts(nn.Module):
+    """The stacked weights of a layer's experts (the layout `ops.moe.fused_moe` takes)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size)
+        )
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+
+class SparseMoeBlock(nn.Module):
+    """Router, routed experts and the optional (gated) shared expert of one layer."""
+
+    def __init__(self, config: ModelConfig, ops: ModuleType) -> None:
+        super().__init__()
+        moe = config.moe
+        self.ops = ops
+        self.top_k = moe.top_k
+        self.renormalize = moe.renormalize
+        self.gate = nn.Linear(config.hidden_size, moe.num_experts, bias=False)
+        self.experts = Experts(moe.num_experts, config.hidden_size, moe.intermediate_size)
+        self.shared_expert = None
+        self.shared_expert_gate = None
+        if moe.shared_expert_intermediate_size:
+            self.shared_expert = MLP(config, ops, moe.shared_expert_intermediate_size)
+        if moe.shared_expert_gate:
+            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        moe = self.ops.moe
+        weights, ids = moe.route_topk_softmax(self.gate(x), self.top_k, self.renormalize)
+        out = moe.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
+        return out
+
+
+class MoEForCausalLM(LlamaForCausalLM):
+    """A Llama-family decoder whose sparse layers (`config.moe.sparse_layers`) have a
+    `SparseMoeBlock` for an MLP. Subclasses name the checkpoint's expert tensors:
+    `BLOCK`, the layer's submodule in HF names, and `PROJECTIONS`, the HF names of each
+    expert's gate, up and down projections."""
+
+    BLOCK = "mlp"
+    PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+    def __init__(self, config: ModelConfig, ops: ModuleType = reference_ops) -> None:
+        if config.moe is None:
+            raise ValueError(f"{type(self).__name__} needs an MoE config, got moe=None")
+        super().__init__(config, ops)
+
+    def make_mlp(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> nn.Module:
+        if layer_index in config.moe.sparse_layers:
+            return SparseMoeBlock(config, ops)
+        return MLP(config, ops)
+
+    def required_ops(self) -> list[str]:
+        """The decoder's ops and the MoE block's router and experts."""
+        return [*super().required_ops(), "moe.route_topk_softmax", "moe.fused_moe"]
+
+    def checkpoint_target(self, name: str) -> tuple[str, tuple[int, int | None]] | None:
+        """Where checkpoint tensor `name` ("model." removed) goes if it belongs to the MoE
+        block: (our stacked parameter, (expert, 0 gate / 1 up / None down)), or (our name,
+        None) for the router under another block name; None for anything else."""
+        gate, up, down = self.PROJECTIONS
+        found = re.fullmatch(
+            rf"layers\.(\d+)\.{self.BLOCK}\.experts\.(\d+)\.({gate}|{up}|{down})\.weight", name
+        )
+        if found is None:
+            if self.BLOCK != "mlp" and f".{self.BLOCK}." in name:
+                return name.replace(f".{self.BLOCK}.", ".mlp."), None
+            return None
+        layer, expert, proj = int(found[1]), int(found[2]), found[3]
+        if expert >= self.config.moe.num_experts:
+            return None  # no place in the model: the loader names the tensor
+        param = "down_proj" if proj == down else "gate_up_proj"
+        half = {gate: 0, up: 1, down: None}[proj]
+        return f"layers.{layer}.mlp.experts.{param}", (expert, half)
+
+    def checkpoint_name(self, param: str, shard: object) -> str | None:
+        """The checkpoint tensor that fills `shard` of our parameter `param` if it belongs
+        to the MoE block (see `checkpoint_target`), else None."""
+        layer = param.split(".")[1] if param.startswith("layers.") else None
+        if isinstance(shard, tuple):  # (expert, half) of the stacked experts
+            expert, half = shard
+            proj = self.PROJECTIONS[2 if half is None else half]
+            return f"model.layers.{layer}.{self.BLOCK}.experts.{expert}.{proj}.weight"
+        if param == f"layers.{layer}.mlp.gate.weight":
+            return f"model.layers.{layer}.{self.BLOCK}.gate.weight"
+        return None
+
+
+class MixtralForCausalLM(MoEForCausalLM):
+    """Mixtral: every layer sparse, top-k renormalised; HF's `block_sparse_moe` with
+    experts' `w1` (gate), `w3` (up), `w2` (down)."""
+
+    BLOCK = "block_sparse_moe"
+    PROJECTIONS = ("w1", "w3", "w2")
+
+
+class QwenMoeForCausalLM(MoEForCausalLM):
+    """Qwen2-MoE and Qwen3-MoE: sparse layers by decoder_sparse_step / mlp_only_layers,
+    norm_topk_prob, and (Qwen2-MoE) a shared expert with a sigmoid gate."""
