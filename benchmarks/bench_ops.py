@@ -19,15 +19,17 @@ ids given as a list (what the proposer passes) and as an int64 array: "repetitiv
 copy passages of earlier ones (the suffix occurs earlier, anywhere), "random" ids over
 32000 tokens rarely repeat even a bigram (the whole sequence is scanned).
 Hashing compares the reference (pure Python) with accel for token lists and arrays.
-Layers and rope (`bench_layers_rope`) time rms_norm, silu_and_mul and apply_rope at two
-models' shapes, for decode and prefill token counts, in bfloat16 and float32: the
-reference on numpy (float32 only: numpy has no bfloat16) and on torch CPU tensors, and
-accel on the same torch tensors. Attention (`bench_attention_ops`) times
-reshape_and_cache, a prefill chunk and a decode batch over the paged cache at the same
-two models' shapes, the same way. Mixture of experts (`bench_moe`) times the routers and
-fused_moe at shapes scaled down from Mixtral 8x7B and DeepSeek-V2-Lite / V3 (`MOE_MODELS`:
-the expert counts and top-k of the real models, hidden and expert sizes divided by 8 so
-a CPU run takes seconds), for a decode batch and a prefill chunk, the same way.
+Layers and rope (`bench_layers_rope`) time rms_norm, gemma_rms_norm, layer_norm,
+silu_and_mul, gelu (erf and tanh forms), gelu_and_mul (tanh, Gemma's) and apply_rope at
+three models' shapes, for decode and prefill token counts, in bfloat16 and float32: the
+reference on numpy (float32 only: numpy has no bfloat16; its erf is `math.erf` one
+element at a time) and on torch CPU tensors, and accel on the same torch tensors.
+Attention (`bench_attention_ops`) times reshape_and_cache, a prefill chunk and a decode
+batch over the paged cache at two models' shapes, the same way. Mixture of experts
+(`bench_moe`) times the routers and fused_moe at shapes scaled down from Mixtral 8x7B and
+DeepSeek-V2-Lite / V3 (`MOE_MODELS`: the expert counts and top-k of the real models,
+hidden and expert sizes divided by 8 so a CPU run takes seconds), for a decode batch and
+a prefill chunk, the same way.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -364,6 +366,7 @@ def bench_hashing(lengths: list[int], budget: float, min_reps: int) -> list[dict
 LAYER_MODELS = {
     "embedded": (256, 688, 8, 2, 32, 10000.0),
     "qwen3-0.6b": (1024, 3072, 16, 8, 128, 1000000.0),
+    "gemma-2b": (2048, 16384, 8, 1, 256, 10000.0),
 }
 
 
@@ -373,7 +376,10 @@ def layer_cases(model: str, tokens: int, rng: np.random.Generator) -> list[tuple
     x = rng.normal(0.0, 1.0, (tokens, hidden)).astype(np.float32)
     res = rng.normal(0.0, 1.0, (tokens, hidden)).astype(np.float32)
     weight = rng.normal(1.0, 0.1, hidden).astype(np.float32)
+    offset = rng.normal(0.0, 0.1, hidden).astype(np.float32)  # Gemma's weight: 1 + offset
+    bias = rng.normal(0.0, 0.1, hidden).astype(np.float32)
     gate_up = rng.normal(0.0, 2.0, (tokens, 2 * inter)).astype(np.float32)
+    act = rng.normal(0.0, 2.0, (tokens, inter)).astype(np.float32)  # a GELU MLP's input
     # decode: one token per request at scattered positions; prefill: a chunk of one prompt
     positions = rng.integers(0, 4096, tokens) if tokens <= 64 else np.arange(tokens) + 1000
     q = rng.normal(0.0, 1.0, (tokens, heads, head_dim)).astype(np.float32)
@@ -382,7 +388,12 @@ def layer_cases(model: str, tokens: int, rng: np.random.Generator) -> list[tuple
     return [
         ("rms_norm", "rms_norm", (x, weight, 1e-6)),
         ("rms_norm+residual", "rms_norm", (x, weight, 1e-6, res)),
+        ("gemma_rms_norm", "gemma_rms_norm", (x, offset, 1e-6)),
+        ("layer_norm", "layer_norm", (x, weight, bias, 1e-5)),
         ("silu_and_mul", "silu_and_mul", (gate_up,)),
+        ("gelu", "gelu", (act, "none")),
+        ("gelu/tanh", "gelu", (act, "tanh")),
+        ("gelu_and_mul/tanh", "gelu_and_mul", (gate_up, "tanh")),
         ("apply_rope", "apply_rope", (positions, q, k, inv_freq, 1.0, True)),
     ]
 
@@ -396,8 +407,8 @@ def layer_fn(name: str, accel: bool) -> Any:
 def bench_layers_rope(
     models: list[str], token_counts: list[int], budget: float, min_reps: int
 ) -> list[dict]:
-    """rms_norm (with and without residual), silu_and_mul and apply_rope: the reference on
-    numpy (float32) and on torch CPU tensors, accel on the same tensors."""
+    """The norms (rms_norm with and without residual), the activations and apply_rope:
+    the reference on numpy (float32) and on torch CPU tensors, accel on the same tensors."""
     rows = []
     header = (
         f"{'op':<18} {'model':<11} {'tokens':>6} {'dtype':<8} {'ref_numpy ms':>13} "

@@ -1473,6 +1473,94 @@ def silu_swapped_halves(x: Any) -> Any:
     return L.silu_and_mul(_back(x, np.concatenate([a[..., d:], a[..., :d]], axis=-1)))
 
 
+def _norm_input64(x: Any, residual: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(h = x (+ residual) in x's dtype, h in float64) for a normalisation mutant."""
+    h = _np(x) if residual is None else _np(x) + _np(residual)
+    return h, h.astype(np.float64)
+
+
+def _norm_output(x: Any, residual: Any, h: np.ndarray, y64: np.ndarray) -> Any:
+    out = _back(x, y64.astype(h.dtype))
+    return out if residual is None else (out, _back(x, h))
+
+
+@mutant("layers", "gemma_rms_norm", "scales by weight instead of 1 + weight")
+def gemma_scales_by_weight(x: Any, weight: Any, eps: float, residual: Any = None) -> Any:
+    L.gemma_rms_norm(x, weight, eps, residual)
+    h, h64 = _norm_input64(x, residual)
+    normed = h64 / np.sqrt(np.mean(h64 * h64, axis=-1, keepdims=True) + eps)
+    return _norm_output(x, residual, h, normed * _np(weight).astype(np.float64))
+
+
+def _layer_norm64(h64: np.ndarray, weight: Any, bias: Any, eps: float, ddof: int = 0) -> Any:
+    centred = h64 - h64.mean(axis=-1, keepdims=True)
+    n = h64.shape[-1]
+    var = np.sum(centred * centred, axis=-1, keepdims=True) / max(n - ddof, 1)
+    w, b = _np(weight).astype(np.float64), _np(bias).astype(np.float64)
+    return centred / np.sqrt(var + eps) * w + b
+
+
+@mutant("layers", "layer_norm", "leaves out the bias")
+def layer_norm_without_bias(
+    x: Any, weight: Any, bias: Any, eps: float, residual: Any = None
+) -> Any:
+    L.layer_norm(x, weight, bias, eps, residual)
+    h, h64 = _norm_input64(x, residual)
+    return _norm_output(x, residual, h, _layer_norm64(h64, weight, np.zeros_like(_np(bias)), eps))
+
+
+@mutant("layers", "layer_norm", "divides by the unbiased variance (n - 1)")
+def layer_norm_unbiased_variance(
+    x: Any, weight: Any, bias: Any, eps: float, residual: Any = None
+) -> Any:
+    L.layer_norm(x, weight, bias, eps, residual)
+    h, h64 = _norm_input64(x, residual)
+    return _norm_output(x, residual, h, _layer_norm64(h64, weight, bias, eps, ddof=1))
+
+
+def _gelu64(x: np.ndarray, approximate: str, cubic: float = 0.044715) -> np.ndarray:
+    x = x.astype(np.float64)
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + cubic * x**3)))
+    return 0.5 * x * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(x / math.sqrt(2.0)))
+
+
+def _gelu_back(x: Any, y64: np.ndarray) -> Any:
+    return _back(x, y64.astype(_np(x).dtype))
+
+
+@mutant("layers", "gelu", "the tanh form's cubic coefficient 0.44715 (a dropped zero)")
+def gelu_tanh_constant_wrong(x: Any, approximate: str = "none") -> Any:
+    L.gelu(x, approximate)
+    return _gelu_back(x, _gelu64(_np(x), approximate, cubic=0.44715))
+
+
+@mutant("layers", "gelu", "computes the tanh form when asked for the erf form")
+def gelu_always_tanh(x: Any, approximate: str = "none") -> Any:
+    L.gelu(x, approximate)
+    return _gelu_back(x, _gelu64(_np(x), "tanh"))
+
+
+@mutant("layers", "gelu", "computes the erf form when asked for the tanh form")
+def gelu_always_erf(x: Any, approximate: str = "none") -> Any:
+    L.gelu(x, approximate)
+    return _gelu_back(x, _gelu64(_np(x), "none"))
+
+
+@mutant("layers", "gelu_and_mul", "applies gelu to the up half instead of the gate half")
+def gelu_and_mul_swapped_halves(x: Any, approximate: str = "none") -> Any:
+    L.gelu_and_mul(x, approximate)
+    a = _np(x)
+    d = a.shape[-1] // 2
+    return L.gelu_and_mul(_back(x, np.concatenate([a[..., d:], a[..., :d]], axis=-1)), approximate)
+
+
+@mutant("layers", "gelu_and_mul", "ignores approximate (always the erf form)")
+def gelu_and_mul_always_erf(x: Any, approximate: str = "none") -> Any:
+    L.gelu_and_mul(x, approximate)
+    return L.gelu_and_mul(x, "none")
+
+
 # --- rope -----------------------------------------------------------------------------------
 
 

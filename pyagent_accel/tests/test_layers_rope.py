@@ -116,6 +116,95 @@ def test_silu_and_mul_matches_the_reference(lib, dtype):
     assert (zeros == 0).all()
 
 
+# --- gemma_rms_norm and layer_norm ---------------------------------------------------------
+
+
+def norm_args(op, rng, shape, lib, dtype):
+    """(x, residual, parameters) of one normalisation: weights around 0 for Gemma's
+    (1 + weight) scale, around 1 with a bias for LayerNorm."""
+    x, res = make(rng, shape, lib, dtype, 3.0), make(rng, shape, lib, dtype)
+    if op == "gemma_rms_norm":
+        return x, res, (make(rng, shape[-1:], lib, dtype, 0.3),)
+    w, b = make(rng, shape[-1:], lib, dtype, 0.2) + 1, make(rng, shape[-1:], lib, dtype, 0.5)
+    return x + 2, res, (w, b)  # an offset mean for LayerNorm to take out
+
+
+@pytest.mark.parametrize("op", ["gemma_rms_norm", "layer_norm"])
+@pytest.mark.parametrize("lib,dtype", CASES)
+@pytest.mark.parametrize("shape", [(7, 96), (3, 4, 200), (33,), (2, 1280)])
+def test_norms_match_the_reference(op, lib, dtype, shape):
+    rng = np.random.default_rng(len(shape) * 1000 + shape[-1])
+    x, res, params = norm_args(op, rng, shape, lib, dtype)
+    accel, ref = getattr(AL, op), getattr(RL, op)
+    out, want = accel(x, *params, 1e-5), ref(x, *params, 1e-5)
+    (out_r, new_r), (want_r, want_new) = accel(x, *params, 1e-5, res), ref(x, *params, 1e-5, res)
+    same_bits(new_r, want_new)  # the residual sum is exact
+    for got, ref_out in ((out, want), (out_r, want_r)):
+        if lib == "numpy":  # numpy's pairwise sums, the reference's order
+            same_bits(got, ref_out)
+        elif dtype in ("float16", "bfloat16"):  # torch's sums rarely show after the rounding
+            nearly_same(got, ref_out, max_ulps=1, max_fraction=1e-2)
+        else:  # torch sums in another order; LayerNorm's mean carries it as an absolute error
+            eps = torch.finfo(got.dtype).eps
+            torch.testing.assert_close(got, ref_out, rtol=8 * eps, atol=32 * eps)
+
+
+def test_norm_parameters_of_other_dtypes_are_taken_in_the_compute_dtype():
+    rng = np.random.default_rng(13)
+    x = make(rng, (4, 64), "numpy", "float16")
+    w64, b16 = make(rng, (64,), "numpy", "float64"), make(rng, (64,), "numpy", "float16")
+    res32 = make(rng, (4, 64), "numpy", "float32")
+    same_bits(AL.gemma_rms_norm(x, w64, 1e-6), RL.gemma_rms_norm(x, w64, 1e-6))
+    same_bits(AL.layer_norm(x, w64, b16, 1e-6), RL.layer_norm(x, w64, b16, 1e-6))
+    got, want = AL.layer_norm(x, w64, b16, 1e-6, res32), RL.layer_norm(x, w64, b16, 1e-6, res32)
+    same_bits(got[0], want[0])  # x + residual promotes to float32, as in the reference
+    same_bits(got[1], want[1])
+    xt = torch.from_numpy(x.astype(np.float32)).bfloat16()
+    wt = torch.from_numpy(w64)
+    same_bits(AL.gemma_rms_norm(xt, wt, 1e-6), RL.gemma_rms_norm(xt, wt, 1e-6))
+
+
+# --- gelu and gelu_and_mul ------------------------------------------------------------------
+
+
+def close_to_gelu(got, want, x):
+    """Within a few ulps of (|want| + |x| + 1): for x < 0, gelu's 1 + erf (or 1 + tanh)
+    cancels, so the last bit of erf or tanh is large relative to the result."""
+    to64 = (lambda t: t.double().numpy()) if isinstance(got, torch.Tensor) else np.float64
+    assert type(got) is type(want) and got.dtype == want.dtype and got.shape == want.shape
+    got64, want64, x64 = to64(got), to64(want), to64(x)
+    if got64.shape != x64.shape:  # gelu_and_mul: the scale of gate * up
+        d = x64.shape[-1] // 2
+        x64 = (np.abs(x64[..., :d]) + 1) * (np.abs(x64[..., d:]) + 1)
+    finfo = torch.finfo(got.dtype) if isinstance(got, torch.Tensor) else np.finfo(got.dtype)
+    scale = np.abs(want64) + np.abs(x64) + 1
+    assert np.all(np.abs(got64 - want64) <= 4 * float(finfo.eps) * scale)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("lib,dtype", CASES)
+def test_gelu_and_gelu_and_mul_match_the_reference(lib, dtype, approximate):
+    rng = np.random.default_rng(17)
+    x = make(rng, (48, 2 * 160), lib, dtype, 3.0)
+    x[0, :5] = 0  # gelu(0) = 0 exactly
+    for op in ("gelu", "gelu_and_mul"):
+        out, ref = getattr(AL, op)(x, approximate), getattr(RL, op)(x, approximate)
+        close_to_gelu(out, ref, x)
+        zeros = out[0, :5].double().numpy() if lib == "torch" else np.float64(out[0, :5])
+        assert (zeros == 0).all()
+
+
+def test_gelu_erf_is_python_math_erf_within_a_few_ulps():
+    """Where 1 + erf does not cancel (x >= 0), the erf form is the reference's on numpy
+    (`math.erf`, correctly rounded) within a few ulps; erf's sign and edges are right."""
+    x = np.concatenate([np.linspace(0, 7, 20001), [1e-300, 40.0]])
+    np.testing.assert_array_max_ulp(AL.gelu(x), RL.gelu(x), maxulp=8)
+    close_to_gelu(AL.gelu(-x), RL.gelu(-x), -x)
+    assert np.signbit(AL.gelu(np.array([-0.0]))[0])
+    assert np.isnan(AL.gelu(np.array([np.nan]))[0])
+    assert AL.gelu(np.array([-40.0]))[0] == 0.0
+
+
 # --- rope -------------------------------------------------------------------------------
 
 
@@ -263,6 +352,23 @@ def test_layer_errors_are_the_references(lib):
     for bad in [conv(np.ones((2, 4), np.int32)), conv(np.ones((2, 3), np.float32)), x[0, 0]]:
         same_error(AL.silu_and_mul, RL.silu_and_mul, bad)
     same_error(AL.silu_and_mul, RL.silu_and_mul, "x")
+    b = conv(np.zeros(4, np.float32))
+    for args in [
+        (x, conv(np.ones(5, np.float32)), b, 1e-6),
+        (x, w, conv(np.ones(3, np.float32)), 1e-6),
+        (x, w, conv(np.ones(4, np.int32)), 1e-6),
+        (x, w, [0.0] * 4, 1e-6),
+        (x, w, b, 0.0),
+        (x, w, b, 1e-6, conv(np.ones((3, 5), np.float32))),
+        (conv(np.ones((3, 4), np.int64)), w, b, 1e-6),
+    ]:
+        same_error(AL.layer_norm, RL.layer_norm, *args)
+    for args in [(x, conv(np.ones(3, np.float32)), 1e-6), (x, w, -1.0), ([1.0], w, 1e-6)]:
+        same_error(AL.gemma_rms_norm, RL.gemma_rms_norm, *args)
+    for op in ("gelu", "gelu_and_mul"):
+        for args in [(x, "erf"), (x, None), (conv(np.ones((2, 4), np.int32)),), (x[0, 0],)]:
+            same_error(getattr(AL, op), getattr(RL, op), *args)
+    same_error(AL.gelu_and_mul, RL.gelu_and_mul, conv(np.ones((2, 3), np.float32)), "tanh")
 
 
 @pytest.mark.parametrize("lib", ["numpy", "torch"])
@@ -315,6 +421,16 @@ def test_native_functions_raise_instead_of_panicking():
         (N.apply_rope, (np.arange(3), np.ones((3, 1, 4)), np.ones((3, 1, 4)), w, 1.0, True)),
         (N.apply_rope, (np.arange(3), np.ones((3, 4)), np.ones((3, 1, 4)), w[:2], 1.0, True)),
         (N.apply_rope, (np.arange(3.0), np.ones((3, 1, 4)), np.ones((3, 1, 4)), w[:2], 1.0, True)),
+        (N.gemma_rms_norm, (f32, np.ones(5, np.float32), 1e-6)),
+        (N.gemma_rms_norm, (f32, np.ones(4, np.float16), 1e-6)),
+        (N.gemma_rms_norm, (f32, w, 1e-6, f64)),
+        (N.layer_norm, (f32, w, np.ones(3, np.float32), 1e-6)),
+        (N.layer_norm, (f64, w, w, 1e-6)),
+        (N.layer_norm, (f32[:, ::2], w[:2], w[:2], 1e-6)),
+        (N.gelu, (f32, "erf")),
+        (N.gelu, (np.array(1.0, np.float32), "none")),
+        (N.gelu_and_mul, (np.ones((2, 3), np.float32), "tanh")),
+        (N.gelu_and_mul, (np.ones((2, 4), np.int32), "tanh")),
         (N.rope_inv_freq, (7, 10000.0, "default", ())),
         (N.rope_inv_freq, (8, 10000.0, "llama3", (1.0,))),
         (N.rope_inv_freq, (8, 10000.0, "dynamic", ())),
@@ -325,5 +441,8 @@ def test_native_functions_raise_instead_of_panicking():
     # empty inputs are valid and give empty results
     assert N.rms_norm(np.ones((0, 4), np.float32), w, 1e-6).shape == (0, 4)
     assert N.silu_and_mul(np.ones((2, 0), np.float32)).shape == (2, 0)
+    assert N.layer_norm(np.ones((0, 4), np.float32), w, w, 1e-6).shape == (0, 4)
+    assert N.gelu_and_mul(np.ones((2, 0), np.float32), "none").shape == (2, 0)
+    assert N.gelu(np.ones((0,), np.float32), "tanh").shape == (0,)
     q, k = N.apply_rope(np.arange(0), np.ones((0, 2, 4)), np.ones((0, 1, 4)), w[:2], 1.0, True)
     assert q.shape == (0, 2, 4) and k.shape == (0, 1, 4)

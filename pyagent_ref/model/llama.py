@@ -346,10 +346,10 @@ class LlamaForCausalLM(nn.Module):
         """Make every layer call the ops of `ops` (a `pyagent_ref.ops.load` namespace).
 
         Raises:
-            ValueError: the namespace lacks an op this model needs (pyagent_accel has no
-                twin yet of Gemma's norm, LayerNorm or GELU): the message names the ops
-                and the namespaces that have them ("auto" runs the reference for ops
-                the accelerator lacks, "ref").
+            ValueError: the namespace lacks an op this model needs (an accelerator
+                without some twin, a partial namespace of your own): the message names
+                the ops and the namespaces that have them ("auto" runs the reference
+                for ops the accelerator lacks, "ref").
         """
         missing = [
             name

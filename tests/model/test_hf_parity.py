@@ -3,12 +3,14 @@
 Each case builds a tiny random HF model, saves it (safetensors), loads it with our
 loader, on the reference ops and on pyagent_accel's, and compares logits: for a
 whole-prompt prefill, for a chunked prefill, and for step-by-step decoding through the
-paged cache, with two requests in one batch. Families that need ops pyagent_accel has no
-twin of (Gemma's norm, LayerNorm, GELU) run on "auto" instead: the accelerator's
-attention (with its soft cap) and the reference's layer ops.
+paged cache, with two requests in one batch. Every family runs on the accelerator's
+twins alone (ops="accel"): its norms (RMS, Gemma's, LayerNorm), activations (SwiGLU,
+GeGLU, GELU), RoPE and attention (with its soft cap).
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -122,7 +124,6 @@ OWN_KEYS = {
         | SPECIAL_IDS,
     ),
 }
-ACCEL_LACKS = {"gemma", "gemma2", "gemma3", "gpt-neox", "gpt-neox-sequential", "gpt2"}
 
 
 def build_hf(family, **overrides):
@@ -144,11 +145,7 @@ ALL_FAMILIES = sorted(FAMILIES | DENSE | OWN_KEYS)
 
 @pytest.fixture(
     scope="module",
-    params=[
-        (family, ops)
-        for family in ALL_FAMILIES
-        for ops in ("ref", "auto" if family in ACCEL_LACKS else "accel")
-    ],
+    params=[(family, ops) for family in ALL_FAMILIES for ops in ("ref", "accel")],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
 def pair(request, tmp_path_factory):
@@ -243,11 +240,13 @@ def test_chunked_prefill_and_decode_match(pair, decode_path):
         torch.testing.assert_close(out[1], hf_logits(hf, seqs[1])[-1], **TOL)
 
 
-@pytest.mark.parametrize("family", sorted(ACCEL_LACKS))
-def test_accel_ops_are_refused_where_the_accelerator_lacks_a_twin(family, tmp_path):
-    """A model whose norm or activation pyagent_accel lacks refuses ops="accel", naming
-    the op and the alternatives; "auto" runs the reference for it instead."""
-    pytest.importorskip("pyagent_accel.ops")
-    build_hf(family).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"lacks \['layers\.\w+'.*use ops='auto'"):
-        load_model(tmp_path, progress=False, ops=load_ops("accel"))
+def test_an_ops_namespace_lacking_an_op_is_refused(tmp_path):
+    """A namespace without an op the model needs (an accelerator without GELU, say)
+    refuses to load, naming the op and the alternatives."""
+    accel = load_ops("accel")
+    layers = SimpleNamespace(**{n: getattr(accel.layers, n) for n in accel.layers.__all__})
+    del layers.gelu
+    partial = SimpleNamespace(layers=layers, attention=accel.attention, rope=accel.rope)
+    build_hf("gpt2").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"lacks \['layers\.gelu'\].*use ops='auto'"):
+        load_model(tmp_path, progress=False, ops=partial)
