@@ -114,6 +114,14 @@ def main() -> None:
         **{
             f"ngram k={k}": {"num_speculative_tokens": k, "prompt_lookup_max": 3} for k in (2, 4, 6)
         },
+        **{  # a match of one token is weak evidence: ask for two
+            f"ngram k={k} min=2": {
+                "num_speculative_tokens": k,
+                "prompt_lookup_min": 2,
+                "prompt_lookup_max": 4,
+            }
+            for k in (4, 6)
+        },
         **{f"suffix k={k}": {"method": "suffix", "num_speculative_tokens": k} for k in (4, 8)},
         "suffix k=8 no-cache": {
             "method": "suffix",
