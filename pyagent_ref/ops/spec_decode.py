@@ -629,11 +629,11 @@ def rejection_sample_tree(
     end_cells = xp.asarray(
         [b * width + d for b, (_, d) in enumerate(ends)], dtype=xp.int64, device=where
     )
-    gone = [[False] * vocab for _ in trees]
-    for b, tokens in enumerate(rejected_at_end):
-        for x in tokens:
-            gone[b][x] = True
-    gone = xp.asarray(gone, dtype=xp.bool, device=where)
+    most = max(1, max(len(tokens) for tokens in rejected_at_end))
+    padded = [tokens + [-1] * (most - len(tokens)) for tokens in rejected_at_end]
+    rejected = xp.reshape(xp.asarray(padded, dtype=xp.int64, device=where), (batch, most, 1))
+    vocab_ids = xp.reshape(xp.arange(vocab, dtype=xp.int64, device=where), (1, 1, vocab))
+    gone = xp.any(rejected == vocab_ids, axis=1)
     r = xp.where(gone, 0.0, xp.take(p, end_rows, axis=0))
     has_rejected = xp.reshape(xp.asarray([bool(x) for x in rejected_at_end], device=where), (-1, 1))
     from_p = ~has_rejected | ~xp.any(r > 0, axis=1, keepdims=True)
