@@ -10,9 +10,9 @@ that the target verifies in one forward pass (`pyagent_ref.spec_decode.medusa`,
 
 What it does, in order (seeded; the base model is frozen):
 
-1. **Data.** The default model's corpus and split, imported from
+1. **Data.** The default model's corpus, split and code streams, imported from
    ``tools/train_default_model.py`` (``collect_corpus``, every ``VAL_EVERY``-th file held
-   out), tokenized with the shipped tokenizer and packed as ``<|bos|> code <|eos|>``.
+   out, ``token_streams`` with the shipped tokenizer: ``<|bos|> code <|eos|>`` packed).
    ``TRAIN_WINDOWS`` windows of ``SEQ_LEN`` tokens are drawn from the training stream
    and ``VAL_WINDOWS`` from the held-out one (``numpy.random.default_rng(SEED)``).
 2. **Teacher.** The base model (``pyagent_ref/model/default``, float32) reads each window
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
@@ -55,13 +56,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from train_default_model import (  # noqa: E402 - the tools directory is not a package
-    BOS,
-    EOS,
     REPO_ROOT,
     VAL_EVERY,
     collect_corpus,
     log,
     sha256_file,
+    token_streams,
 )
 
 BASE = REPO_ROOT / "pyagent_ref" / "model" / "default"
@@ -78,15 +78,6 @@ LR = 3e-3
 TOP_K = 5
 ACCEPT_SAMPLES = 200
 THREADS = 2
-
-
-def pack(tok, texts: list[str]) -> np.ndarray:
-    """<|bos|> text <|eos|> for each text, concatenated (the default model's layout)."""
-    bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
-    ids: list[int] = []
-    for enc in tok.encode_batch(texts, add_special_tokens=False):
-        ids += [bos, *enc.ids, eos]
-    return np.asarray(ids, dtype=np.int64)
 
 
 @torch.no_grad()
@@ -130,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from safetensors.torch import save_file
     from tokenizers import Tokenizer
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
     from pyagent_ref.ops import spec_decode
     from pyagent_ref.spec_decode.medusa import MEDUSA_TREE, MedusaHeads
@@ -143,8 +134,11 @@ def main(argv: list[str] | None = None) -> int:
 
     files = collect_corpus()
     tok = Tokenizer.from_file(str(BASE / "tokenizer.json"))
-    train = pack(tok, [t for i, (_, t) in enumerate(files) if i % VAL_EVERY != 0])
-    val = pack(tok, [t for i, (_, t) in enumerate(files) if i % VAL_EVERY == 0])
+    hf_tok = PreTrainedTokenizerFast.from_pretrained(str(BASE))
+    train_files = [f for i, f in enumerate(files) if i % VAL_EVERY != 0]
+    val_files = [f for i, f in enumerate(files) if i % VAL_EVERY == 0]
+    streams = token_streams(tok, hf_tok, train_files, val_files)
+    train, val = streams.code.astype(np.int64), streams.val.astype(np.int64)
     model = LlamaForCausalLM.from_pretrained(str(BASE), torch_dtype=torch.float32).eval()
     model.requires_grad_(False)
     log(f"data: train {len(train):,} tokens, val {len(val):,} tokens")
@@ -239,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         teacher_s=teacher_s,
         train_s=train_s,
         total_s=time.perf_counter() - t_start,
+        load=os.getloadavg()[0],
         sha=sha256_file(out / "medusa_heads.safetensors"),
         tree=len(MEDUSA_TREE),
     )
@@ -260,7 +255,7 @@ trained for {r["steps"]} AdamW steps of {BATCH} positions on {r["positions"]:,} 
 hidden states of the frozen base model (`../default`). Head j's label at position t is
 the base model's own argmax at t + j (self-distillation). Final training loss
 {r["loss"]:.3f} per head. Teacher pass {r["teacher_s"]:.0f}s, training {r["train_s"]:.0f}s,
-{r["total_s"]:.0f}s in all on {THREADS} CPU threads.
+{r["total_s"]:.0f}s in all on {THREADS} CPU threads (load average {r["load"]:.1f} at the end).
 
 Accuracy on {r["val_positions"]:,} held-out positions (files the base model never saw),
 against the base model's argmax:
