@@ -67,8 +67,10 @@ INT64_MAX = 2**63 - 1
 
 
 @st.composite
-def requests(draw: Any, dtype: Any, vocab: int, q_kind: str, hot: bool) -> Case:
-    """One request: logits (k + 1, vocab), drafts (k,), q (k, vocab) or None, its scalars."""
+def requests(draw: Any, dtype: Any, vocab: int, q_kind: str, hot: bool, q_dtype: Any) -> Case:
+    """One request: logits (k + 1, vocab), drafts (k,), q (k, vocab) of `q_dtype` or None,
+    its scalars. (One q dtype per batch: a request moved to a batch of another q dtype
+    would see its q rounded differently.)"""
     k = draw(st.integers(0, 4))
     logits = draw(logits_arrays(batch=k + 1, vocab=vocab, dtype=dtype, bound=8.0))
     firsts = [int(np.argmax(row)) for row in logits]
@@ -88,7 +90,7 @@ def requests(draw: Any, dtype: Any, vocab: int, q_kind: str, hot: bool) -> Case:
             q[np.arange(k), drafts] += draw(st.sampled_from((0.5, 1.0, 0.0)))
             sums = q.sum(axis=1, keepdims=True)
             q = np.divide(q, sums, out=np.zeros_like(q), where=sums > 0)
-        q = q.astype(draw(st.sampled_from(FLOAT_DTYPES)))
+        q = q.astype(q_dtype)
     temperature = draw(st.sampled_from((1.0, 0.7)) if hot else st.sampled_from((0.0, 1.0)))
     position = min(draw(position_values), INT64_MAX - k)
     return Case(
@@ -126,7 +128,7 @@ def batches(draw: Any, q_kind: str | None = None, hot: bool = False, extra: bool
     dtype = draw(st.sampled_from(FLOAT_DTYPES))
     vocab = draw(st.integers(1, 12))
     q_kind = q_kind or draw(st.sampled_from(("none", "probs")))
-    one = requests(dtype, vocab, q_kind, hot)
+    one = requests(dtype, vocab, q_kind, hot, draw(st.sampled_from(FLOAT_DTYPES)))
     reqs = draw(st.lists(one, min_size=1, max_size=5))
     case = flatten(reqs, vocab, dtype, q_kind)
     if not extra:
