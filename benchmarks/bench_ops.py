@@ -13,7 +13,8 @@ a mask whose words are a mix of all-allowed, none-allowed and random ones (a gra
 inside a string allows almost everything, between JSON values almost nothing).
 Speculative decoding (`bench_spec_decode`) times verify_greedy and rejection_sample
 (q from a draft model, and q = None for n-gram drafts) on a batch of requests with 4
-drafts each, half of them the target's argmax, the same way; `bench_propose_ngram` times
+(or 16) drafts each, half of them the target's argmax, the same way, and their tree
+versions on the same drafts arranged as a binary tree; `bench_propose_ngram` times
 prompt lookup (the proposer's settings: 4 tokens, n-grams of 1 to 4) on 1k, 8k and 32k
 ids given as a list (what the proposer passes) and as an int64 array: "repetitive" ids
 copy passages of earlier ones (the suffix occurs earlier, anywhere), "random" ids over
@@ -252,20 +253,31 @@ def spec_decode_cases(batch: int, drafts: int, vocab: int, rng: np.random.Genera
     q /= q.sum(axis=1, keepdims=True)
     counts = np.full(batch, drafts, np.int64)
     scalars = (np.ones(batch), np.arange(batch, dtype=np.int64), np.full(batch, 100, np.int64))
+    # the same drafts as a binary tree (draft i's parent is node i // 2), each token the
+    # argmax of its parent's row half the time
+    parents = np.tile(np.arange(drafts, dtype=np.int64) // 2, batch)
+    parent_rows = np.repeat(np.arange(batch) * (drafts + 1), drafts) + parents
+    parent_argmax = np.argmax(logits[parent_rows], axis=1)
+    tree_ids = np.where(rng.random(argmax.size) < 0.5, parent_argmax, ids)
     return [
-        ("verify_greedy", (logits, ids, counts)),
-        ("rejection_sample", (logits, ids, counts, q, *scalars)),
-        ("rejection (no q)", (logits, ids, counts, None, *scalars)),
+        ("verify_greedy", "verify_greedy", (logits, ids, counts)),
+        ("rejection_sample", "rejection_sample", (logits, ids, counts, q, *scalars)),
+        ("rejection (no q)", "rejection_sample", (logits, ids, counts, None, *scalars)),
+        ("verify_tree_greedy", "verify_tree_greedy", (logits, tree_ids, counts, parents)),
+        (
+            "rejection_tree",
+            "rejection_sample_tree",
+            (logits, tree_ids, counts, parents, *scalars),
+        ),
     ]
 
 
 def bench_spec_decode(shapes: list[tuple[int, int, int]], budget: float, min_reps: int) -> None:
-    """verify_greedy and rejection_sample on (batch, drafts, vocab), columns as in
-    `bench_sampling` (the batch column is "requests x drafts")."""
+    """verify_greedy, rejection_sample and their tree versions on (batch, drafts, vocab),
+    columns as in `bench_sampling` (the batch column is "requests x drafts")."""
     rng = np.random.default_rng(0)
     for batch, drafts, vocab in shapes:
-        for name, args in spec_decode_cases(batch, drafts, vocab, rng):
-            op = name if name != "rejection (no q)" else "rejection_sample"
+        for name, op, args in spec_decode_cases(batch, drafts, vocab, rng):
             ref_fn, acc_fn = getattr(ref_spec_decode, op), getattr(accel_spec_decode, op)
             # the same tokens: no decision of these inputs falls in the contract's 1e-9 band
             assert np.array_equal(ref_fn(*args), acc_fn(*args)), name
@@ -722,7 +734,11 @@ def main() -> None:
     t0 = time.perf_counter()
     srows = bench_sampling(shapes, budget, min_reps)
     bench_structured(shapes if args.quick else [(1, 128256), (64, 128256)], budget, min_reps)
-    spec_shapes = [(8, 4, 32000)] if args.quick else [(8, 4, 32000), (64, 4, 32000), (8, 4, 128256)]
+    spec_shapes = (
+        [(8, 4, 32000)]
+        if args.quick
+        else [(8, 4, 32000), (64, 4, 32000), (8, 16, 32000), (8, 4, 128256)]
+    )
     bench_spec_decode(spec_shapes, budget, min_reps)
     print()
     bench_propose_ngram([1024] if args.quick else [1024, 8192, 32768], budget, min_reps)

@@ -1883,6 +1883,174 @@ for _bug, _what in (
     )
 
 
+# Trees: each mutant walks request by request in numpy, as the contract says except for
+# one `bug`; it validates with the reference first, so it raises the reference's errors.
+
+
+def _tree_walk(
+    rows: np.ndarray, tokens: list[int], parents: list[int], bug: str, mode: Any
+) -> list[int]:
+    """One request's emitted tokens; mode = None (greedy) or (seed, position)."""
+    vocab = rows.shape[1]
+    depth = [0]
+    for parent in parents[1:]:
+        depth.append(depth[parent] + 1)
+    children: list[list[int]] = [[] for _ in tokens]
+    for v in range(1, len(tokens)):
+        if bug == "cousins":  # every node one level deeper, whoever its parent
+            for w in range(len(tokens)):
+                if depth[w] == depth[v] - 1:
+                    children[w].append(v)
+        else:
+            children[parents[v]].append(v)
+    out, node = [], 0
+    while True:
+        row, kids = rows[node], children[node]
+        if mode is None:
+            t = vocab - 1 - int(np.argmax(row[::-1])) if bug == "last tie" else int(np.argmax(row))
+            holding = [c for c in kids if tokens[c] == t]
+            if bug == "no bonus" and not kids and out:
+                return out
+            out.append(t)
+            if not holding:
+                return out
+            node = holding[-1] if bug == "last sibling" else holding[0]
+            continue
+        seed, position = mode
+        at = position + (node if bug == "position by node" else len(out))
+        u = _np(S.philox_uniform(np.array([seed], np.int64), np.array([at]), vocab + len(kids)))[0]
+        p = _probs(row)
+        r, mass, chosen = p.copy(), 1.0, None
+        for j, child in enumerate(kids):
+            x = tokens[child]
+            uj = u[vocab] if bug == "reused uniform" else u[vocab + j]
+            m = 1.0 if bug in ("no zeroing", "no renormalisation") else max(mass, 0.0)
+            rx = p[x] if bug == "no zeroing" else r[x]
+            if uj * m < rx:
+                chosen = child
+                break
+            mass -= r[x]
+            r[x] = 0.0
+        if chosen is not None:
+            out.append(tokens[chosen])
+            node = chosen
+            continue
+        if kids and bug in ("no zeroing", "residual keeps siblings"):
+            r = np.maximum(p - np.eye(vocab)[tokens[kids[-1]]], 0.0)
+        with np.errstate(divide="ignore"):
+            score = np.log(r) if kids and np.any(r > 0) else row
+        out.append(int(np.argmax(score - np.log(-np.log(u[:vocab])))))
+        return out
+
+
+def _verify_tree(args: tuple[Any, ...], bug: str, greedy: bool) -> Any:
+    x = _np(args[0]).astype(np.float64)
+    drafts, counts = _np(args[1]).astype(np.int64), _np(args[2]).astype(np.int64)
+    parents = _np(args[3]).astype(np.int64)
+    t, seeds, pos = (np.zeros(counts.size), None, None) if greedy else map(_np, args[4:])
+    paths = []
+    for b, k in enumerate(counts.tolist()):
+        start = int(counts[:b].sum())
+        rows = x[start + b : start + b + k + 1]
+        tokens = [-1, *drafts[start : start + k].tolist()]
+        tree = [-1, *parents[start : start + k].tolist()]
+        seed = None if seeds is None else int(seeds[0 if bug == "first seed" else b])
+        mode = None if t[b] == 0 else (seed, int(pos[b]))
+        paths.append(_tree_walk(rows, tokens, tree, bug, mode))
+    width, start = 1, 0
+    for k in counts.tolist():  # 1 + the deepest node of the batch
+        d = [0]
+        for parent in parents[start : start + k].tolist():
+            d.append(d[parent] + 1)
+        width, start = max(width, 1 + max(d)), start + k
+    out = np.full((counts.size, width), -1, np.int64)
+    for b, path in enumerate(paths):
+        out[b, : min(len(path), width)] = path[:width]
+    return _back(args[0], out)
+
+
+for _bug, _what in (
+    ("last sibling", "descends into the last child holding the target's token, not the first"),
+    ("cousins", "accepts a node one level deeper whose parent was not accepted"),
+    ("last tie", "takes the last argmax among tied target logits"),
+    ("no bonus", "emits no bonus token at an accepted leaf"),
+):
+    MUTANTS.append(
+        Mutant(
+            f"tree_greedy_{_bug.replace(' ', '_')}",
+            "spec_decode",
+            "verify_tree_greedy",
+            _what,
+            lambda *a, _b=_bug: (SD.verify_tree_greedy(*a), _verify_tree(a, _b, greedy=True))[1],
+        )
+    )
+
+for _bug, _what in (
+    ("reused uniform", "decides every sibling with the same uniform (vocab)"),
+    (
+        "no zeroing",
+        "keeps rejected siblings in p (no zeroing, no renormalising) and in the residual",
+    ),
+    ("residual keeps siblings", "draws the residual with only the last rejected sibling zeroed"),
+    ("no renormalisation", "accepts a later sibling with probability r(x), not r(x) / m"),
+    ("cousins", "tries every node one level deeper, also those whose parent was rejected"),
+    ("position by node", "reads the uniforms of position + node index instead of + depth"),
+    ("first seed", "draws every request with the seed of the first"),
+    ("last tie", "greedy requests take the last argmax among tied target logits"),
+):
+    MUTANTS.append(
+        Mutant(
+            f"tree_rejection_{_bug.replace(' ', '_')}",
+            "spec_decode",
+            "rejection_sample_tree",
+            _what,
+            lambda *a, _b=_bug: (SD.rejection_sample_tree(*a), _verify_tree(a, _b, greedy=False))[
+                1
+            ],
+        )
+    )
+
+
+def _mask_mutant(bug: str) -> Callable[..., Any]:
+    def fn(draft_parents: Any) -> Any:
+        want = SD.tree_attention_mask(draft_parents)
+        parents = [int(v) for v in draft_parents]
+        k = len(parents)
+        mask = np.eye(k + 1, dtype=bool)
+        mask[:, 0] = True
+        for i, parent in enumerate(parents):
+            if bug == "causal":
+                mask[i + 1, : i + 1] = True
+            elif bug == "parent only":
+                mask[i + 1, parent] = True
+            else:
+                mask[i + 1] |= mask[parent]
+                if bug == "siblings":
+                    mask[i + 1, [j + 1 for j in range(i) if parents[j] == parent]] = True
+        if bug == "transposed":
+            mask = mask.T.copy()
+        return _back(want, mask) if hasattr(want, "dtype") else mask
+
+    return fn
+
+
+for _bug, _what in (
+    ("siblings", "lets a node see its earlier siblings"),
+    ("causal", "the causal triangle, whatever the tree"),
+    ("parent only", "a node sees the root, its parent and itself, not every ancestor"),
+    ("transposed", "mask[j, i] for mask[i, j] (descendants instead of ancestors)"),
+):
+    MUTANTS.append(
+        Mutant(
+            f"tree_mask_{_bug.replace(' ', '_')}",
+            "spec_decode",
+            "tree_attention_mask",
+            _what,
+            _mask_mutant(_bug),
+        )
+    )
+
+
 # Prompt lookup: each mutant is the contract read literally (`_lookup`) but for one `bug`;
 # the lookup mutants validate with the reference first, so they raise its errors.
 

@@ -13,6 +13,13 @@ property is the one that matters for users: decoding with speculation, step afte
 emits tokens distributed exactly as decoding the target alone (chi-square on the joint
 distribution of the first k + 1 tokens).
 
+Trees (`tree_attention_mask`, `verify_tree_greedy`, `rejection_sample_tree`): trees of 0-6
+drafts shaped as a chain, a star or any tree, whose tokens are the parent row's argmax,
+its n-th most likely token (Medusa's top-k siblings), a copy of a sibling's token or any
+token. The oracle walks the tree as the docstring says; a chain must give exactly the
+linear ops' tokens; the lossless property decodes a Markov target with draft trees
+(chi-square on the first 3 tokens).
+
 Prompt lookup (`propose_ngram`): up to 40 token ids over alphabets of 1-3 tokens (so that
 repeats, overlapping matches and ties between lengths are the rule), plus long sequences
 (1000-6000 ids) whose suffix may be planted earlier; the oracle is the
@@ -60,8 +67,10 @@ INT64_MAX = 2**63 - 1
 
 
 @st.composite
-def requests(draw: Any, dtype: Any, vocab: int, q_kind: str, hot: bool) -> Case:
-    """One request: logits (k + 1, vocab), drafts (k,), q (k, vocab) or None, its scalars."""
+def requests(draw: Any, dtype: Any, vocab: int, q_kind: str, hot: bool, q_dtype: Any) -> Case:
+    """One request: logits (k + 1, vocab), drafts (k,), q (k, vocab) of `q_dtype` or None,
+    its scalars. (One q dtype per batch: a request moved to a batch of another q dtype
+    would see its q rounded differently.)"""
     k = draw(st.integers(0, 4))
     logits = draw(logits_arrays(batch=k + 1, vocab=vocab, dtype=dtype, bound=8.0))
     firsts = [int(np.argmax(row)) for row in logits]
@@ -81,7 +90,7 @@ def requests(draw: Any, dtype: Any, vocab: int, q_kind: str, hot: bool) -> Case:
             q[np.arange(k), drafts] += draw(st.sampled_from((0.5, 1.0, 0.0)))
             sums = q.sum(axis=1, keepdims=True)
             q = np.divide(q, sums, out=np.zeros_like(q), where=sums > 0)
-        q = q.astype(draw(st.sampled_from(FLOAT_DTYPES)))
+        q = q.astype(q_dtype)
     temperature = draw(st.sampled_from((1.0, 0.7)) if hot else st.sampled_from((0.0, 1.0)))
     position = min(draw(position_values), INT64_MAX - k)
     return Case(
@@ -119,7 +128,7 @@ def batches(draw: Any, q_kind: str | None = None, hot: bool = False, extra: bool
     dtype = draw(st.sampled_from(FLOAT_DTYPES))
     vocab = draw(st.integers(1, 12))
     q_kind = q_kind or draw(st.sampled_from(("none", "probs")))
-    one = requests(dtype, vocab, q_kind, hot)
+    one = requests(dtype, vocab, q_kind, hot, draw(st.sampled_from(FLOAT_DTYPES)))
     reqs = draw(st.lists(one, min_size=1, max_size=5))
     case = flatten(reqs, vocab, dtype, q_kind)
     if not extra:
@@ -468,18 +477,13 @@ def errors_of(shape: Any, extra: Any = None) -> Any:
     return error_variants(batches(q_kind="probs"), variants)
 
 
-def rejection_errors(case: Case) -> list[tuple[str, dict[str, Any], type]]:
-    q, t, s, p = case.draft_probs, case.temperature, case.seeds, case.positions
-    bad_q, neg_t, neg_p, over = q.copy(), t.copy(), p.copy(), p.copy()
+def scalar_errors(case: Case) -> list[tuple[str, dict[str, Any], type]]:
+    """Bad temperatures, seeds and positions."""
+    t, s, p = case.temperature, case.seeds, case.positions
+    neg_t, neg_p, over = t.copy(), p.copy(), p.copy()
     neg_t[0], neg_p[0] = -1.0, -1
     over[0] = INT64_MAX - case.num_draft_tokens[0] + 1
     cases = [
-        ("integer draft_probs", {"draft_probs": q.astype(np.int64)}, TypeError),
-        (
-            "draft_probs of shape (N, vocab + 1)",
-            {"draft_probs": np.pad(q, ((0, 0), (0, 1)))},
-            ValueError,
-        ),
         ("a negative temperature", {"temperature": neg_t}, ValueError),
         ("temperature of length batch + 1", {"temperature": np.append(t, 1.0)}, ValueError),
         ("float seeds", {"seeds": s.astype(np.float64)}, TypeError),
@@ -489,6 +493,21 @@ def rejection_errors(case: Case) -> list[tuple[str, dict[str, Any], type]]:
     ]
     if case.num_draft_tokens[0] > 0:
         cases.append(("a position whose last token overflows", {"positions": over}, ValueError))
+    return cases
+
+
+def rejection_errors(case: Case) -> list[tuple[str, dict[str, Any], type]]:
+    q = case.draft_probs
+    bad_q = q.copy()
+    cases = [
+        ("integer draft_probs", {"draft_probs": q.astype(np.int64)}, TypeError),
+        (
+            "draft_probs of shape (N, vocab + 1)",
+            {"draft_probs": np.pad(q, ((0, 0), (0, 1)))},
+            ValueError,
+        ),
+        *scalar_errors(case),
+    ]
     if q.shape[0]:
         bad_q[0, 0] = -0.5
         cases.append(("a negative draft probability", {"draft_probs": bad_q}, ValueError))
@@ -522,6 +541,513 @@ for _shape, _extra in ((GREEDY, None), (REJECTION, rejection_errors)):
         _shape,
         batches(hot=_op == "rejection_sample"),
         comparing(greedy=_op == "verify_greedy"),
+        "The reference's tokens (requests with a decision in the 1e-9 band excused).",
+    )
+
+
+# --- trees: shared strategies and the oracle ------------------------------------------------
+
+GREEDY_TREE, REJECTION_TREE = SHAPES["verify_tree_greedy"], SHAPES["rejection_sample_tree"]
+MASK = SHAPES["tree_attention_mask"]
+
+
+@st.composite
+def tree_parents(draw: Any, k: int) -> list[int]:
+    """Parents of k drafts: a chain, a star (all children of the root) or any tree."""
+    shape = draw(st.sampled_from(("chain", "star", "any")))
+    if shape == "chain":
+        return list(range(k))
+    if shape == "star":
+        return [0] * k
+    return [draw(st.integers(0, i)) for i in range(k)]
+
+
+@st.composite
+def tree_requests(draw: Any, dtype: Any, vocab: int, hot: bool) -> Case:
+    """One request: logits (k + 1, vocab), a tree of k in 0-6 drafts whose tokens are the
+    parent row's argmax, its n-th most likely token (n = the number of earlier siblings:
+    Medusa's top-k), a copy of an earlier sibling's token, or any token."""
+    k = draw(st.integers(0, 6))
+    parents = draw(tree_parents(k))
+    logits = draw(logits_arrays(batch=k + 1, vocab=vocab, dtype=dtype, bound=8.0))
+    tokens: list[int] = []
+    for i, parent in enumerate(parents):
+        siblings = [tokens[j] for j in range(i) if parents[j] == parent]
+        ranked = np.argsort(-logits[parent].astype(np.float64), kind="stable")
+        options = [first_argmax(logits[parent]), int(ranked[len(siblings) % vocab])]
+        options += [draw(st.integers(0, vocab - 1)), *siblings[:1]]
+        tokens.append(draw(st.sampled_from(options)))
+    temperature = draw(st.sampled_from((1.0, 0.7)) if hot else st.sampled_from((0.0, 1.0)))
+    return Case(
+        logits=logits,
+        drafts=np.array(tokens, dtype=np.int64),
+        parents=np.array(parents, dtype=np.int64),
+        temperature=temperature,
+        seed=draw(seed_values),
+        position=min(draw(position_values), INT64_MAX - k),
+    )
+
+
+def flatten_trees(reqs: list[Case], vocab: int, dtype: Any) -> Case:
+    """The op's flattened tree layout for these requests (module docstring of the op)."""
+    case = flatten(reqs, vocab, dtype, "none")
+    case.draft_parents = np.concatenate([np.zeros(0, np.int64), *[r.parents for r in reqs]])
+    return case
+
+
+@st.composite
+def tree_batches(draw: Any, hot: bool = False, extra: bool = False) -> Any:
+    """A flattened batch of 1-5 trees; with `extra`, as `batches`."""
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    vocab = draw(st.integers(1, 12))
+    one = tree_requests(dtype, vocab, hot)
+    reqs = draw(st.lists(one, min_size=1, max_size=5))
+    case = flatten_trees(reqs, vocab, dtype)
+    if not extra:
+        return case
+    more = draw(st.lists(one, max_size=4))
+    order = draw(st.permutations(range(len(reqs) + len(more))))
+    mixed = [(reqs + more)[i] for i in order]
+    where = [order.index(i) for i in range(len(reqs))]
+    return case, flatten_trees(mixed, vocab, dtype), where
+
+
+def children_of(parents: np.ndarray) -> list[list[int]]:
+    """children[v]: the nodes whose parent is v, in node order (node i + 1 is draft i)."""
+    children: list[list[int]] = [[] for _ in range(parents.shape[0] + 1)]
+    for i, parent in enumerate(parents.tolist()):
+        children[parent].append(i + 1)
+    return children
+
+
+def depth_of(parents: np.ndarray) -> list[int]:
+    depth = [0]
+    for parent in parents.tolist():
+        depth.append(depth[parent] + 1)
+    return depth
+
+
+def verify_tree_request(r: Case, vocab: int, greedy: bool) -> tuple[list[int], bool]:
+    """The tokens request `r` emits (the docstring read literally), and whether a decision
+    sat in the band."""
+    children, tokens = children_of(r.parents), [-1, *r.drafts.tolist()]
+    node, out, unsure = 0, [], False
+    while True:
+        row, kids = r.logits[node], children[node]
+        if greedy:
+            t = first_argmax(row)
+            out.append(t)
+            node = next((c for c in kids if tokens[c] == t), None)
+            if node is None:
+                return out, unsure
+            continue
+        u = oracles.philox_uniform_row(int(r.seed), int(r.position) + len(out), vocab + len(kids))
+        p = oracles.probs64(row)
+        residual, mass, chosen = p.copy(), 1.0, None
+        for j, child in enumerate(kids):
+            x = tokens[child]
+            unsure = unsure or near(u[vocab + j] * max(mass, 0.0), residual[x])
+            if u[vocab + j] * max(mass, 0.0) < residual[x]:
+                chosen = child
+                break
+            mass -= residual[x]
+            residual[x] = 0.0
+        if chosen is not None:
+            out.append(tokens[chosen])
+            node = chosen
+            continue
+        log_u = np.log(-np.log(np.array(u[:vocab])))
+        if kids and residual.max() > 0:
+            with np.errstate(divide="ignore"):
+                scores = np.log(residual) - log_u
+        else:
+            scores = row.astype(np.float64) - log_u
+        y, close = race(scores)
+        return out + [y], unsure or close
+
+
+def expected_trees(case: Case, greedy: bool = False) -> tuple[list[list[int]], list[bool]]:
+    """Per request: its tokens and whether they may differ between implementations."""
+    vocab = case.target_logits.shape[1]
+    results = [verify_tree_request(r, vocab, greedy or r.temperature == 0) for r in case.requests]
+    return [t for t, _ in results], [u for _, u in results]
+
+
+def check_tree_layout(out: Any, case: Case) -> None:
+    """int64 (batch, 1 + max depth); row b: 1 to depth_b + 1 tokens in the vocab, then -1."""
+    depths = [max(depth_of(r.parents)) for r in case.requests]
+    width = 1 + max(depths, default=0)
+    checks.assert_shape_dtype(out, (len(depths), width), np.int64)
+    for b, row in enumerate(out):
+        n = int(np.sum(row >= 0))
+        assert 1 <= n <= depths[b] + 1, f"request {b} emitted {n} tokens, depth {depths[b]}: {row}"
+        assert np.all(row[n:] == -1) and np.all(row[:n] < case.target_logits.shape[1]), (
+            f"request {b}: {row} is not tokens then -1"
+        )
+
+
+def check_trees_against_oracle(out: np.ndarray, case: Case, greedy: bool = False) -> None:
+    want, unsure = expected_trees(case, greedy)
+    for b, (got, tokens) in enumerate(zip(emitted(out), want, strict=True)):
+        if not unsure[b]:
+            assert got == tokens, f"request {b}: emitted {got}, the contract gives {tokens}"
+
+
+def on_a_path(case: Case, out: np.ndarray) -> None:
+    """Every emitted token but the last is a draft on one path from the root: the first
+    child of the previous node holding it."""
+    for b, (r, tokens) in enumerate(zip(case.requests, emitted(out), strict=True)):
+        children, node = children_of(r.parents), 0
+        for token in tokens[:-1]:
+            node = next((c for c in children[node] if r.drafts[c - 1] == token), None)
+            assert node is not None, f"request {b}: {tokens} is not a path of its tree"
+
+
+# --- tree_attention_mask --------------------------------------------------------------------
+
+
+@st.composite
+def mask_cases(draw: Any) -> Case:
+    """The parents of 0-12 drafts (a chain, a star or any tree), as int64, int32 or a list."""
+    k = draw(st.integers(0, 12))
+    parents = draw(tree_parents(k))
+    kind = draw(st.sampled_from(("int64", "int32", "list")))
+    return Case(draft_parents=parents if kind == "list" else np.array(parents, dtype=kind))
+
+
+def ancestors_or_self(parents: list[int]) -> np.ndarray:
+    """The mask read literally: walk up from each node to the root."""
+    k = len(parents)
+    mask = np.zeros((k + 1, k + 1), dtype=bool)
+    for i in range(k + 1):
+        node = i
+        while True:
+            mask[i, node] = True
+            if node == 0:
+                break
+            node = parents[node - 1]
+    return mask
+
+
+@spec.prop("tree_attention_mask", mask_cases())
+def mask_holds_ancestors_and_self(ctx: Ctx, case: Case) -> None:
+    """bool (k + 1, k + 1) in the input's library: mask[i, j] iff node j is on the path from
+    the root to node i (siblings and cousins never see each other)."""
+    out = ctx.call_raw("tree_attention_mask", case.draft_parents)
+    if isinstance(case.draft_parents, np.ndarray):
+        like = ctx.arr(case.draft_parents)
+        problem = checks.same_library(out, like)
+        assert problem is None, problem
+    parents = [int(p) for p in case.draft_parents]
+    got = to_numpy(out)
+    checks.assert_shape_dtype(got, (len(parents) + 1,) * 2, np.bool_)
+    checks.assert_equal(got, ancestors_or_self(parents), what="the mask")
+
+
+@spec.prop("tree_attention_mask", mask_cases())
+def mask_rows_count_depth(ctx: Ctx, case: Case) -> None:
+    """Row i holds depth(i) + 1 True values (positions are root + depth), the diagonal is
+    True, and a chain gives the causal lower triangle."""
+    got = ctx.call("tree_attention_mask", case.draft_parents)
+    parents = np.array([int(p) for p in case.draft_parents], dtype=np.int64)
+    checks.assert_equal(got.sum(axis=1), np.array(depth_of(parents)) + 1, what="row sums")
+    assert got.diagonal().all(), "a node does not attend to itself"
+    k = parents.shape[0]
+    chain = ctx.call("tree_attention_mask", np.arange(k, dtype=np.int64))
+    checks.assert_equal(chain, np.tril(np.ones((k + 1, k + 1), bool)), what="a chain's mask")
+
+
+def mask_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    parents = [int(p) for p in case.draft_parents]
+    cases = [
+        ("float parents", (np.array(parents, dtype=np.float64),), TypeError),
+        ("parents of shape (k, 1)", (np.array(parents, dtype=np.int64)[:, None],), ValueError),
+        ("a parent after its node", ([*parents, len(parents) + 1],), ValueError),
+        ("a negative parent", ([*parents, -1],), ValueError),
+    ]
+    return cases
+
+
+add_rejects_invalid_input(spec, MASK, error_variants(mask_cases(), mask_errors))
+add_does_not_modify_inputs(spec, MASK, mask_cases())
+add_matches_reference(
+    spec,
+    MASK,
+    mask_cases(),
+    lambda case, got, ref: checks.assert_equal(got, ref, what="the mask"),
+    "The reference's mask, exactly.",
+)
+
+
+# --- verify_tree_greedy ---------------------------------------------------------------------
+
+
+@spec.prop("verify_tree_greedy", tree_batches())
+def emits_the_greedy_path(ctx: Ctx, case: Case) -> None:
+    """From the root, each request emits the target's argmax at its node and moves to the
+    first child holding it, until no child does (then the argmax there is its last token)."""
+    out = ctx.call("verify_tree_greedy", *GREEDY_TREE.call_args(case))
+    check_tree_layout(out, case)
+    check_trees_against_oracle(out, case, greedy=True)
+    on_a_path(case, out)
+
+
+@spec.prop("verify_tree_greedy", batches(q_kind="none"))
+def a_chain_is_verify_greedy(ctx: Ctx, case: Case) -> None:
+    """A chain tree (draft i's parent is node i) emits what `verify_greedy` emits."""
+    chain = np.concatenate([np.zeros(0, np.int64), *[np.arange(k) for k in case.num_draft_tokens]])
+    got = ctx.call("verify_tree_greedy", *GREEDY.call_args(case), chain)
+    checks.assert_equal(got, ctx.ref("verify_greedy", *GREEDY.call_args(case)), what="chain")
+
+
+@spec.prop("verify_tree_greedy", tree_batches(extra=True), name="batch_invariant")
+def tree_greedy_batch_invariant(ctx: Ctx, triple: Any) -> None:
+    """A request's tokens do not change when other requests are added or the batch permuted."""
+    case, bigger, where = triple
+    alone = emitted(ctx.call("verify_tree_greedy", *GREEDY_TREE.call_args(case)))
+    together = emitted(ctx.call("verify_tree_greedy", *GREEDY_TREE.call_args(bigger)))
+    for b, w in enumerate(where):
+        assert together[w] == alone[b], f"request {b}: {together[w]} in a bigger batch, {alone[b]}"
+
+
+# --- rejection_sample_tree ------------------------------------------------------------------
+
+
+@spec.prop("rejection_sample_tree", tree_batches(hot=True), name="follows_the_contract")
+def tree_rejection_follows_the_contract(ctx: Ctx, case: Case) -> None:
+    """The tokens of an independent implementation of the docstring (child j of a node at
+    depth d decided by uniform vocab + j of position + d against p with the rejected
+    siblings zeroed; the race over that residual, or over the logits at a leaf); requests
+    with a decision inside the 1e-9 band are excused."""
+    out = ctx.call("rejection_sample_tree", *REJECTION_TREE.call_args(case))
+    check_tree_layout(out, case)
+    check_trees_against_oracle(out, case)
+    on_a_path(case, out)
+
+
+@spec.prop("rejection_sample_tree", tree_batches())
+def greedy_trees_verify_greedily(ctx: Ctx, case: Case) -> None:
+    """Requests with temperature 0 emit what `verify_tree_greedy` emits for them."""
+    out = emitted(ctx.call("rejection_sample_tree", *REJECTION_TREE.call_args(case)))
+    want = emitted(ctx.ref("verify_tree_greedy", *GREEDY_TREE.call_args(case)))
+    for b, r in enumerate(case.requests):
+        if r.temperature == 0:
+            assert out[b] == want[b], f"greedy request {b}: {out[b]}, expected {want[b]}"
+
+
+@spec.prop("rejection_sample_tree", batches(q_kind="none", hot=True))
+def a_chain_is_rejection_sample(ctx: Ctx, case: Case) -> None:
+    """A chain tree reads the uniforms `rejection_sample` reads and emits its tokens
+    (draft_probs=None; requests with a decision in the 1e-9 band excused)."""
+    chain = np.concatenate([np.zeros(0, np.int64), *[np.arange(k) for k in case.num_draft_tokens]])
+    args = REJECTION.call_args(case)
+    got = ctx.call("rejection_sample_tree", *args[:3], chain, *args[4:])
+    want = ctx.ref("rejection_sample", *args)
+    _, unsure = expected(case)
+    for b in range(want.shape[0]):
+        if not unsure[b]:
+            checks.assert_equal(got[b], want[b], what=f"tokens of chain request {b}")
+
+
+@spec.prop("rejection_sample_tree", tree_batches(hot=True))
+def tree_never_emits_a_masked_token(ctx: Ctx, case: Case) -> None:
+    """No emitted token has a -inf target logit at the node it was emitted from."""
+    out = ctx.call("rejection_sample_tree", *REJECTION_TREE.call_args(case))
+    for b, (r, tokens) in enumerate(zip(case.requests, emitted(out), strict=True)):
+        children, node = children_of(r.parents), 0
+        for token in tokens:
+            assert np.isfinite(r.logits[node, token]), f"request {b} emitted masked {token}"
+            node = next((c for c in children[node] if r.drafts[c - 1] == token), node)
+
+
+@spec.prop("rejection_sample_tree", tree_batches(hot=True, extra=True), name="batch_invariant")
+def tree_rejection_batch_invariant(ctx: Ctx, triple: Any) -> None:
+    """A request's tokens do not change when other requests are added or the batch permuted."""
+    case, bigger, where = triple
+    alone = emitted(ctx.call("rejection_sample_tree", *REJECTION_TREE.call_args(case)))
+    together = emitted(ctx.call("rejection_sample_tree", *REJECTION_TREE.call_args(bigger)))
+    for b, w in enumerate(where):
+        assert together[w] == alone[b], f"request {b}: {together[w]} in a bigger batch, {alone[b]}"
+
+
+# Lossless for trees: a Markov target over TREE_VOCAB tokens (the token after y has the
+# distribution P[y]; the first, P0), a fixed tree shape with deterministic draft tokens
+# from a numpy generator; each of TREE_RUNS requests decodes until it has TREE_LENGTH
+# tokens, which must have the chain's distribution P0(y0) P[y0](y1) P[y1](y2).
+TREE_VOCAB, TREE_LENGTH, TREE_RUNS, TREE_P = 3, 3, 6000, 1e-4
+_tree_rng = np.random.default_rng(41)
+_P0 = _tree_rng.dirichlet(np.ones(TREE_VOCAB))
+_PT = _tree_rng.dirichlet(np.ones(TREE_VOCAB), TREE_VOCAB)
+TREE_CASES = {
+    # (P0, P, draft parents, how the drafts are chosen)
+    "three guesses at the root, two below the first": (_P0, _PT, [0, 0, 0, 1, 1], "random"),
+    "the target's top tokens (Medusa-like)": (_P0, _PT, [0, 0, 1, 1, 2], "top"),
+    "repeated siblings": (_P0, _PT, [0, 0, 0, 1], "same"),
+    "a deep branch and a masked token": (
+        np.array([0.0, 0.4, 0.6]),
+        np.array([[0.5, 0.5, 0.0], [0.0, 0.3, 0.7], [0.2, 0.0, 0.8]]),
+        [0, 1, 2, 0, 4],
+        "random",
+    ),
+}
+
+
+def tree_lossless_pvalue(
+    verify: Any, p0: np.ndarray, p: np.ndarray, parents: list[int], drafting: str
+) -> float:
+    """chi-square p-value of the first TREE_LENGTH tokens of TREE_RUNS decodes verified by
+    `verify` (rejection_sample_tree's signature) against the Markov chain (p0, p). Draft
+    tokens: "random" (a numpy generator), "top" (the target's most likely tokens at the
+    parent, siblings in rank order) or "same" (every sibling the same random token)."""
+    from scipy import stats
+
+    vocab, length, runs, k = TREE_VOCAB, TREE_LENGTH, TREE_RUNS, len(parents)
+    rng = np.random.default_rng(0)
+    with np.errstate(divide="ignore"):
+        log_p0, log_p = np.log(p0), np.log(p)
+    rank = np.argsort(-p, axis=1, kind="stable")
+    tokens = np.full((runs, length), -1, np.int64)
+    count = np.zeros(runs, np.int64)
+    seeds = np.arange(runs, dtype=np.int64) * 7919 + 5
+    children = children_of(np.array(parents, dtype=np.int64))
+    while np.any(count < length):
+        live = np.flatnonzero(count < length)
+        rows, drafts = [], []
+        for b in live.tolist():
+            last = int(tokens[b, count[b] - 1]) if count[b] else -1
+            node_token = [last]
+            for i, parent in enumerate(parents):
+                above = node_token[parent]
+                if drafting == "top":
+                    order = rank[above] if above >= 0 else np.argsort(-p0, kind="stable")
+                    x = int(order[children[parent].index(i + 1) % vocab])
+                elif drafting == "same" and children[parent].index(i + 1) > 0:
+                    x = node_token[children[parent][0]]
+                else:
+                    x = int(rng.integers(vocab))
+                node_token.append(x)
+            rows += [log_p[t] if t >= 0 else log_p0 for t in node_token]
+            drafts += node_token[1:]
+        out = np.asarray(
+            verify(
+                np.array(rows),
+                np.array(drafts, dtype=np.int64),
+                np.full(live.size, k),
+                np.tile(np.array(parents, dtype=np.int64), live.size),
+                np.ones(live.size),
+                seeds[live],
+                count[live],
+            )
+        )
+        for j, b in enumerate(live.tolist()):
+            new = [int(t) for t in out[j] if t >= 0][: length - count[b]]
+            tokens[b, count[b] : count[b] + len(new)] = new
+            count[b] += len(new)
+    if np.any(tokens < 0) or np.any(tokens >= vocab):
+        return 0.0
+    cells = np.ravel_multi_index(tokens.T, (vocab,) * length)
+    observed = np.bincount(cells, minlength=vocab**length).astype(np.float64)
+    want = p0
+    for _ in range(1, length):
+        want = want[..., None] * p  # want[..., a] * p[a, b]
+    want = want.reshape(-1) * runs
+    if np.any((want == 0) & (observed > 0)):
+        return 0.0
+    keep = want >= 5
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(want[keep], want[~keep].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+def tree_lossless(ctx: Ctx) -> None:
+    """Decoding with draft trees emits tokens distributed as decoding the target alone: the
+    first 3 tokens of 6000 seeded decodes fit a Markov target (chi-square p > 1e-4), for
+    random guesses, the target's top tokens, repeated siblings, a deep branch and a masked
+    token."""
+    for name, (p0, p, parents, drafting) in TREE_CASES.items():
+        pvalue = tree_lossless_pvalue(
+            lambda *a: ctx.call("rejection_sample_tree", *a), p0, p, parents, drafting
+        )
+        assert pvalue > TREE_P, f"{name}: chi-square p-value {pvalue:.3g} <= {TREE_P}"
+
+
+spec.add("rejection_sample_tree", tree_lossless)
+
+
+def tree_errors(case: Case) -> list[tuple[str, dict[str, Any], type]]:
+    """Broken parents (on top of the broken layouts)."""
+    parents = case.draft_parents
+    cases = [
+        ("float parents", {"draft_parents": parents.astype(np.float64)}, TypeError),
+        ("one parent too many", {"draft_parents": np.append(parents, 0)}, ValueError),
+        ("parents of shape (N, 1)", {"draft_parents": parents[:, None]}, ValueError),
+    ]
+    if parents.shape[0]:
+        late = parents.copy()
+        late[-1] = parents.shape[0] + 1
+        cases.append(("a parent after its draft", {"draft_parents": late}, ValueError))
+        negative = parents.copy()
+        negative[0] = -1
+        cases.append(("a negative parent", {"draft_parents": negative}, ValueError))
+    return cases
+
+
+def tree_errors_of(shape: Any, extra: Any = None) -> Any:
+    def variants(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+        broken = []
+        for why, change, exc in layout_errors(case):
+            ids = change.get("draft_token_ids", case.draft_token_ids)
+            if ids.ndim == 1 and ids.shape[0] > case.draft_token_ids.shape[0]:
+                # one more draft (request 0's), the root its parent
+                change = {**change, "draft_parents": np.append(case.draft_parents, 0)}
+            broken.append((why, change, exc))
+        broken += tree_errors(case) + (extra(case) if extra else [])
+        return [
+            (why, tuple(change.get(a, getattr(case, a)) for a in shape.args), exc)
+            for why, change, exc in broken
+        ]
+
+    return error_variants(tree_batches(), variants)
+
+
+def comparing_trees(greedy: bool) -> Any:
+    def compare(case: Case, got: Any, ref: Any) -> None:
+        assert got.dtype == ref.dtype and got.shape == ref.shape, (
+            f"{got.dtype}{got.shape}, the reference's {ref.dtype}{ref.shape}"
+        )
+        _, unsure = expected_trees(case, greedy)
+        for b in range(ref.shape[0]):
+            if not unsure[b]:
+                checks.assert_equal(got[b], ref[b], what=f"tokens of request {b}")
+
+    return compare
+
+
+def returns_tree_rows(op: str) -> Any:
+    def returns_documented_types(ctx: Ctx, case: Case) -> None:
+        """int64 tokens of shape (batch, 1 + max depth), in the logits' library and device."""
+        args = [ctx.convert(a) for a in SHAPES[op].call_args(case)]
+        out = ctx.fn(op)(*args)
+        problem = checks.same_library(out, args[0])
+        assert problem is None, problem
+        check_tree_layout(np.asarray(ctx.call(op, *SHAPES[op].call_args(case))), case)
+
+    return returns_documented_types
+
+
+for _shape, _extra in ((GREEDY_TREE, None), (REJECTION_TREE, scalar_errors)):
+    _op = _shape.op
+    spec.add(_op, returns_tree_rows(_op), tree_batches())
+    add_does_not_modify_inputs(spec, _shape, tree_batches(hot=True))
+    add_accepts_strided_input(spec, _shape, tree_batches(hot=True))
+    add_rejects_invalid_input(spec, _shape, tree_errors_of(_shape, _extra))
+    add_matches_reference(
+        spec,
+        _shape,
+        tree_batches(hot=_op == "rejection_sample_tree"),
+        comparing_trees(greedy=_op == "verify_tree_greedy"),
         "The reference's tokens (requests with a decision in the 1e-9 band excused).",
     )
 

@@ -185,6 +185,114 @@ pub fn verify<T: Float, Q: Float>(
     }
 }
 
+/// One request's draft tree (the reference's tree layout): node 0 is the root, node
+/// i + 1 is draft i, whose parent is node parents[i] (in [0, i]); rows[v] is node v's
+/// target row.
+pub struct TreeRequest<'a, T> {
+    pub rows: &'a [&'a [T]],
+    pub drafts: &'a [i64],
+    pub parents: &'a [i64],
+    pub mode: Mode,
+}
+
+/// Verify one draft tree (contract: `verify_tree_greedy` and `rejection_sample_tree`):
+///
+/// - every target row is checked first, as in `verify`; if one fails, nothing is written;
+/// - from the root, at node v and depth d: Greedy emits t = argmax(row v) and moves to
+///   the first child holding t; Random tries v's children in node order, child j (token
+///   x) accepted iff u * max(m, 0) < r[x] for u uniform `vocab + j` of (seed,
+///   position + d), where r = softmax(row v) with the rejected tokens zeroed and m = 1
+///   minus their mass; all rejected, it emits the race over r (`residual_race`), or over
+///   the logits when r is all zero or v has no children (the bonus token), and stops.
+///
+/// Writes the emitted tokens to out[..depth + 1]. `scratch` holds the softmax terms.
+pub fn verify_tree<T: Float>(
+    request: &TreeRequest<'_, T>,
+    statuses: &mut [RowStatus],
+    out: &mut [i64],
+    scratch: &mut Vec<f64>,
+) {
+    let rows = request.rows;
+    let mut maxes = Vec::with_capacity(rows.len());
+    for (status, row) in statuses.iter_mut().zip(rows) {
+        let (row_status, max) = scan_row(row);
+        *status = row_status;
+        maxes.push(max);
+    }
+    if statuses.iter().any(|s| *s != RowStatus::Ok) {
+        return;
+    }
+    let mut children = vec![Vec::new(); rows.len()];
+    for (i, &parent) in request.parents.iter().enumerate() {
+        children[parent as usize].push(i + 1);
+    }
+    let token = |node: usize| request.drafts[node - 1] as usize;
+    let (mut node, mut depth) = (0usize, 0usize);
+    loop {
+        let (row, max) = (rows[node], maxes[node]);
+        let next = match request.mode {
+            Mode::Greedy => {
+                let target = first_index_of(row, max);
+                out[depth] = target as i64;
+                children[node].iter().copied().find(|&c| token(c) == target)
+            }
+            Mode::Random { seed, position } => {
+                let at = position + depth as i64;
+                let from_logits = || sample_row(row, 1.0, seed, at).unwrap_or(0);
+                if children[node].is_empty() {
+                    out[depth] = from_logits();
+                    return;
+                }
+                scratch.resize(row.len(), 0.0);
+                let sum = softmax_terms(row, max, scratch);
+                // r = scratch / sum, the rejected tokens zeroed in `scratch`; m its mass
+                let mut mass = 1.0f64;
+                let mut accepted = None;
+                for (j, &child) in children[node].iter().enumerate() {
+                    let x = token(child);
+                    let r_x = scratch[x] / sum;
+                    let u = philox::uniform_at(seed, at, (row.len() + j) as u64);
+                    if u * mass.max(0.0) < r_x {
+                        accepted = Some(child);
+                        break;
+                    }
+                    mass -= r_x;
+                    scratch[x] = 0.0;
+                }
+                match accepted {
+                    Some(child) => out[depth] = token(child) as i64,
+                    None => {
+                        // every child rejected and zeroed: one-hot q of any of them adds nothing
+                        let last = token(*children[node].last().unwrap_or(&0));
+                        let drawn = residual_race::<f64>(scratch, sum, None, last, seed, at);
+                        out[depth] = drawn.map_or_else(from_logits, |y| y as i64);
+                    }
+                }
+                accepted
+            }
+        };
+        match next {
+            Some(child) => (node, depth) = (child, depth + 1),
+            None => return,
+        }
+    }
+}
+
+/// The ancestor-or-self mask of one tree (`tree_attention_mask`), row-major
+/// (k + 1) x (k + 1): row i + 1 is row parents[i] with column i + 1 set.
+pub fn ancestor_mask(parents: &[i64]) -> Vec<bool> {
+    let n = parents.len() + 1;
+    let mut mask = vec![false; n * n];
+    mask[0] = true;
+    for (i, &parent) in parents.iter().enumerate() {
+        let (done, rest) = mask.split_at_mut((i + 1) * n);
+        let from = parent as usize * n;
+        rest[..n].copy_from_slice(&done[from..from + n]);
+        rest[i + 1] = true;
+    }
+    mask
+}
+
 // ---------------------------------------------------------------------------------
 // Python bindings. The wrappers in `python/pyagent_accel/ops/spec_decode.py` have made
 // the reference's checks, in its order and with its messages; these check again what
@@ -255,9 +363,54 @@ fn layout(counts: &[i64], drafts: &[i64], rows: usize, vocab: usize) -> PyResult
     })
 }
 
-/// Verify every request of the layout (`mode(b)` says how request b is verified) into
-/// a new (batch, width) int64 array padded with -1; the reference's ValueError for the
+/// Run `run(b, out, statuses, scratch)` for every request b, where request b owns the
+/// next `row_counts[b]` target rows (`statuses` are theirs) and writes its tokens into
+/// `out`, its row of a new (batch, width) int64 array padded with -1; requests run in
+/// parallel for large batches, the GIL released. The reference's ValueError for the
 /// first bad target row.
+fn run_requests<'py, F>(
+    py: Python<'py>,
+    row_counts: &[usize],
+    vocab: usize,
+    width: usize,
+    run: F,
+) -> PyResult<Bound<'py, PyArray2<i64>>>
+where
+    F: Fn(usize, &mut [i64], &mut [RowStatus], &mut Vec<f64>) + Sync,
+{
+    let batch = row_counts.len();
+    let total_rows: usize = row_counts.iter().sum();
+    let mut out = vec![-1i64; batch * width];
+    let mut statuses = vec![RowStatus::Ok; total_rows];
+    detached(py, || {
+        // each request's rows of `statuses`, in order
+        let mut rest = statuses.as_mut_slice();
+        let mut status_parts = Vec::with_capacity(batch);
+        for &n in row_counts {
+            let (part, tail) = rest.split_at_mut(n);
+            status_parts.push(part);
+            rest = tail;
+        }
+        if sequential(batch, total_rows / batch.max(1) * vocab) {
+            let mut scratch = Vec::new();
+            for (b, (out, statuses)) in out.chunks_mut(width).zip(&mut status_parts).enumerate() {
+                run(b, out, statuses, &mut scratch);
+            }
+        } else {
+            out.par_chunks_mut(width)
+                .zip(status_parts.par_iter_mut())
+                .enumerate()
+                .for_each_init(Vec::new, |scratch, (b, (out, statuses))| {
+                    run(b, out, statuses, scratch)
+                });
+        }
+    })?;
+    raise_rows(&statuses, "target_logits")?;
+    PyArray1::from_vec(py, out).reshape([batch, width])
+}
+
+/// Verify every request of the layout (`mode(b)` says how request b is verified) into
+/// a new (batch, width) int64 array padded with -1.
 fn verify_batch<'py, T: Float, Q: Float>(
     py: Python<'py>,
     logits: &PyReadonlyArray2<'py, T>,
@@ -278,19 +431,13 @@ fn verify_batch<'py, T: Float, Q: Float>(
             return Err(value_error("draft_probs must have shape (drafts, vocab)"));
         }
     }
-    let (batch, width) = (layout.counts.len(), layout.width);
-    let mut out = vec![-1i64; batch * width];
-    let mut statuses = vec![RowStatus::Ok; rows.len()];
-    detached(py, || {
-        // each request's rows of `statuses`, in order
-        let mut rest = statuses.as_mut_slice();
-        let mut status_parts = Vec::with_capacity(batch);
-        for &k in &layout.counts {
-            let (part, tail) = rest.split_at_mut(k + 1);
-            status_parts.push(part);
-            rest = tail;
-        }
-        let run = |b: usize, out: &mut [i64], statuses: &mut &mut [RowStatus], e: &mut Vec<f64>| {
+    let row_counts: Vec<usize> = layout.counts.iter().map(|&k| k + 1).collect();
+    run_requests(
+        py,
+        &row_counts,
+        vocab,
+        layout.width,
+        |b, out, statuses, e| {
             let (k, start) = (layout.counts[b], layout.starts[b]);
             let request = Request {
                 rows: &rows[start + b..start + b + k + 1],
@@ -299,23 +446,74 @@ fn verify_batch<'py, T: Float, Q: Float>(
                 mode: mode(b),
             };
             verify(&request, statuses, out, e);
-        };
-        if sequential(batch, rows.len() / batch.max(1) * vocab) {
-            let mut scratch = Vec::new();
-            for (b, (out, statuses)) in out.chunks_mut(width).zip(&mut status_parts).enumerate() {
-                run(b, out, statuses, &mut scratch);
+        },
+    )
+}
+
+/// The tree layout on top of the flat one: `parents` as long as the drafts, draft i of
+/// each request with a parent in [0, i]; the width becomes 1 + the largest depth.
+fn tree_layout(
+    counts: &[i64],
+    drafts: &[i64],
+    parents: &[i64],
+    rows: usize,
+    vocab: usize,
+) -> PyResult<Layout> {
+    let mut layout = layout(counts, drafts, rows, vocab)?;
+    if parents.len() != drafts.len() {
+        return Err(value_error(format!(
+            "draft_parents must have shape ({},), got ({},)",
+            drafts.len(),
+            parents.len()
+        )));
+    }
+    let mut deepest = 0;
+    for (&k, &start) in layout.counts.iter().zip(&layout.starts) {
+        let mut depth = vec![0usize; k + 1];
+        for (i, &parent) in parents[start..start + k].iter().enumerate() {
+            if parent < 0 || parent as u64 > i as u64 {
+                return Err(value_error(format!(
+                    "draft_parents[{}] must be in [0, {i}], got {parent}",
+                    start + i
+                )));
             }
-        } else {
-            out.par_chunks_mut(width)
-                .zip(status_parts.par_iter_mut())
-                .enumerate()
-                .for_each_init(Vec::new, |scratch, (b, (out, statuses))| {
-                    run(b, out, statuses, scratch)
-                });
+            depth[i + 1] = depth[parent as usize] + 1;
+            deepest = deepest.max(depth[i + 1]);
         }
-    })?;
-    raise_rows(&statuses, "target_logits")?;
-    PyArray1::from_vec(py, out).reshape([batch, width])
+    }
+    layout.width = 1 + deepest;
+    Ok(layout)
+}
+
+/// Verify every tree of the layout (`mode(b)` says how request b is verified).
+fn verify_tree_batch<'py, T: Float>(
+    py: Python<'py>,
+    logits: &PyReadonlyArray2<'py, T>,
+    drafts: &[i64],
+    parents: &[i64],
+    layout: &Layout,
+    mode: impl Fn(usize) -> Mode + Sync,
+) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let vocab = logits.as_array().ncols();
+    let row_data = rows_of(logits, "target_logits")?;
+    let rows: Vec<&[T]> = row_data.iter().map(|r| r.as_ref()).collect();
+    let row_counts: Vec<usize> = layout.counts.iter().map(|&k| k + 1).collect();
+    run_requests(
+        py,
+        &row_counts,
+        vocab,
+        layout.width,
+        |b, out, statuses, e| {
+            let (k, start) = (layout.counts[b], layout.starts[b]);
+            let request = TreeRequest {
+                rows: &rows[start + b..start + b + k + 1],
+                drafts: &drafts[start..start + k],
+                parents: &parents[start..start + k],
+                mode: mode(b),
+            };
+            verify_tree(&request, statuses, out, e);
+        },
+    )
 }
 
 /// verify_greedy(target_logits, draft_token_ids, num_draft_tokens)
@@ -437,6 +635,90 @@ fn rejection_sample<'py>(
     })
 }
 
+/// verify_tree_greedy(target_logits, draft_token_ids, num_draft_tokens, draft_parents)
+/// --
+///
+/// Greedy verification of a draft tree: `verify_greedy`'s arguments and int64
+/// `draft_parents` (N,); a new int64 array (batch, 1 + max depth) of each request's
+/// tokens, then -1.
+#[pyfunction]
+fn verify_tree_greedy<'py>(
+    py: Python<'py>,
+    target_logits: &Bound<'py, PyAny>,
+    draft_token_ids: PyReadonlyArray1<'py, i64>,
+    num_draft_tokens: PyReadonlyArray1<'py, i64>,
+    draft_parents: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let drafts = slice(&draft_token_ids, "draft_token_ids")?;
+    let counts = slice(&num_draft_tokens, "num_draft_tokens")?;
+    let parents = slice(&draft_parents, "draft_parents")?;
+    dispatch!(target_logits, "target_logits", |x: T| {
+        let (rows, vocab) = x.as_array().dim();
+        let layout = tree_layout(counts, drafts, parents, rows, vocab)?;
+        verify_tree_batch::<T>(py, &x, drafts, parents, &layout, |_| Mode::Greedy)
+    })
+}
+
+/// rejection_sample_tree(target_logits, draft_token_ids, num_draft_tokens,
+/// draft_parents, temperature, seeds, positions)
+/// --
+///
+/// Verify a tree of deterministic drafts so that the emitted tokens are distributed
+/// exactly as the target's: `verify_tree_greedy`'s arguments, float64 `temperature`
+/// and int64 `seeds` and `positions` (batch,).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn rejection_sample_tree<'py>(
+    py: Python<'py>,
+    target_logits: &Bound<'py, PyAny>,
+    draft_token_ids: PyReadonlyArray1<'py, i64>,
+    num_draft_tokens: PyReadonlyArray1<'py, i64>,
+    draft_parents: PyReadonlyArray1<'py, i64>,
+    temperature: PyReadonlyArray1<'py, f64>,
+    seeds: PyReadonlyArray1<'py, i64>,
+    positions: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let drafts = slice(&draft_token_ids, "draft_token_ids")?;
+    let counts = slice(&num_draft_tokens, "num_draft_tokens")?;
+    let parents = slice(&draft_parents, "draft_parents")?;
+    let scalars = Scalars {
+        temperature: slice(&temperature, "temperature")?,
+        seeds: slice(&seeds, "seeds")?,
+        positions: slice(&positions, "positions")?,
+    };
+    dispatch!(target_logits, "target_logits", |x: T| {
+        let (rows, vocab) = x.as_array().dim();
+        let layout = tree_layout(counts, drafts, parents, rows, vocab)?;
+        scalars.check(&layout)?;
+        verify_tree_batch::<T>(py, &x, drafts, parents, &layout, |b| scalars.mode(b))
+    })
+}
+
+/// tree_attention_mask(draft_parents)
+/// --
+///
+/// Which nodes of a draft tree each node attends to: int64 `draft_parents` (k,), each
+/// in [0, i]; a new bool array (k + 1, k + 1), True where node j is node i or one of
+/// its ancestors.
+#[pyfunction]
+fn tree_attention_mask<'py>(
+    py: Python<'py>,
+    draft_parents: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyArray2<bool>>> {
+    let parents = slice(&draft_parents, "draft_parents")?;
+    if let Some((i, &parent)) = parents
+        .iter()
+        .enumerate()
+        .find(|&(i, &parent)| parent < 0 || parent as u64 > i as u64)
+    {
+        return Err(value_error(format!(
+            "draft_parents[{i}] must be in [0, {i}], got {parent}"
+        )));
+    }
+    let n = parents.len() + 1;
+    PyArray1::from_vec(py, ancestor_mask(parents)).reshape([n, n])
+}
+
 /// draft_probs as f32 or f64.
 enum Probs<'py> {
     F32(PyReadonlyArray2<'py, f32>),
@@ -457,7 +739,10 @@ fn extract_probs<'py>(q: &Bound<'py, PyAny>) -> PyResult<Probs<'py>> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_greedy, m)?)?;
-    m.add_function(wrap_pyfunction!(rejection_sample, m)?)
+    m.add_function(wrap_pyfunction!(rejection_sample, m)?)?;
+    m.add_function(wrap_pyfunction!(tree_attention_mask, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_tree_greedy, m)?)?;
+    m.add_function(wrap_pyfunction!(rejection_sample_tree, m)?)
 }
 
 #[cfg(test)]
@@ -598,6 +883,70 @@ mod tests {
                 run::<f64>(&rows, &drafts, None, mode)
             );
         }
+    }
+
+    fn run_tree(rows: &[Vec<f64>], drafts: &[i64], parents: &[i64], mode: Mode) -> Vec<i64> {
+        let rows: Vec<&[f64]> = rows.iter().map(|r| r.as_slice()).collect();
+        let request = TreeRequest {
+            rows: &rows,
+            drafts,
+            parents,
+            mode,
+        };
+        let mut statuses = vec![RowStatus::Ok; rows.len()];
+        let mut out = vec![-1; rows.len()];
+        verify_tree(&request, &mut statuses, &mut out, &mut Vec::new());
+        out
+    }
+
+    #[test]
+    fn a_chain_tree_is_the_linear_case() {
+        for seed in 0..40u64 {
+            let rows: Vec<Vec<f64>> = (0..4).map(|i| row(6, 4 * seed + i)).collect();
+            let drafts = [argmax(&rows[0]), (seed % 6) as i64, argmax(&rows[2])];
+            let modes = [
+                Mode::Greedy,
+                Mode::Random {
+                    seed: seed as i64,
+                    position: 9,
+                },
+            ];
+            for mode in modes {
+                assert_eq!(
+                    run_tree(&rows, &drafts, &[0, 1, 2], mode),
+                    run::<f64>(&rows, &drafts, None, mode),
+                    "seed {seed}, {mode:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn greedy_takes_the_first_matching_sibling() {
+        // root with children 1 and 2 holding the same token; node 2's child would be wrong
+        let rows: Vec<Vec<f64>> = (0..4).map(|i| row(8, 70 + i)).collect();
+        let t = argmax(&rows[0]);
+        let out = run_tree(&rows, &[t, t, argmax(&rows[2])], &[0, 0, 2], Mode::Greedy);
+        assert_eq!(out, [t, argmax(&rows[1]), -1, -1]);
+    }
+
+    #[test]
+    fn the_mask_holds_ancestors_and_self() {
+        let mask = ancestor_mask(&[0, 0, 1, 2]);
+        let rows: Vec<Vec<u8>> = mask
+            .chunks(5)
+            .map(|r| r.iter().map(|&b| b as u8).collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                [1, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0],
+                [1, 0, 1, 0, 0],
+                [1, 1, 0, 1, 0],
+                [1, 0, 1, 0, 1]
+            ]
+        );
     }
 
     #[test]

@@ -292,6 +292,68 @@ def test_tensors_on_other_devices_are_a_type_error():
             A.rejection_sample(*moved)
 
 
+# --- trees ------------------------------------------------------------------------------------
+
+
+def tree_batch(rng, vocab, counts, dtype):
+    """rejection_sample_tree's arguments: `batch`'s requests, each a random tree whose
+    draft tokens are often the parent row's argmax (so that long paths are accepted)."""
+    logits, _, counts, _, temperature, seeds, positions = batch(rng, vocab, counts, dtype)
+    parents, tokens, starts = [], [], np.cumsum(counts) - counts
+    for b, k in enumerate(counts.tolist()):
+        for i in range(k):
+            parent = int(rng.integers(0, i + 1))
+            row = logits[starts[b] + b + parent]
+            best = int(np.argmax(row))
+            parents.append(parent)
+            tokens.append(best if rng.random() < 0.6 else int(rng.integers(vocab)))
+    parents, tokens = np.array(parents, np.int64), np.array(tokens, np.int64)
+    return logits, tokens, counts, parents, temperature, seeds, positions
+
+
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [1, 7, 1000, 32000])
+def test_tree_ops_are_the_references(lib, dtype, vocab):
+    rng = np.random.default_rng(vocab)
+    for _ in range(2):
+        counts = rng.integers(0, 9, int(rng.integers(1, 40 if vocab < 32000 else 4)))
+        args = on(lib, tree_batch(rng, vocab, counts, dtype))
+        assert_same_tokens(A.verify_tree_greedy(*args[:4]), R.verify_tree_greedy(*args[:4]))
+        # no tree decision of these random float inputs sits within 1e-9 of its threshold
+        assert_same_tokens(A.rejection_sample_tree(*args), R.rejection_sample_tree(*args))
+        for k in set(np.asarray(counts).tolist()):
+            parents = rng.integers(0, np.arange(k) + 1) if k else np.zeros(0, np.int64)
+            mask = A.tree_attention_mask(on(lib, (parents,))[0])
+            assert type(mask) is type(R.tree_attention_mask(on(lib, (parents,))[0]))
+            np.testing.assert_array_equal(as_numpy(mask), R.tree_attention_mask(parents))
+
+
+def test_tree_errors_are_the_references():
+    rng = np.random.default_rng(11)
+    logits, tokens, counts, parents, t, seeds, pos = tree_batch(rng, 6, [2, 3], np.float32)
+    late, negative = parents.copy(), parents.copy()
+    late[3], negative[0] = 2, -1
+    calls = {
+        "a parent after its draft": (logits, tokens, counts, late),
+        "a negative parent": (logits, tokens, counts, negative),
+        "one parent too few": (logits, tokens, counts, parents[:-1]),
+        "float parents": (logits, tokens, counts, parents.astype(np.float32)),
+    }
+    for what, args in calls.items():
+        want = _error(R.verify_tree_greedy, *args)
+        assert want is not None, f"the reference accepts {what}"
+        assert _error(A.verify_tree_greedy, *args) == want, what
+        assert _error(A.rejection_sample_tree, *args, t, seeds, pos) == _error(
+            R.rejection_sample_tree, *args, t, seeds, pos
+        ), what
+    for bad in ([0, 2], [-1], np.zeros((2, 1), np.int64), [0.0]):
+        assert _error(A.tree_attention_mask, bad) == _error(R.tree_attention_mask, bad), bad
+    meta = torch.zeros(3, dtype=torch.int64, device="meta")
+    with pytest.raises(TypeError, match="draft_parents is a torch tensor on device meta"):
+        A.tree_attention_mask(meta)
+
+
 # --- propose_ngram ----------------------------------------------------------------------------
 
 

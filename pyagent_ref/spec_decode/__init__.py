@@ -12,6 +12,9 @@ Every proposer has the `Proposer` interface, which the engine calls after each s
 
 A draft model needs the target model, whose vocabulary, device and dtype it must share:
 `make_proposer(SpeculativeConfig(model=default_draft_model_path()), ops, target=model)`.
+
+`MedusaProposer` (`medusa`) drafts a token tree instead, from the target's last hidden
+state, for the tree verification ops; the engine does not run it yet.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from .config import METHODS, SpeculativeConfig
+from .medusa import MEDUSA_TREE, DraftTree, MedusaHeads, MedusaProposer
 from .ngram import NgramProposer
 from .suffix import SuffixProposer
 
@@ -69,7 +73,11 @@ def make_proposer(
 
 
 __all__ = [
+    "MEDUSA_TREE",
     "METHODS",
+    "DraftTree",
+    "MedusaHeads",
+    "MedusaProposer",
     "NgramProposer",
     "Proposer",
     "SpeculativeConfig",

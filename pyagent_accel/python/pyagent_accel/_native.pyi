@@ -173,6 +173,22 @@ def rejection_sample(
     seeds: np.ndarray,
     positions: np.ndarray,
 ) -> np.ndarray: ...
+def tree_attention_mask(draft_parents: np.ndarray) -> np.ndarray: ...
+def verify_tree_greedy(
+    target_logits: np.ndarray,
+    draft_token_ids: np.ndarray,
+    num_draft_tokens: np.ndarray,
+    draft_parents: np.ndarray,
+) -> np.ndarray: ...
+def rejection_sample_tree(
+    target_logits: np.ndarray,
+    draft_token_ids: np.ndarray,
+    num_draft_tokens: np.ndarray,
+    draft_parents: np.ndarray,
+    temperature: np.ndarray,
+    seeds: np.ndarray,
+    positions: np.ndarray,
+) -> np.ndarray: ...
 def ngram_proposal(
     token_ids: list[int] | np.ndarray,
     num_speculative_tokens: int,

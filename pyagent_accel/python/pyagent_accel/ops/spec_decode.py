@@ -8,6 +8,10 @@ also be sequences, converted as the reference converts them. The result, int64
 (batch, 1 + max k), comes back in the target logits' library. One native call verifies
 the whole batch, requests in parallel for large batches, with the GIL released.
 
+The tree ops (`verify_tree_greedy`, `rejection_sample_tree`) walk each request's tree in
+the same native call, from the root down the accepted path; `tree_attention_mask` builds
+the (k + 1, k + 1) mask row by row from the parents' rows.
+
 `propose_ngram` (prompt lookup) runs the reference's linear-time scan, a Z-function over
 the reversed tokens, in one native call that stops at the first match of length
 prompt_lookup_max; the GIL is released for sequences of more than 4096 tokens. The
@@ -38,7 +42,14 @@ import numpy as np
 from .. import _native
 from . import _common as _c
 
-__all__ = ["verify_greedy", "rejection_sample", "propose_ngram"]
+__all__ = [
+    "verify_greedy",
+    "rejection_sample",
+    "tree_attention_mask",
+    "verify_tree_greedy",
+    "rejection_sample_tree",
+    "propose_ngram",
+]
 
 _LOGITS = "target_logits"
 _SETTING_CAP = 2**63 - 1  # a setting this large acts as an unbounded one
@@ -80,6 +91,81 @@ def rejection_sample(
         _c.check_logits(x, _LOGITS)  # the reference checks the rows first
         raise
     return _c.wrap(_native.rejection_sample(x, drafts, counts, q, t, seed, pos), torch_in)
+
+
+def _draft_parents(draft_parents: Any, counts: np.ndarray, torch_in: bool) -> np.ndarray:
+    """draft_parents as int64 (N,), checked as the reference checks it: draft i of each
+    request has a parent node in [0, i]."""
+    parents = _c.int_vector(draft_parents, "draft_parents", torch_in)
+    total = int(counts.sum())
+    if parents.ndim != 1 or parents.shape[0] != total:
+        raise ValueError(
+            f"draft_parents must have shape ({total},) (one per draft), "
+            f"got shape {tuple(parents.shape)}"
+        )
+    starts = np.cumsum(counts) - counts
+    index = np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+    bad = np.flatnonzero((parents < 0) | (parents > index))
+    if bad.size:
+        flat, i = int(bad[0]), int(index[bad[0]])
+        where = f"draft_parents[{flat}]" + (f" (draft {i} of its request)" if flat != i else "")
+        raise ValueError(f"{where} must be in [0, {i}], got {int(parents[flat])}")
+    return parents
+
+
+def tree_attention_mask(draft_parents: Any) -> Any:
+    """Which nodes of a draft tree each node attends to: its ancestors and itself.
+
+    Contract: `pyagent_ref.ops.spec_decode.tree_attention_mask`.
+    """
+    torch_in = _c.is_torch(draft_parents)
+    parents = _c.int_vector(draft_parents, "draft_parents", torch_in)
+    if parents.ndim != 1:
+        raise ValueError(f"draft_parents must have shape (k,), got {tuple(parents.shape)}")
+    return _c.wrap(_native.tree_attention_mask(parents), torch_in)
+
+
+def verify_tree_greedy(
+    target_logits: Any, draft_token_ids: Any, num_draft_tokens: Any, draft_parents: Any
+) -> Any:
+    """Greedy verification of a draft tree: the longest path of the target's argmax.
+
+    Contract: `pyagent_ref.ops.spec_decode.verify_tree_greedy`.
+    """
+    x, torch_in = _c.logits_array(target_logits, _LOGITS, any_layout=True)
+    try:
+        counts, drafts = _c.draft_layout(x, draft_token_ids, num_draft_tokens, torch_in)
+        parents = _draft_parents(draft_parents, counts, torch_in)
+    except Exception:
+        _c.check_logits(x, _LOGITS)  # the reference checks the rows first
+        raise
+    return _c.wrap(_native.verify_tree_greedy(x, drafts, counts, parents), torch_in)
+
+
+def rejection_sample_tree(
+    target_logits: Any,
+    draft_token_ids: Any,
+    num_draft_tokens: Any,
+    draft_parents: Any,
+    temperature: Any,
+    seeds: Any,
+    positions: Any,
+) -> Any:
+    """Verify a tree of deterministic drafts so that the emitted tokens are distributed
+    exactly as the target's (multi-candidate recursive rejection, SpecInfer's).
+
+    Contract: `pyagent_ref.ops.spec_decode.rejection_sample_tree`.
+    """
+    x, torch_in = _c.logits_array(target_logits, _LOGITS, any_layout=True)
+    try:
+        counts, drafts = _c.draft_layout(x, draft_token_ids, num_draft_tokens, torch_in)
+        parents = _draft_parents(draft_parents, counts, torch_in)
+        t, seed, pos = _c.request_scalars(counts, temperature, seeds, positions, torch_in)
+    except Exception:
+        _c.check_logits(x, _LOGITS)  # the reference checks the rows first
+        raise
+    out = _native.rejection_sample_tree(x, drafts, counts, parents, t, seed, pos)
+    return _c.wrap(out, torch_in)
 
 
 def _check_settings(num_speculative_tokens: Any, lookup_min: Any, lookup_max: Any) -> None:
