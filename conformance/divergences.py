@@ -594,6 +594,7 @@ _STRUCTURED_DIVERGENCES = (
     _xg("keeps_exactly_the_allowed_tokens", _XG_FLOAT64, _XG_PAST_THE_MASK, _XG_OVERRUN),
     _xg("masks_tokens_past_the_mask", _XG_PAST_THE_MASK),
     _xg("ignores_bits_past_the_vocab", _XG_OVERRUN),
+    _xg("does_not_read_the_values", _XG_OVERRUN),  # seen only when a drawn row has clear bits
     _xg("accepts_strided_input", _XG_STRIDES),
     _xg("returns_array_like_logits", _XG_FLOAT64),
     _xg("rejects_invalid_input", _XG_ERRORS),
