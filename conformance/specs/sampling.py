@@ -1626,6 +1626,19 @@ def masks_below_epsilon(ctx: Ctx, case: Case) -> None:
     _check_rule(ctx, "apply_epsilon_cutoff", case, epsilon_rule, "epsilon", keeps=False)
 
 
+_UNIFORM_ROWS = st.integers(2, 40).map(
+    lambda v: Case(logits=np.zeros((1, v), np.float32), eta=np.array([math.nextafter(1.0, 0.0)]))
+)
+
+
+@spec.prop("apply_eta_cutoff", _UNIFORM_ROWS)
+def keeps_a_uniform_row_whatever_eta(ctx: Ctx, case: Case) -> None:
+    """A row of equal logits is tied for the max: every token is kept, even with eta just
+    below 1, where float64 rounding of the entropy can put the floor above p = 1 / vocab."""
+    out = call(ctx, "apply_eta_cutoff", case)
+    checks.assert_equal(out, case.logits, what="uniform row")
+
+
 @spec.prop("apply_eta_cutoff", cutoff_cases("eta"))
 def masks_below_entropy_scaled_eta(ctx: Ctx, case: Case) -> None:
     """A token is masked iff p < min(eta, sqrt(eta) * exp(-H)) (float64, strict; 1e-9 band)
@@ -2033,6 +2046,29 @@ def breaker_tokens_are_never_penalised(ctx: Ctx, case: Case) -> None:
     for b, ids in enumerate(case.sequence_breakers):
         listed = [t for t in _listed(np.sort(ids)[::-1])]
         checks.assert_equal(out[b, listed], case.logits[b, listed], what=f"row {b} breakers")
+
+
+_DRY_WORKED = (
+    # breaker 1 ends repeats and is never penalised: "2 3" followed by 1 occurred, yet 1 is
+    # spared; "3" followed by 0 occurred, the longer "2 1 3" crosses the breaker and does not
+    # count (0 loses base ** (1 - 1), not base ** (3 - 1))
+    Case(
+        logits=np.zeros((2, 4), np.float32),
+        token_ids=np.array([[2, 3, 1, 2, 3, -1, -1], [2, 1, 3, 0, 2, 1, 3]]),
+        multiplier=np.array([1.0, 1.0]),
+        base=np.array([2.0, 2.0]),
+        allowed_length=np.array([1, 1]),
+        penalty_last_n=np.array([-1, -1]),
+        sequence_breakers=np.array([[1], [1]]),
+    ),
+)
+
+
+@spec.prop("apply_dry", st.sampled_from(_DRY_WORKED))
+def worked_examples_around_breakers(ctx: Ctx, case: Case) -> None:
+    """Hand-made rows where a breaker would extend a repeat and where a repeat would
+    cross a breaker: the result is the docstring's rule."""
+    _dry_compare(case, call(ctx, "apply_dry", case), dry_expected(case))
 
 
 _dry_errors = _mask_errors(
