@@ -7,7 +7,9 @@ clean machine with Python, pip and a Rust toolchain runs any of them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import subprocess
 
 import nox
 
@@ -56,21 +58,43 @@ def tests(session: nox.Session) -> None:
         *session.posargs,
         env=ENV,
     )
-    for impl, array in CONFORMANCE_RUNS:
-        session.run(
-            "pytest",
-            "--pyargs",
-            "conformance",
-            "-q",
-            f"--hypothesis-profile={profile}",
-            f"--conformance-impl={impl}",
-            f"--conformance-array={array}",
-            env=ENV,
-        )
-    # The suite tests itself: every mutant must fail a property (about 3 CPU-minutes).
-    session.run("python", "-m", "conformance.selftest", f"--profile={profile}", env=ENV)
+    python = f"{session.bin}/python"
+    conformance_runs = [
+        [python, "-m", "pytest", "--pyargs", "conformance", "-q", f"--hypothesis-profile={profile}"]
+        + [f"--conformance-impl={impl}", f"--conformance-array={array}"]
+        for impl, array in CONFORMANCE_RUNS
+    ]
     site = f"{session.create_tmp()}/site"
-    session.run("mkdocs", "build", "--strict", "--site-dir", site, env=ENV)
+    docs = [python, "-m", "mkdocs", "build", "--strict", "--site-dir", site]
+    # The suite tests itself: every mutant must fail a property (several CPU-minutes),
+    # beside the conformance runs, one core each.
+    selftest = [python, "-m", "conformance.selftest", f"--profile={profile}"]
+    run_lanes(session, [[*conformance_runs, docs], [selftest]])
+
+
+def run_lanes(session: nox.Session, lanes: list[list[list[str]]]) -> None:
+    """Run the commands of each lane in order, the lanes side by side (one thread each
+    for torch and BLAS: CI has two cores), each lane's output printed when it is done.
+    Fails the session, after every lane ended, if a command failed."""
+    env = os.environ | ENV | {"OMP_NUM_THREADS": "1", "PATH": f"{session.bin}:{os.environ['PATH']}"}
+
+    def run(commands: list[list[str]]) -> tuple[str, list[str] | None]:
+        log = []
+        for command in commands:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+            log.append(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}")
+            if done.returncode:
+                return "".join(log), command
+        return "".join(log), None
+
+    with concurrent.futures.ThreadPoolExecutor(len(lanes)) as pool:
+        failed = []
+        for log, command in pool.map(run, lanes):
+            print(log, flush=True)
+            if command is not None:
+                failed.append(" ".join(command))
+    if failed:
+        session.error(f"failed: {failed}")
 
 
 @nox.session

@@ -11,7 +11,8 @@ Two greedy workloads, each request decoding `--max-tokens` tokens (ignore_eos):
   the prompt.
 For each workload and each setting (no speculation; n-gram with k = 2, 4, 6 drafts;
 suffix decoding with k = 4, 8, and k = 8 without its global tree; the embedded draft
-model, `default_draft_model_path()`, with k = 2, 3, 4), the median over
+model, `default_draft_model_path()`, with k = 2, 3, 4; the embedded model's Medusa heads
+with trees of k = 1, 2, 3 levels, 4 / 10 / 14 nodes), the median over
 `--repeats` runs of output tokens / second, the ratio to no speculation, the acceptance
 rate, per-position acceptance and the mean tokens emitted per verifying step. Greedy
 outputs are checked to be the same token for token. The settings of a workload take turns,
@@ -136,6 +137,8 @@ def main() -> None:
             }
             for k in (2, 3, 4)
         },
+        # draft trees from the embedded model's Medusa heads (MEDUSA_TREE, k levels)
+        **{f"medusa k={k}": {"method": "medusa", "num_speculative_tokens": k} for k in (1, 2, 3)},
     }
     if args.only:
         settings = {

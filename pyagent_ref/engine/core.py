@@ -54,6 +54,7 @@ from ..sched.policy import POLICIES
 from ..sched.request import Request, RequestStatus
 from ..sched.scheduler import Scheduler, SchedulerConfig
 from ..spec_decode import SpeculativeConfig, make_proposer
+from ..spec_decode.tree import cut_tree
 from ..tokenize.loader import TOKENIZER_BACKENDS
 from ..worker.cuda_graph import DEFAULT_CAPTURE_SIZES
 from ..worker.model_runner import GRAPH_MODES, ModelRunner
@@ -165,9 +166,10 @@ class EngineConfig:
         to every step's batch in this order.
     speculative_config: None, or speculative decoding: how drafts of each request's
         next tokens are proposed and verified in one forward pass (`SpeculativeConfig`,
-        or a dict of its fields under vLLM's names: method "ngram", "suffix" or
-        "draft_model", num_speculative_tokens, prompt_lookup_min/max, suffix_decoding_*,
-        model (the draft checkpoint)). Greedy outputs stay the same token for token,
+        or a dict of its fields under vLLM's names: method "ngram", "suffix",
+        "draft_model" or "medusa", num_speculative_tokens, prompt_lookup_min/max,
+        suffix_decoding_*, model (the draft checkpoint or the Medusa heads)). Greedy
+        outputs stay the same token for token,
         sampled ones the same in distribution.
     """
 
@@ -361,6 +363,9 @@ class EngineCore:
         self.stats = EngineStats()
         spec = config.speculative_config
         self.proposer = make_proposer(spec, self.ops, model) if spec is not None else None
+        # a proposer drafting from the target's hidden states (Medusa) gets the last ones
+        self.runner.keep_hidden_states = getattr(self.proposer, "needs_hidden_states", False)
+        self._hidden_states: dict = {}
         self._lock = threading.RLock()
 
     def _fit_max_model_len(self, model_len: int) -> int:
@@ -468,6 +473,7 @@ class EngineCore:
                     raise  # KeyboardInterrupt: the next step reports the failed requests
                 result = ModelRunnerOutput({})
             result.errors.update(grammar_errors)
+            self._hidden_states = result.hidden_states
             outputs = self.scheduler.update_from_output(sched, result)
             self.stats.add(outputs.stats)
             if self.proposer is not None:
@@ -505,15 +511,22 @@ class EngineCore:
                 or request.sampling_params.mirostat
             ):
                 continue
-            room = min(
-                request.max_tokens - request.num_output_tokens - 1,
-                self.max_model_len - request.num_tokens,
+            # drafts may fill the context (one KV slot each) and the output tokens left
+            room_slots = self.max_model_len - request.num_tokens
+            room_tokens = request.max_tokens - request.num_output_tokens - 1
+            if min(room_slots, room_tokens) <= 0:
+                continue
+            if getattr(self.proposer, "needs_hidden_states", False):  # a draft tree
+                hidden = self._hidden_states.get(request.request_id)
+                if hidden is not None:
+                    tree = self.proposer.propose_tree(hidden)
+                    tokens, parents = cut_tree(*tree, room_slots, room_tokens)
+                    request.spec_token_ids, request.spec_parents = tokens, parents
+                continue
+            drafts = self.proposer.propose(
+                request.request_id, request.prompt_token_ids, request.output_token_ids
             )
-            if room > 0:
-                drafts = self.proposer.propose(
-                    request.request_id, request.prompt_token_ids, request.output_token_ids
-                )
-                request.spec_token_ids = drafts[:room]
+            request.spec_token_ids = drafts[: min(room_slots, room_tokens)]
 
     def _fill_grammar_bitmasks(self, sched: SchedulerOutput) -> dict[str, str]:
         """Structured outputs: the bitmask of the tokens each grammar allows next, for the

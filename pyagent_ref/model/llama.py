@@ -45,6 +45,8 @@ class AttentionMetadata:
     decode_only: every request has exactly one query token (num_tokens == num_reqs;
         padding requests have seq_len 0): attention takes the static-shape path
         `paged_decode_attention`, which a CUDA graph can capture.
+    custom_masks: None, or per request None or a bool tensor (q_len, seq_len) AND-ed with
+        the causal mask (a speculative draft tree: `ops.spec_decode.tree_attention_mask`).
     """
 
     slot_mapping: torch.Tensor
@@ -52,6 +54,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     decode_only: bool = False
+    custom_masks: list[torch.Tensor | None] | None = None
 
 
 class Norm(nn.Module):
@@ -167,6 +170,7 @@ class Attention(nn.Module):
                 self.scale,
                 sliding_window=self.sliding_window,
                 soft_cap=self.soft_cap,
+                custom_masks=meta.custom_masks,
             )
         return self.o_proj(out.reshape(n, self.q_size))
 

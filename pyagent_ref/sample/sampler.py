@@ -39,6 +39,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from ..spec_decode.tree import accepted_path
 from .logits_processor import LogitsProcessor
 from .logprobs import Logprobs, logprobs_rows
 from .params import SamplingParams
@@ -60,6 +61,7 @@ class SamplingRow:
     stop_ids: Sequence[int] = ()  # masked while len(output) < params.min_tokens
     bitmask: np.ndarray | None = None  # int32 words: the tokens its grammar allows next
     draft_token_ids: Sequence[int] = ()  # speculative decoding: the drafts `verify` checks
+    draft_parents: Sequence[int] | None = None  # None: a chain; else the drafts' tree
     # mirostat v2: the request's mu for this token (None: the first token, 2 * tau)
     mirostat_mu: float | None = None
 
@@ -132,6 +134,11 @@ class Sampler:
         penalties and min_tokens see them, and its Philox position is position + i);
         then `rejection_sample` keeps the accepted drafts and adds one token. Greedy
         requests get exactly greedy decoding's tokens, the others its distribution.
+        When a row's drafts form a tree (`draft_parents`), row i's output ends with the
+        drafts on the path from the root to node i instead (its Philox position is
+        position + depth), and `rejection_sample_tree` keeps the accepted path; if any
+        row has a tree, the chains of the others are verified as trees too (the tree op
+        emits exactly what the linear one does on a chain).
         Mirostat requests take no drafts (the engine proposes none for them: each
         token's truncation depends on the mu the previous token left), so their one row
         is sampled as `__call__` samples it; drafts on one are a ValueError.
@@ -142,26 +149,32 @@ class Sampler:
                     f"request {r.request_id}: mirostat requests take no speculative drafts, "
                     f"got {len(r.draft_token_ids)}"
                 )
+        trees = any(r.draft_parents is not None for r in rows)
+        paths = [_node_paths(r) for r in rows]  # per row: each node's drafts, root first
         expanded = [
             dataclasses.replace(
                 r,
-                output_token_ids=[*r.output_token_ids, *r.draft_token_ids[:i]],
+                output_token_ids=[*r.output_token_ids, *path],
                 draft_token_ids=(),
+                draft_parents=None,
             )
-            for r in rows
-            for i in range(len(r.draft_token_ids) + 1)
+            for r, node_paths in zip(rows, paths, strict=True)
+            for path in node_paths
         ]
         x, logprobs, temperature = self._process(logits, expanded)
         first = np.cumsum([0] + [len(r.draft_token_ids) + 1 for r in rows])[:-1]
-        emitted = self.spec.rejection_sample(
-            x,
-            np.array([t for r in rows for t in r.draft_token_ids], dtype=np.int64),
-            np.array([len(r.draft_token_ids) for r in rows], dtype=np.int64),
-            None,
-            temperature[first],
-            _seeds(rows),
-            _positions(rows),
-        )
+        drafts = np.array([t for r in rows for t in r.draft_token_ids], dtype=np.int64)
+        counts = np.array([len(r.draft_token_ids) for r in rows], dtype=np.int64)
+        seeds, positions = _seeds(rows), _positions(rows)
+        if trees:
+            parents = np.array([p for r in rows for p in _parents(r)], dtype=np.int64)
+            emitted = self.spec.rejection_sample_tree(
+                x, drafts, counts, parents, temperature[first], seeds, positions
+            )
+        else:
+            emitted = self.spec.rejection_sample(
+                x, drafts, counts, None, temperature[first], seeds, positions
+            )
         tokens = [[int(t) for t in row if t >= 0] for row in np.asarray(emitted)]
         # a mirostat request has one row (no drafts) and emits one token
         which = [b for b, r in enumerate(rows) if r.params.mirostat]
@@ -173,15 +186,21 @@ class Sampler:
             else []
         )
         next_mu = dict(zip(which, mus, strict=True))
-        # each emitted token is the sampled token of its own row; rows past them score 0
-        sampled = [t for b, r in enumerate(rows) for t in _padded_to(tokens[b], r)]
+        # each emitted token is the sampled token of its node's row (the accepted path's
+        # nodes: consecutive rows for a chain); the other rows score token 0
+        path_rows = [
+            first[b] + np.array(accepted_path(r.draft_token_ids, _parents(r), tokens[b]))
+            for b, r in enumerate(rows)
+        ]
+        sampled = [0] * len(expanded)
+        for b, at in enumerate(path_rows):
+            for row, token in zip(at, tokens[b], strict=True):
+                sampled[row] = token
         per_row = self._with_sampled(logprobs, sampled, expanded)
         return [
             (
                 tokens[b],
-                per_row[first[b] : first[b] + len(tokens[b])]
-                if r.params.logprobs is not None
-                else None,
+                [per_row[i] for i in path_rows[b]] if r.params.logprobs is not None else None,
                 next_mu.get(b),
             )
             for b, r in enumerate(rows)
@@ -375,6 +394,17 @@ def _padded_values(rows: Sequence[Sequence[float]]) -> list[list[float]]:
     return [list(r) + [0.0] * (max(width, 1) - len(r)) for r in rows]
 
 
-def _padded_to(tokens: list[int], row: SamplingRow) -> list[int]:
-    """A request's emitted tokens, padded with 0 to its k + 1 verification rows."""
-    return tokens + [0] * (len(row.draft_token_ids) + 1 - len(tokens))
+def _parents(row: SamplingRow) -> Sequence[int]:
+    """The parents of a row's drafts: its tree's, or a chain's (draft i after node i)."""
+    if row.draft_parents is None:
+        return range(len(row.draft_token_ids))
+    return row.draft_parents
+
+
+def _node_paths(row: SamplingRow) -> list[list[int]]:
+    """Per node of a row's draft tree (the root first): the drafts from the root down to
+    it, which its verification row reads as already output."""
+    paths: list[list[int]] = [[]]
+    for token, parent in zip(row.draft_token_ids, _parents(row), strict=True):
+        paths.append([*paths[parent], token])
+    return paths

@@ -7,6 +7,7 @@ Scheduler.schedule() -> SchedulerOutput -> ModelRunner.execute() -> ModelRunnerO
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +65,8 @@ class SchedulerOutput:
     # request id -> its speculative drafts, scheduled after its last known token (they
     # are counted in num_scheduled_tokens)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> the parents of its drafts when they form a tree (`Request.spec_parents`)
+    scheduled_spec_decode_parents: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -87,6 +90,10 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[int, list[Logprobs]]] = field(default_factory=dict)
     # request -> its mirostat mu after the tokens it emits (requests with mirostat v2)
     mirostat_mu: dict[str, float] = field(default_factory=dict)
+    # request -> the final hidden state (after the final norm, float32 on the host) of the
+    # row whose logits drew its last emitted token, when the runner keeps them (a
+    # proposer that drafts from hidden states, Medusa)
+    hidden_states: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -123,7 +130,9 @@ class StepStats:
 class SpecDecodeStats:
     """Speculative decoding counts: of drafts proposed (scheduled for verification), how
     many were accepted, in total and by position in the draft (accepted_per_position[i]:
-    verified requests whose draft i was accepted)."""
+    verified requests whose draft i was accepted). For a draft tree, num_draft_tokens
+    counts its nodes and the positions are its depths (drafts_per_position[i]: verified
+    trees with a node at depth i + 1)."""
 
     num_verified: int = 0  # request-steps that verified at least one draft
     num_draft_tokens: int = 0
@@ -131,13 +140,14 @@ class SpecDecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)
     drafts_per_position: list[int] = field(default_factory=list)
 
-    def record(self, num_drafts: int, num_accepted: int) -> None:
-        """One request's verification: num_accepted of its num_drafts drafts were kept."""
+    def record(self, num_drafts: int, num_accepted: int, depth: int | None = None) -> None:
+        """One request's verification: num_accepted of its num_drafts drafts were kept;
+        `depth`: a tree's depth (None: a linear draft, as deep as it is long)."""
         self.num_verified += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
         for counts, n in (
-            (self.drafts_per_position, num_drafts),
+            (self.drafts_per_position, num_drafts if depth is None else depth),
             (self.accepted_per_position, num_accepted),
         ):
             counts.extend([0] * (n - len(counts)))

@@ -107,6 +107,9 @@ class Request:
             pooled into one vector (`model.pooling`), and it finishes without sampling.
         spec_token_ids: speculative decoding: the drafts proposed for its next tokens,
             verified in its next step (then cleared).
+        spec_parents: None for linear drafts; for a draft tree (Medusa), draft i's
+            parent node (0 = its last known token, j + 1 = draft j), as in
+            `ops.spec_decode` (cleared with spec_token_ids).
         prompt_logprobs: with sampling_params.prompt_logprobs, the `Logprobs` of prompt
             tokens 1 .. P-1 as the chunks of its prompt are computed (by position, so a
             recomputation after preemption overwrites them); sent with its first token.
@@ -139,6 +142,7 @@ class Request:
     grammar: Any = None
     pooling_params: PoolingParams | None = None
     spec_token_ids: list[int] = field(default_factory=list)
+    spec_parents: list[int] | None = None
     prompt_logprobs: list[Any] = field(default_factory=list)
     mirostat_mu: float | None = None
 

@@ -28,7 +28,10 @@ min_tokens on, and max_tokens / the model's context length.
 
 Speculative decoding: a decoding request with drafts (`Request.spec_token_ids`) is
 scheduled 1 + k tokens, its last token and the k drafts (fewer if the budget is short),
-and the runner emits 1 to k + 1 tokens for it. The KV of rejected drafts is rolled
+and the runner emits 1 to k + 1 tokens for it. Drafts may form a tree
+(`Request.spec_parents`): the runner then emits the accepted path plus one token, and
+moves the path's KV next to the known tokens, so the rollback below stays the same.
+The KV of rejected drafts is rolled
 back: the computed count drops by their number (the next step overwrites their slots)
 and blocks that held nothing else are freed (`KVCacheManager.free_tail`). Drafts never
 enter the prefix cache: it takes only full blocks of known tokens.
@@ -41,6 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..kv_cache import KVCacheManager
+from ..spec_decode.tree import node_depths
 from .outputs import (
     CachedRequestData,
     EngineCoreOutput,
@@ -154,6 +158,7 @@ class Scheduler:
         scheduled: dict[str, int] = {}
         new_blocks: dict[str, tuple[list[int], ...]] = {}
         drafts: dict[str, list[int]] = {}
+        parents: dict[str, list[int]] = {}
         preempted: list[Request] = []
 
         for request in list(self.running):
@@ -162,8 +167,10 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new == 1 and request.spec_token_ids:  # a decode with drafts to verify
                 drafts[request.request_id] = request.spec_token_ids[: budget - 1]
+                if request.spec_parents is not None:  # a prefix of a tree is a tree
+                    parents[request.request_id] = request.spec_parents[: budget - 1]
                 num_new += len(drafts[request.request_id])
-            request.spec_token_ids = []
+            request.spec_token_ids, request.spec_parents = [], None
             while (blocks := self.kv.allocate_slots(request, num_new, lookahead)) is None:
                 candidates = [r for r in self.running if r.request_id not in scheduled]
                 if request is self.running[0]:
@@ -224,6 +231,9 @@ class Scheduler:
 
         out = self._build_output(scheduled, new_blocks, admitted, preempted)
         out.scheduled_spec_decode_tokens = {r: d for r, d in drafts.items() if d and r in scheduled}
+        out.scheduled_spec_decode_parents = {
+            r: p for r, p in parents.items() if r in out.scheduled_spec_decode_tokens
+        }
         for rid, n in scheduled.items():
             request = self.requests[rid]
             request.num_computed_tokens += n
@@ -278,7 +288,7 @@ class Scheduler:
         self.running.remove(request)
         self.kv.free(request)
         self._kept_blocks.pop(request.request_id, None)
-        request.spec_token_ids = []
+        request.spec_token_ids, request.spec_parents = [], None
         request.num_computed_tokens = 0
         request.move_to(RequestStatus.PREEMPTED)
         request.times.num_preemptions += 1
@@ -318,8 +328,14 @@ class Scheduler:
             if not tokens:
                 continue
             if rid in sched.scheduled_spec_decode_tokens:
+                parents = sched.scheduled_spec_decode_parents.get(rid)
+                spec.record(
+                    len(sched.scheduled_spec_decode_tokens[rid]),
+                    len(tokens) - 1,
+                    None if parents is None else max(node_depths(parents)),
+                )
                 self._roll_back_rejected(
-                    request, len(sched.scheduled_spec_decode_tokens[rid]), len(tokens), spec
+                    request, len(sched.scheduled_spec_decode_tokens[rid]), len(tokens)
                 )
             if rid in result.mirostat_mu:
                 request.mirostat_mu = result.mirostat_mu[rid]
@@ -329,14 +345,11 @@ class Scheduler:
         failed, self._failed = self._failed, []
         return EngineCoreOutputs(failed + outputs, self._stats(sched, spec))
 
-    def _roll_back_rejected(
-        self, request: Request, num_drafts: int, num_emitted: int, spec: SpecDecodeStats
-    ) -> None:
+    def _roll_back_rejected(self, request: Request, num_drafts: int, num_emitted: int) -> None:
         """Speculative decoding: of `num_drafts` drafts, num_emitted - 1 were accepted.
         The rejected ones' KV is stale: the computed count drops by their number, and
         blocks holding only their slots are freed (the runner hears of it next step)."""
         rejected = num_drafts + 1 - num_emitted
-        spec.record(num_drafts, num_emitted - 1)
         if not rejected:
             return
         request.num_computed_tokens -= rejected

@@ -13,8 +13,9 @@ Every proposer has the `Proposer` interface, which the engine calls after each s
 A draft model needs the target model, whose vocabulary, device and dtype it must share:
 `make_proposer(SpeculativeConfig(model=default_draft_model_path()), ops, target=model)`.
 
-`MedusaProposer` (`medusa`) drafts a token tree instead, from the target's last hidden
-state, for the tree verification ops; the engine does not run it yet.
+`MedusaProposer` (`medusa`, method "medusa") drafts a token tree instead, from the
+target's last hidden state (`propose_tree(hidden)`; the engine's runner keeps the hidden
+states when the proposer says `needs_hidden_states`), verified by the tree ops.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def make_proposer(
 
     "draft_model" needs `target`, the target model: the draft is loaded on its device, in
     its dtype, and must have its vocab_size (`load_draft_model` raises ValueError
-    otherwise, or for a missing checkpoint).
+    otherwise, or for a missing checkpoint). "medusa" needs it too: its heads read the
+    target's hidden states and share its LM head (`MedusaProposer.for_target`).
     """
     if config.method == "ngram":
         return NgramProposer(config, ops)
@@ -69,6 +71,10 @@ def make_proposer(
         from .draft_model import DraftModelProposer, load_draft_model  # needs torch
 
         return DraftModelProposer(config, load_draft_model(config, target, ops))
+    if config.method == "medusa":
+        if target is None:
+            raise ValueError("method 'medusa' needs the target model: pass target=")
+        return MedusaProposer.for_target(config, target)
     raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
 
 

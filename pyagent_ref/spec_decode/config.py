@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-METHODS = ("ngram", "suffix", "draft_model")
+METHODS = ("ngram", "suffix", "draft_model", "medusa")
 """The proposers that exist (vLLM's method names)."""
 
 
@@ -22,10 +22,12 @@ class SpeculativeConfig:
         own prompt and output (`ngram.propose_ngram`); "suffix" proposes the most
         frequent continuation in a tree of the request's tokens and one of past
         requests' outputs (`suffix`); "draft_model" runs a small model greedily
-        (`draft_model`). None (the default) means "draft_model" if `model` is given,
-        else "ngram", as in vLLM.
+        (`draft_model`); "medusa" drafts a token tree with Medusa heads on the target's
+        last hidden state (`medusa`). None (the default) means "draft_model" if `model`
+        is given, else "ngram", as in vLLM.
     num_speculative_tokens: drafts proposed per step, an int >= 1; a step then emits
-        between 1 and num_speculative_tokens + 1 tokens.
+        between 1 and num_speculative_tokens + 1 tokens. For "medusa", the deepest tree
+        level kept (the tree shape `medusa.MEDUSA_TREE` has up to 14 nodes on 3 levels).
     prompt_lookup_min, prompt_lookup_max: for "ngram", the shortest and the longest
         suffix of the sequence that is searched for, ints with
         1 <= prompt_lookup_min <= prompt_lookup_max.
@@ -40,7 +42,9 @@ class SpeculativeConfig:
         cumulative probability falls below it; a number in [0, 1].
     model: for "draft_model", the directory of the draft checkpoint (HF layout, the
         target's vocabulary), a str or a Path; it is loaded, and its vocabulary checked
-        against the target's, when the engine is built.
+        against the target's, when the engine is built. For "medusa", the directory of
+        the heads (`medusa.MedusaHeads.load`; None: those trained for the embedded
+        default model), checked against the target's hidden and vocabulary sizes.
 
     Every field is checked whatever the method; the fields of one method are ignored by
     the others.

@@ -85,10 +85,6 @@ def tree_parents(tree: Sequence[tuple[int, ...]]) -> list[int]:
     return parents
 
 
-def _silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
 @dataclass(frozen=True)
 class MedusaHeads:
     """K heads: weights[j] (hidden, hidden) and biases[j] (hidden,) of head j + 1."""
@@ -117,10 +113,16 @@ class MedusaHeads:
 
     def logits(self, hidden: Any, lm_head: Any) -> np.ndarray:
         """Each head's logits, (K, vocab): lm_head (vocab, hidden) applied to
-        h + SiLU(W_j h + b_j), for the final hidden state `hidden` (hidden,)."""
-        h = np.asarray(hidden, dtype=np.float32)
-        blocks = [h + _silu(w @ h + b) for w, b in zip(self.weights, self.biases, strict=True)]
-        return np.stack(blocks) @ np.asarray(lm_head, dtype=np.float32).T
+        h + SiLU(W_j h + b_j), for the final hidden state `hidden` (hidden,). Computed
+        in float32 with torch (its thread setting applies; numpy's BLAS would take every
+        core for these small products)."""
+        import torch
+
+        h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
+        w = torch.as_tensor(np.stack(self.weights))  # (K, hidden, hidden)
+        b = torch.as_tensor(np.stack(self.biases))
+        blocks = h + torch.nn.functional.silu(w @ h + b)
+        return (blocks @ torch.as_tensor(np.asarray(lm_head, dtype=np.float32)).T).numpy()
 
     def draft_tree(
         self, hidden: Any, lm_head: Any, tree: Sequence[tuple[int, ...]] = MEDUSA_TREE
@@ -146,8 +148,12 @@ class MedusaProposer:
     """Draft trees for the requests of a model with Medusa heads.
 
     propose_tree(hidden) is the tree for a request whose last hidden state (after the
-    final norm, at the token that produced the last sampled token) is `hidden`.
+    final norm, at the token that produced the last sampled token) is `hidden`. The
+    engine keeps those states for it (`needs_hidden_states`); it has no per-request
+    state, so finish() does nothing.
     """
+
+    needs_hidden_states = True
 
     def __init__(
         self,
@@ -159,5 +165,33 @@ class MedusaProposer:
         self.heads, self.tree = heads, tuple(tuple(p) for p in tree)
         self.lm_head = np.asarray(lm_head, dtype=np.float32)
 
+    @classmethod
+    def for_target(cls, config: Any, target: Any) -> MedusaProposer:
+        """The proposer of a `SpeculativeConfig` (method "medusa") on the target model:
+        the heads of config.model (None: the embedded model's), the target's LM head, and
+        the paths of `MEDUSA_TREE` no deeper than config.num_speculative_tokens.
+
+        Raises ValueError if the heads' hidden size or vocabulary differ from the
+        target's, or the directory lacks the heads' files.
+        """
+        path = pathlib.Path(config.model or DEFAULT_HEADS)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"speculative model {str(path)!r} holds no Medusa heads config.json")
+        heads = MedusaHeads.load(path)
+        weight = target.embed_tokens.weight if target.lm_head is None else target.lm_head.weight
+        vocab, hidden = weight.shape
+        if heads.weights[0].shape[0] != hidden:
+            raise ValueError(
+                f"Medusa heads of hidden size {heads.weights[0].shape[0]} ({path}) do not fit "
+                f"the target model's hidden size {hidden}"
+            )
+        tree = [
+            p for p in MEDUSA_TREE if len(p) <= min(config.num_speculative_tokens, heads.num_heads)
+        ]
+        return cls(heads, weight.detach().float().cpu().numpy(), tree)
+
     def propose_tree(self, hidden: Any) -> DraftTree:
         return self.heads.draft_tree(hidden, self.lm_head, self.tree)
+
+    def finish(self, request_id: str, output_token_ids: Sequence[int]) -> None:
+        """Nothing to forget: the trees depend on the hidden state alone."""

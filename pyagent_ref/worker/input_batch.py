@@ -21,6 +21,7 @@ import numpy as np
 
 from ..sample.sampler import SamplingRow
 from ..sched.outputs import NewRequestData, SchedulerOutput
+from ..spec_decode.tree import node_depths
 
 
 @dataclass
@@ -42,7 +43,10 @@ class PreparedBatch:
 
     req_ids: list[str]
     input_ids: np.ndarray
-    positions: np.ndarray
+    positions: np.ndarray  # the model's (RoPE) positions
+    # each token's index in its sequence, which addresses its KV slot: the positions,
+    # except in a draft tree, where node i sits at index c + i but position c + depth(i)
+    slot_positions: np.ndarray
     query_start_loc: np.ndarray
     seq_lens: np.ndarray
     block_tables: np.ndarray  # (num_groups, num_reqs, max_blocks)
@@ -50,6 +54,7 @@ class PreparedBatch:
     samples: list[bool]  # request i samples a token this step (its known tokens are done)
     num_tokens: int
     num_drafts: list[int]  # per request: the speculative drafts scheduled after its tokens
+    draft_parents: list[list[int] | None]  # per request: its drafts' parents if a tree
 
 
 class InputBatch:
@@ -66,6 +71,7 @@ class InputBatch:
         self.states: dict[str, CachedState] = {}
         self.input_ids = np.zeros(max_num_tokens, dtype=np.int64)
         self.positions = np.zeros(max_num_tokens, dtype=np.int64)
+        self.slot_positions = np.zeros(max_num_tokens, dtype=np.int64)
         self.query_start_loc = np.zeros(max_num_reqs + 1, dtype=np.int64)
         self.seq_lens = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_tables = np.zeros((num_groups, max_num_reqs, self.max_blocks), dtype=np.int64)
@@ -101,10 +107,11 @@ class InputBatch:
 
     def prepare(self, sched: SchedulerOutput) -> PreparedBatch:
         """Fill the buffers with this step's flattened batch (in scheduling order): each
-        request's next scheduled tokens, then its speculative drafts if it has any."""
+        request's next scheduled tokens, then its speculative drafts if it has any (a
+        tree's nodes at the position of their depth)."""
         req_ids = list(sched.num_scheduled_tokens)
         spec = sched.scheduled_spec_decode_tokens
-        offset, samples, num_drafts = 0, [], []
+        offset, samples, num_drafts, draft_parents = 0, [], [], []
         self.query_start_loc[0] = 0
         for i, rid in enumerate(req_ids):
             state, n = self.states[rid], sched.num_scheduled_tokens[rid]
@@ -112,7 +119,13 @@ class InputBatch:
             known = n - len(drafts)
             self.input_ids[offset : offset + known] = state.token_ids[start : start + known]
             self.input_ids[offset + known : offset + n] = drafts
-            self.positions[offset : offset + n] = np.arange(start, start + n)
+            self.slot_positions[offset : offset + n] = np.arange(start, start + n)
+            self.positions[offset : offset + n] = self.slot_positions[offset : offset + n]
+            parents = sched.scheduled_spec_decode_parents.get(rid)
+            if parents is not None:  # node i + 1 of the tree at its depth after the root
+                depths = node_depths(parents)[1:]
+                self.positions[offset + known : offset + n] = start + known - 1 + np.array(depths)
+            draft_parents.append(parents)
             offset += n
             self.query_start_loc[i + 1] = offset
             self.seq_lens[i] = start + n
@@ -131,6 +144,7 @@ class InputBatch:
             req_ids=req_ids,
             input_ids=self.input_ids[:offset],
             positions=self.positions[:offset],
+            slot_positions=self.slot_positions[:offset],
             query_start_loc=self.query_start_loc[: num_reqs + 1],
             seq_lens=self.seq_lens[:num_reqs],
             block_tables=self.block_tables[:, :num_reqs],
@@ -138,6 +152,7 @@ class InputBatch:
             samples=samples,
             num_tokens=offset,
             num_drafts=num_drafts,
+            draft_parents=draft_parents,
         )
 
     def after_step(

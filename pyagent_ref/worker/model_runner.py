@@ -32,6 +32,7 @@ from ..sample.logits_processor import BatchUpdate, LogitsProcessor
 from ..sample.logprobs import logprobs_rows
 from ..sample.sampler import Sampler, SamplingRow
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
+from ..spec_decode.tree import accepted_path
 from .cuda_graph import (
     DEFAULT_CAPTURE_SIZES,
     CudaGraphDispatcher,
@@ -68,6 +69,8 @@ class ModelRunner:
         logprobs_mode: what the sampler's logprobs are taken from (`LOGPROBS_MODES`).
         logits_processors: custom logits processors the sampler applies
             (`sample.logits_processor`), told of batch changes every step.
+        keep_hidden_states: return each sampling request's last final hidden state
+            (`ModelRunnerOutput.hidden_states`), for a proposer that drafts from them.
     Raises:
         ValueError: an unknown graph_mode or compile backend; kv_groups that name an
             unknown layer or do not hold every layer exactly once.
@@ -88,6 +91,7 @@ class ModelRunner:
         kv_groups: Sequence[KVCacheGroup] | None = None,
         logprobs_mode: str = "raw_logprobs",
         logits_processors: Sequence[LogitsProcessor] = (),
+        keep_hidden_states: bool = False,
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
@@ -111,6 +115,7 @@ class ModelRunner:
         )
         self.ops = ops
         self.logits_processors = list(logits_processors)
+        self.keep_hidden_states = keep_hidden_states
         self.sampler = Sampler(ops, logprobs_mode, self.logits_processors)
         self.forward = model.forward
         if compile:
@@ -185,7 +190,7 @@ class ModelRunner:
         slots = np.stack(
             [
                 self.ops.block_table.compute_slot_mapping(
-                    table, prep.query_start_loc, prep.positions, self.block_size
+                    table, prep.query_start_loc, prep.slot_positions, self.block_size
                 )
                 for table in prep.block_tables
             ]
@@ -202,6 +207,7 @@ class ModelRunner:
             dev = self.device
             query_start_loc = torch.from_numpy(prep.query_start_loc).to(dev)
             seq_lens = torch.from_numpy(prep.seq_lens).to(dev)
+            masks = self._tree_masks(prep)
             metas = [
                 AttentionMetadata(
                     slot_mapping=torch.from_numpy(group_slots).to(dev),
@@ -209,6 +215,7 @@ class ModelRunner:
                     query_start_loc=query_start_loc,
                     seq_lens=seq_lens,
                     decode_only=prep.num_tokens == num_reqs,
+                    custom_masks=masks,
                 )
                 for group_slots, table in zip(slots, tables, strict=True)
             ]
@@ -234,6 +241,7 @@ class ModelRunner:
             for row in sampling_rows:
                 row.bitmask = sched.grammar_bitmask.get(row.request_id)
                 row.draft_token_ids = sched.scheduled_spec_decode_tokens.get(row.request_id, ())
+                row.draft_parents = sched.scheduled_spec_decode_parents.get(row.request_id)
             verify = bool(sched.scheduled_spec_decode_tokens)
             for row, tokens, top, mu, error in self._sample(logits, sampling_rows, verify):
                 if error is not None:
@@ -242,8 +250,84 @@ class ModelRunner:
                 sampled[row.request_id], logprobs[row.request_id] = tokens, top
                 if mu is not None:
                     mirostat_mu[row.request_id] = mu
+        paths = self._accepted_paths(sched, sampled)
+        self._compact_tree_kv(prep, paths)
+        hidden_states = self._last_hidden_states(prep, hidden, sampled, paths)
         self.batch.after_step(sched, sampled, mirostat_mu)
-        return ModelRunnerOutput(sampled, logprobs, errors, pooled, prompt_logprobs, mirostat_mu)
+        return ModelRunnerOutput(
+            sampled, logprobs, errors, pooled, prompt_logprobs, mirostat_mu, hidden_states
+        )
+
+    def _tree_masks(self, prep) -> list[torch.Tensor | None] | None:
+        """Per request, the attention mask of a draft tree (`ops.spec_decode.
+        tree_attention_mask` over its root and drafts, every earlier token visible), or
+        None for every request without one; None when no request has a tree."""
+        if all(parents is None for parents in prep.draft_parents):
+            return None
+        masks: list[torch.Tensor | None] = []
+        for i, parents in enumerate(prep.draft_parents):
+            if parents is None:
+                masks.append(None)
+                continue
+            q_len = int(prep.query_start_loc[i + 1] - prep.query_start_loc[i])
+            seq_len = int(prep.seq_lens[i])
+            mask = torch.ones((q_len, seq_len), dtype=torch.bool)
+            tree = torch.as_tensor(np.asarray(self.ops.spec_decode.tree_attention_mask(parents)))
+            mask[q_len - len(tree) :, seq_len - len(tree) :] = tree
+            masks.append(mask.to(self.device))
+        return masks
+
+    def _accepted_paths(self, sched: SchedulerOutput, sampled: dict[str, list[int]]):
+        """request -> the accepted path of its draft tree, root first
+        (`spec_decode.tree.accepted_path`), for the requests that verified a tree."""
+        return {
+            rid: accepted_path(sched.scheduled_spec_decode_tokens[rid], parents, sampled[rid])
+            for rid, parents in sched.scheduled_spec_decode_parents.items()
+            if sampled.get(rid)
+        }
+
+    def _compact_tree_kv(self, prep, paths: dict[str, list[int]]) -> None:
+        """Move the KV of each accepted tree path next to the known tokens: node v of
+        the path at depth d was written at sequence index c + v (c: the root's) and is read
+        from c + d from now on, in every layer. In increasing depth, no move overwrites a
+        node still to move (a node's index is at least its depth). The scheduler then rolls
+        back the slots past the path, as for a linear draft."""
+        moves: list[list[tuple[int, int]]] = [[] for _ in self.layer_groups]
+        size = self.block_size
+        for rid, path in paths.items():
+            i = prep.req_ids.index(rid)
+            root = int(prep.seq_lens[i]) - 1 - prep.num_drafts[i]
+            for group, blocks in enumerate(self.batch.states[rid].block_ids):
+                moves[group] += [
+                    (_slot(blocks, root + node, size), _slot(blocks, root + depth, size))
+                    for depth, node in enumerate(path)
+                    if node != depth
+                ]
+        for layer, (key, value) in enumerate(self.kv_caches):
+            pairs = moves[self.group_of_layer[layer]]
+            if not pairs:
+                continue
+            src = torch.tensor([a for a, _ in pairs], device=self.device)
+            dst = torch.tensor([b for _, b in pairs], device=self.device)
+            for cache in (key, value):
+                flat = cache.view(-1, *cache.shape[2:])
+                flat[dst] = flat[src]
+
+    def _last_hidden_states(self, prep, hidden, sampled, paths) -> dict[str, np.ndarray]:
+        """With keep_hidden_states: request -> the final hidden state of the row whose
+        logits drew its last emitted token (the last accepted node's, after a tree)."""
+        if not self.keep_hidden_states:
+            return {}
+        out = {}
+        ends = prep.query_start_loc[1:]
+        for i, rid in enumerate(prep.req_ids):
+            if not sampled.get(rid):
+                continue
+            k = prep.num_drafts[i]
+            node = paths[rid][-1] if rid in paths else len(sampled[rid]) - 1
+            row = int(ends[i]) - 1 - k + node
+            out[rid] = hidden[row].float().cpu().numpy()
+        return out
 
     def _update_logits_processors(self, sched: SchedulerOutput) -> None:
         """Tell the custom logits processors who joined and who left the batch."""
@@ -354,6 +438,11 @@ def _layer_groups(kv_groups: Sequence[KVCacheGroup] | None, num_layers: int) -> 
             f"kv_groups must hold each of the {num_layers} layers exactly once, got {held}"
         )
     return groups
+
+
+def _slot(blocks: list[int], index: int, block_size: int) -> int:
+    """The KV slot of sequence index `index` of a request holding `blocks`."""
+    return blocks[index // block_size] * block_size + index % block_size
 
 
 def _describe(exc: BaseException) -> str:

@@ -67,3 +67,22 @@ def noisy_copy(model: LlamaForCausalLM, scale: float, seed: int = 0) -> LlamaFor
             noise = torch.randn(param.shape, generator=gen) * param.std() * scale
             param.add_(noise)
     return copy
+
+
+def save_medusa_heads(
+    model: LlamaForCausalLM, path: Path, num_heads: int = 3, scale: float = 0.05, seed: int = 0
+):
+    """Random Medusa heads for `model` in the layout `MedusaHeads.load` reads. Small
+    weights (`scale`) make each head guess about what the LM head says of the state it
+    reads, i.e. the last token again: right in the loops a random model falls into,
+    wrong elsewhere, and the lower-ranked guesses of a tree sometimes right."""
+    hidden = model.config.hidden_size
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for j in range(num_heads):
+        tensors[f"heads.{j}.weight"] = torch.randn(hidden, hidden, generator=gen) * scale
+        tensors[f"heads.{j}.bias"] = torch.randn(hidden, generator=gen) * scale
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"num_heads": num_heads, "hidden_size": hidden}))
+    save_file(tensors, str(path / "medusa_heads.safetensors"))
+    return path

@@ -17,7 +17,7 @@ from pyagent_ref.sched import Request, RequestStatus  # noqa: E402
 from pyagent_ref.spec_decode import METHODS, SpeculativeConfig  # noqa: E402
 from tests.worker.helpers import ENGINE_SETTINGS, tiny_model  # noqa: E402
 
-from .drafts import noisy_copy, save_checkpoint  # noqa: E402
+from .drafts import noisy_copy, save_checkpoint, save_medusa_heads  # noqa: E402
 
 MODEL = tiny_model()
 
@@ -82,7 +82,13 @@ def check_greedy_equality(spec, workload, block_size, num_blocks, budget, cachin
     assert core.kv.pool.num_free_blocks == num_blocks - 1
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m != "draft_model"])
+@pytest.fixture(scope="module")
+def medusa_dir(tmp_path_factory):
+    """For "medusa": random heads on MODEL's hidden states."""
+    return save_medusa_heads(MODEL, tmp_path_factory.mktemp("medusa"))
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m not in ("draft_model", "medusa")])
 @settings(deadline=None)
 @given(
     workload=REPETITIVE_WORKLOADS,
@@ -103,6 +109,41 @@ def test_greedy_speculation_equals_greedy_decoding(method, workload, k, lookup_m
 def test_greedy_draft_model_speculation_equals_greedy_decoding(draft_dir, workload, k, **setup):
     """The same with a draft model (a noisy copy of the model: drafts right and wrong)."""
     check_greedy_equality(SpeculativeConfig("draft_model", k, model=draft_dir), workload, **setup)
+
+
+@settings(deadline=None, max_examples=6)  # a tree step verifies up to 14 nodes
+@given(workload=REPETITIVE_WORKLOADS, k=st.integers(1, 3), **ENGINE_SETTINGS)
+def test_greedy_medusa_tree_speculation_equals_greedy_decoding(medusa_dir, workload, k, **setup):
+    """The same with draft trees (Medusa heads, up to 14 nodes on k levels): the tree
+    masks, the depth positions, the accepted path's KV moved next to the known tokens
+    (a wrong move changes the later tokens), the rollback of the other nodes."""
+    check_greedy_equality(SpeculativeConfig("medusa", k, model=medusa_dir), workload, **setup)
+
+
+def test_medusa_trees_accept_off_the_first_branch(medusa_dir):
+    """Trees pay off: some steps accept a node that is not the first child of the node
+    before it (a chain of the heads' first guesses would have stopped there), and the
+    emitted tokens are greedy decoding's."""
+    workload = [([0, 1, 2, 3] * 5, 30), ([3, 2, 1] * 6, 30), ([1, 1, 2] * 4, 30)]
+    plain = greedy_outputs(make_core(), workload)
+    core = make_core(SpeculativeConfig("medusa", 3, model=medusa_dir), num_blocks=128, budget=64)
+    accepted = core.runner._accepted_paths
+    off_first_branch = []
+
+    def spy(sched, sampled):
+        paths = accepted(sched, sampled)
+        for rid, path in paths.items():
+            parents = sched.scheduled_spec_decode_parents[rid]
+            first = {}
+            for i, parent in enumerate(parents):
+                first.setdefault(parent, i + 1)
+            off_first_branch.extend(v != first[u] for u, v in zip(path, path[1:], strict=False))
+        return paths
+
+    core.runner._accepted_paths = spy
+    assert greedy_outputs(core, workload) == plain
+    assert core.stats.spec.num_accepted_tokens > 0
+    assert any(off_first_branch)
 
 
 def test_drafts_are_accepted_and_counted():
@@ -176,10 +217,12 @@ def test_rejected_drafts_free_their_blocks():
     assert trimmed
 
 
-def test_sampled_speculation_keeps_the_distribution():
+@pytest.mark.parametrize("method", ["ngram", "medusa"])
+def test_sampled_speculation_keeps_the_distribution(method, medusa_dir):
     """The joint distribution of the first 3 tokens over many seeds: with and without
-    speculation, the same (two-sample chi-square, p > 1e-3). Logit bias leaves 3 tokens,
-    so that drafts from the repetitive prompt are often right and often wrong."""
+    speculation (linear drafts, or draft trees), the same (two-sample chi-square,
+    p > 1e-3). Logit bias leaves 3 tokens, so that drafts from the repetitive prompt
+    (or the heads) are often right and often wrong."""
     stats = pytest.importorskip("scipy.stats")
     allowed = (0, 1, 2)
     bias = {t: -100.0 for t in range(50) if t not in allowed}
@@ -199,7 +242,11 @@ def test_sampled_speculation_keeps_the_distribution():
         return counts, core.stats.spec
 
     plain, _ = histogram(None)
-    spec, spec_stats = histogram(SpeculativeConfig("ngram", 2, 1, 3))
+    config = {
+        "ngram": SpeculativeConfig("ngram", 2, 1, 3),
+        "medusa": SpeculativeConfig("medusa", 2, model=medusa_dir),
+    }[method]
+    spec, spec_stats = histogram(config)
     assert spec_stats.num_accepted_tokens > 0
     assert spec_stats.num_accepted_tokens < spec_stats.num_draft_tokens
     keys = sorted(set(plain) | set(spec))
@@ -221,3 +268,12 @@ def test_bad_speculative_config_names_the_field(value, error, message):
     with pytest.raises(error) as info:
         EngineConfig(speculative_config=value)
     assert message in str(info.value)
+
+
+def test_medusa_heads_that_do_not_fit_the_model_are_refused_by_name(tmp_path):
+    """The embedded model's heads (hidden 256) on the tiny model, and a directory
+    without heads: clear errors when the engine is built."""
+    with pytest.raises(ValueError, match=r"Medusa heads of hidden size 256 .* hidden size"):
+        make_core(SpeculativeConfig("medusa"))
+    with pytest.raises(ValueError, match=r"holds no Medusa heads config.json"):
+        make_core(SpeculativeConfig("medusa", model=tmp_path))
