@@ -68,9 +68,9 @@ def test_proposer_uses_the_config():
         ({"prompt_lookup_max": 2.0}, TypeError, "prompt_lookup_max must be an int, got 2.0"),
         ({"num_speculative_tokens": True}, TypeError, "num_speculative_tokens must be an int"),
         (
-            {"method": "medusa"},
+            {"method": "eagle"},
             ValueError,
-            "method must be one of ('ngram', 'suffix', 'draft_model'), got 'medusa'",
+            "method must be one of ('ngram', 'suffix', 'draft_model', 'medusa'), got 'eagle'",
         ),
     ],
 )
