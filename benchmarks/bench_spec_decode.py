@@ -22,7 +22,9 @@ which decode the same prompts again: its figures are those of a workload that re
 itself (the case the global tree is for); "no-cache" shows the request's own tree alone.
 On a shared machine, use --threads 1: torch's multi-threaded matrix products (the k + 1
 rows of a verifying step) wait for busy cores, while a decode's single row does not, which
-slows speculation alone by up to 20x there.
+slows speculation alone by up to 20x there. Where other processes load the machine,
+--cpu-time (with RAYON_NUM_THREADS=1) counts this process's CPU seconds instead, which
+their load does not change.
 Targets (issue 14): n-gram >= 1.8x on the repetitive workload at batch 1 on CPU; no
 proposer slower than 0.9x on the plain one.
 """
@@ -65,16 +67,16 @@ def repetitive_prompts(n: int) -> list[str]:
     return prompts
 
 
-def timed_pass(llm: LLM, prompts: list[str], params: SamplingParams, batch: int):
-    """(output tokens/s, token ids per prompt) of one pass over the prompts, `batch` at a
-    time; the engine's stats count this pass alone."""
+def timed_pass(llm: LLM, prompts: list[str], params: SamplingParams, batch: int, clock):
+    """(output tokens per second of `clock`, token ids per prompt) of one pass over the
+    prompts, `batch` at a time; the engine's stats count this pass alone."""
     llm.core.stats.reset()
-    outputs, tokens, t0 = [], 0, time.perf_counter()
+    outputs, tokens, t0 = [], 0, clock()
     for start in range(0, len(prompts), batch):
         done = llm.generate(prompts[start : start + batch], params)
         outputs += [o.outputs[0].token_ids for o in done]
         tokens += sum(len(o.outputs[0].token_ids) for o in done)
-    return tokens / (time.perf_counter() - t0), outputs
+    return tokens / (clock() - t0), outputs
 
 
 def main() -> None:
@@ -93,7 +95,15 @@ def main() -> None:
         default=None,
         help="run only the settings whose name starts with one of these (and 'none')",
     )
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="rates per CPU second of this process (time.process_time) instead of per "
+        "wall-clock second: what a busy machine's other processes do not change; with "
+        "--threads 1 and RAYON_NUM_THREADS=1, the wall-clock rate of a quiet machine",
+    )
     args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     num_prompts, max_tokens = (2, 32) if args.quick else (5, args.max_tokens)
@@ -105,7 +115,8 @@ def main() -> None:
     except ImportError:
         simd = "absent"
     print(machine_line(torch, simd))
-    print(f"ops {args.ops}, batch {args.batch}, {max_tokens} tokens per request, greedy")
+    per = "CPU second" if args.cpu_time else "second"
+    print(f"ops {args.ops}, batch {args.batch}, {max_tokens} tokens per request, greedy, tok/{per}")
     workloads = {
         "repetitive": repetitive_prompts(num_prompts),
         "plain": (PLAIN * num_prompts)[:num_prompts],
@@ -137,8 +148,17 @@ def main() -> None:
             }
             for k in (2, 3, 4)
         },
-        # draft trees from the embedded model's Medusa heads (MEDUSA_TREE, k levels)
-        **{f"medusa k={k}": {"method": "medusa", "num_speculative_tokens": k} for k in (1, 2, 3)},
+        # draft trees from the embedded model's Medusa heads (MEDUSA_TREE, k levels), all
+        # of the tree's nodes or those whose path probability is at least p
+        **{
+            f"medusa k={k}" + (f" p={p}" if p else ""): {
+                "method": "medusa",
+                "num_speculative_tokens": k,
+                "medusa_min_path_prob": p,
+            }
+            for k in (1, 2, 3)
+            for p in (0.0, 0.05, 0.2)
+        },
     }
     if args.only:
         settings = {
@@ -157,7 +177,7 @@ def main() -> None:
         outputs = {}
         for _ in range(repeats):  # round robin: a change of load hits every setting alike
             for setting, llm in llms.items():
-                rate, outputs[setting] = timed_pass(llm, prompts, params, args.batch)
+                rate, outputs[setting] = timed_pass(llm, prompts, params, args.batch, clock)
                 rates[setting].append(rate)
         base_rate = statistics.median(rates["none"])
         for setting, llm in llms.items():

@@ -503,6 +503,8 @@ class EngineCore:
         pooling get none (their grammar would have to follow the drafts), nor do those
         with mirostat (each token's truncation depends on the mu the previous token left,
         which a draft's verification row cannot know)."""
+        trees = getattr(self.proposer, "needs_hidden_states", False)  # Medusa: draft trees
+        tree_requests = []
         for request in self.scheduler.running:
             if (
                 request.num_computed_tokens != request.num_tokens - 1
@@ -511,22 +513,31 @@ class EngineCore:
                 or request.sampling_params.mirostat
             ):
                 continue
-            # drafts may fill the context (one KV slot each) and the output tokens left
-            room_slots = self.max_model_len - request.num_tokens
-            room_tokens = request.max_tokens - request.num_output_tokens - 1
-            if min(room_slots, room_tokens) <= 0:
+            if min(self._draft_room(request)) <= 0:
                 continue
-            if getattr(self.proposer, "needs_hidden_states", False):  # a draft tree
-                hidden = self._hidden_states.get(request.request_id)
-                if hidden is not None:
-                    tree = self.proposer.propose_tree(hidden)
-                    tokens, parents = cut_tree(*tree, room_slots, room_tokens)
-                    request.spec_token_ids, request.spec_parents = tokens, parents
+            if trees:
+                if request.request_id in self._hidden_states:
+                    tree_requests.append(request)
                 continue
             drafts = self.proposer.propose(
                 request.request_id, request.prompt_token_ids, request.output_token_ids
             )
-            request.spec_token_ids = drafts[: min(room_slots, room_tokens)]
+            request.spec_token_ids = drafts[: min(self._draft_room(request))]
+        if tree_requests:  # one batch through the heads
+            hidden = np.stack([self._hidden_states[r.request_id] for r in tree_requests])
+            for request, tree in zip(
+                tree_requests, self.proposer.propose_trees(hidden), strict=True
+            ):
+                tokens, parents = cut_tree(*tree, *self._draft_room(request))
+                request.spec_token_ids, request.spec_parents = tokens, parents
+
+    def _draft_room(self, request: Request) -> tuple[int, int]:
+        """(KV slots, output tokens) a request's drafts may fill: the context left, and
+        its max_tokens less the one token a step emits beyond its accepted drafts."""
+        return (
+            self.max_model_len - request.num_tokens,
+            request.max_tokens - request.num_output_tokens - 1,
+        )
 
     def _fill_grammar_bitmasks(self, sched: SchedulerOutput) -> dict[str, str]:
         """Structured outputs: the bitmask of the tokens each grammar allows next, for the

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+from .tree import tree_parents
 
 METHODS = ("ngram", "suffix", "draft_model", "medusa")
 """The proposers that exist (vLLM's method names)."""
@@ -12,6 +16,32 @@ METHODS = ("ngram", "suffix", "draft_model", "medusa")
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tree(value: object) -> tuple[tuple[int, ...], ...]:
+    """speculative_token_tree as a tuple of paths; ValueError / TypeError naming it."""
+    given = value
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError) as exc:
+            raise ValueError(
+                f"speculative_token_tree must be a list of tuples of ranks, got {given!r}"
+            ) from exc
+    if (
+        isinstance(value, (str, bytes))
+        or not isinstance(value, Sequence)
+        or not all(isinstance(path, Sequence) and all(_is_int(r) for r in path) for path in value)
+    ):
+        raise TypeError(f"speculative_token_tree must be a list of tuples of ints, got {given!r}")
+    tree = tuple(tuple(path) for path in value)
+    if not tree:
+        raise ValueError("speculative_token_tree must have at least one path, got []")
+    try:
+        tree_parents(tree)
+    except ValueError as exc:
+        raise ValueError(f"speculative_token_tree: {exc}") from exc
+    return tree
 
 
 @dataclass(frozen=True)
@@ -27,7 +57,7 @@ class SpeculativeConfig:
         is given, else "ngram", as in vLLM.
     num_speculative_tokens: drafts proposed per step, an int >= 1; a step then emits
         between 1 and num_speculative_tokens + 1 tokens. For "medusa", the deepest tree
-        level kept (the tree shape `medusa.MEDUSA_TREE` has up to 14 nodes on 3 levels).
+        level kept (the default shape `medusa.MEDUSA_TREE` has 14 nodes on 3 levels).
     prompt_lookup_min, prompt_lookup_max: for "ngram", the shortest and the longest
         suffix of the sequence that is searched for, ints with
         1 <= prompt_lookup_min <= prompt_lookup_max.
@@ -45,6 +75,13 @@ class SpeculativeConfig:
         against the target's, when the engine is built. For "medusa", the directory of
         the heads (`medusa.MedusaHeads.load`; None: those trained for the embedded
         default model), checked against the target's hidden and vocabulary sizes.
+    speculative_token_tree: for "medusa", the tree shape: a list of paths of ranks
+        (`tree.tree_parents`), or its Python literal as a str (vLLM's form, e.g.
+        "[(0,), (1,), (0, 0)]"); None: `medusa.MEDUSA_TREE`. Kept as a tuple of tuples.
+    medusa_min_path_prob: for "medusa", a node is proposed only if the product of the
+        heads' probabilities along its path is at least this (a tree that shrinks where
+        the heads are unsure, down to no drafts); a number in [0, 1], 0 keeping every node
+        of the shape.
 
     Every field is checked whatever the method; the fields of one method are ignored by
     the others.
@@ -64,6 +101,8 @@ class SpeculativeConfig:
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
     model: str | Path | None = None
+    speculative_token_tree: str | Sequence[Sequence[int]] | None = None
+    medusa_min_path_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, (str, Path)):
@@ -98,7 +137,11 @@ class SpeculativeConfig:
                 f"prompt_lookup_min={self.prompt_lookup_min}, "
                 f"prompt_lookup_max={self.prompt_lookup_max}"
             )
-        for name in ("suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"):
+        for name in (
+            "suffix_decoding_max_spec_factor",
+            "suffix_decoding_min_token_prob",
+            "medusa_min_path_prob",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise TypeError(f"{name} must be a number, got {value!r}")
@@ -107,9 +150,12 @@ class SpeculativeConfig:
             raise ValueError(
                 f"suffix_decoding_max_spec_factor must be finite and > 0, got {factor}"
             )
-        prob = self.suffix_decoding_min_token_prob
-        if not 0 <= prob <= 1:
-            raise ValueError(f"suffix_decoding_min_token_prob must be in [0, 1], got {prob}")
+        for name in ("suffix_decoding_min_token_prob", "medusa_min_path_prob"):
+            prob = getattr(self, name)
+            if not 0 <= prob <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {prob}")
+        if self.speculative_token_tree is not None:
+            object.__setattr__(self, "speculative_token_tree", _tree(self.speculative_token_tree))
 
     @classmethod
     def from_dict(cls, value: dict) -> SpeculativeConfig:

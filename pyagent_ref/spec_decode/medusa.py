@@ -27,13 +27,17 @@ The heads shipped for the embedded default model are in `pyagent_ref/model/defau
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from .tree import subtree, tree_parents
 
 DEFAULT_HEADS = pathlib.Path(__file__).resolve().parent.parent / "model" / "default_medusa"
 
@@ -64,27 +68,6 @@ class DraftTree(NamedTuple):
     parents: list[int]
 
 
-def tree_parents(tree: Sequence[tuple[int, ...]]) -> list[int]:
-    """The parent node of each path of a tree shape (node i + 1 is path i).
-
-    Raises ValueError for an empty path, a negative rank, a repeated path, or a path whose
-    parent path does not come before it.
-    """
-    node_of: dict[tuple[int, ...], int] = {(): 0}
-    parents = []
-    for i, path in enumerate(tree):
-        path = tuple(path)
-        if not path or min(path) < 0:
-            raise ValueError(f"tree[{i}] must be a non-empty path of ranks >= 0, got {path}")
-        if path in node_of:
-            raise ValueError(f"tree[{i}] repeats the path {path}")
-        if path[:-1] not in node_of:
-            raise ValueError(f"tree[{i}] = {path} comes before its parent path {path[:-1]}")
-        parents.append(node_of[path[:-1]])
-        node_of[path] = i + 1
-    return parents
-
-
 @dataclass(frozen=True)
 class MedusaHeads:
     """K heads: weights[j] (hidden, hidden) and biases[j] (hidden,) of head j + 1."""
@@ -111,24 +94,40 @@ class MedusaHeads:
     def num_heads(self) -> int:
         return len(self.weights)
 
-    def logits(self, hidden: Any, lm_head: Any) -> np.ndarray:
-        """Each head's logits, (K, vocab): lm_head (vocab, hidden) applied to
-        h + SiLU(W_j h + b_j), for the final hidden state `hidden` (hidden,). Computed
-        in float32 with torch (its thread setting applies; numpy's BLAS would take every
-        core for these small products)."""
+    @functools.cached_property
+    def _stacked(self):
+        """The heads as torch tensors: weights (K, hidden, hidden), biases (K, hidden)."""
+        import torch
+
+        return torch.as_tensor(np.stack(self.weights)), torch.as_tensor(np.stack(self.biases))
+
+    def logits(self, hidden: Any, lm_head: Any, num_heads: int | None = None) -> np.ndarray:
+        """Each head's logits, (..., K, vocab): lm_head (vocab, hidden) applied to
+        h + SiLU(W_j h + b_j), for final hidden states `hidden` (..., hidden); only the
+        first `num_heads` heads (None: all K). Computed in float32 with torch (its thread
+        setting applies; numpy's BLAS would take every core for these small products)."""
         import torch
 
         h = torch.as_tensor(np.asarray(hidden, dtype=np.float32))
-        w = torch.as_tensor(np.stack(self.weights))  # (K, hidden, hidden)
-        b = torch.as_tensor(np.stack(self.biases))
-        blocks = h + torch.nn.functional.silu(w @ h + b)
+        w, b = (x[:num_heads] for x in self._stacked)
+        blocks = h.unsqueeze(-2) + torch.nn.functional.silu(
+            torch.einsum("koi,...i->...ko", w, h) + b
+        )
         return (blocks @ torch.as_tensor(np.asarray(lm_head, dtype=np.float32)).T).numpy()
 
-    def draft_tree(
-        self, hidden: Any, lm_head: Any, tree: Sequence[tuple[int, ...]] = MEDUSA_TREE
-    ) -> DraftTree:
-        """The draft tree of `tree`'s shape for this hidden state: path (r_1, ..., r_d)
-        holds head d's r_d-th most likely token (ties: the lowest token id first).
+    def draft_trees(
+        self,
+        hidden: Any,
+        lm_head: Any,
+        tree: Sequence[tuple[int, ...]] = MEDUSA_TREE,
+        min_path_prob: float = 0.0,
+    ) -> list[DraftTree]:
+        """The draft tree of `tree`'s shape for each of the hidden states `hidden`
+        (batch, hidden): path (r_1, ..., r_d) holds head d's r_d-th most likely token
+        (ties: the lowest token id first). With min_path_prob > 0, only the nodes whose
+        path probability, the product of the heads' probabilities (softmax of their
+        logits) of the path's tokens, is at least min_path_prob are kept: a child's is at
+        most its parent's, so what is kept is a tree (maybe empty), renumbered.
 
         Raises ValueError for a bad shape (`tree_parents`) or a path deeper than the heads.
         """
@@ -138,19 +137,55 @@ class MedusaHeads:
             raise ValueError(
                 f"tree has paths of depth {deepest}, deeper than the {self.num_heads} heads"
             )
-        logits = self.logits(hidden, lm_head)
-        ranked = np.argsort(-logits, axis=1, kind="stable")
-        tokens = [int(ranked[len(path) - 1, path[-1]]) for path in tree]
-        return DraftTree(tokens, parents)
+        # how many of its best tokens each head must rank
+        ranks = [1 + max(path[d] for path in tree if len(path) > d) for d in range(deepest)]
+        logits = self.logits(hidden, lm_head, deepest)
+        trees = []
+        for head_logits in logits:
+            ranked = [_best(row, r) for row, r in zip(head_logits, ranks, strict=True)]
+            tokens = [int(ranked[len(path) - 1][path[-1]]) for path in tree]
+            if min_path_prob <= 0:
+                trees.append(DraftTree(tokens, parents))
+                continue
+            logp = head_logits - _logsumexp(head_logits)[:, None]
+            path_logp = [
+                sum(logp[d, ranked[d][rank]] for d, rank in enumerate(path)) for path in tree
+            ]
+            keep = [lp >= math.log(min_path_prob) for lp in path_logp]
+            trees.append(DraftTree(*subtree(tokens, parents, keep)))
+        return trees
+
+    def draft_tree(
+        self, hidden: Any, lm_head: Any, tree: Sequence[tuple[int, ...]] = MEDUSA_TREE
+    ) -> DraftTree:
+        """`draft_trees` for one hidden state (hidden,), every node of the shape kept."""
+        return self.draft_trees(np.asarray(hidden)[None], lm_head, tree)[0]
+
+
+def _best(row: np.ndarray, r: int) -> np.ndarray:
+    """The r largest entries' indices, largest first, ties lowest index first (the first r
+    of a stable argsort of -row), in time linear in the row for a small r."""
+    if r >= len(row):
+        return np.argsort(-row, kind="stable")[:r]
+    kth = np.partition(row, len(row) - r)[len(row) - r]  # the r-th largest value
+    candidates = np.flatnonzero(row >= kth)  # increasing ids, every tie included
+    return candidates[np.argsort(-row[candidates], kind="stable")[:r]]
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    top = x.max(axis=-1)
+    return top + np.log(np.exp(x - top[..., None]).sum(axis=-1))
 
 
 class MedusaProposer:
     """Draft trees for the requests of a model with Medusa heads.
 
-    propose_tree(hidden) is the tree for a request whose last hidden state (after the
-    final norm, at the token that produced the last sampled token) is `hidden`. The
-    engine keeps those states for it (`needs_hidden_states`); it has no per-request
-    state, so finish() does nothing.
+    propose_trees(hidden) are the trees for requests whose last hidden states (after
+    the final norm, at the token that produced the last sampled token) are the rows of
+    `hidden`: the paths of `tree` (a shape, `tree_parents`), keeping only the nodes whose
+    path probability is at least min_path_prob (`MedusaHeads.draft_trees`). The engine
+    keeps those states for it (`needs_hidden_states`); it has no per-request state, so
+    finish() does nothing.
     """
 
     needs_hidden_states = True
@@ -160,19 +195,23 @@ class MedusaProposer:
         heads: MedusaHeads,
         lm_head: Any,
         tree: Sequence[tuple[int, ...]] = MEDUSA_TREE,
+        min_path_prob: float = 0.0,
     ):
         tree_parents(tree)  # refuse a bad shape now, not at the first step
         self.heads, self.tree = heads, tuple(tuple(p) for p in tree)
         self.lm_head = np.asarray(lm_head, dtype=np.float32)
+        self.min_path_prob = min_path_prob
 
     @classmethod
     def for_target(cls, config: Any, target: Any) -> MedusaProposer:
         """The proposer of a `SpeculativeConfig` (method "medusa") on the target model:
-        the heads of config.model (None: the embedded model's), the target's LM head, and
-        the paths of `MEDUSA_TREE` no deeper than config.num_speculative_tokens.
+        the heads of config.model (None: the embedded model's), the target's LM head, the
+        paths of config.speculative_token_tree (None: `MEDUSA_TREE`) no deeper than
+        config.num_speculative_tokens, and config.medusa_min_path_prob.
 
-        Raises ValueError if the heads' hidden size or vocabulary differ from the
-        target's, or the directory lacks the heads' files.
+        Raises ValueError if the heads' hidden size differs from the target's, the
+        directory lacks the heads' files, or speculative_token_tree is deeper than the
+        heads.
         """
         path = pathlib.Path(config.model or DEFAULT_HEADS)
         if not (path / "config.json").is_file():
@@ -185,13 +224,20 @@ class MedusaProposer:
                 f"Medusa heads of hidden size {heads.weights[0].shape[0]} ({path}) do not fit "
                 f"the target model's hidden size {hidden}"
             )
-        tree = [
-            p for p in MEDUSA_TREE if len(p) <= min(config.num_speculative_tokens, heads.num_heads)
-        ]
-        return cls(heads, weight.detach().float().cpu().numpy(), tree)
+        shape = config.speculative_token_tree
+        if shape is None:  # the default shape, as deep as the heads go
+            shape = [p for p in MEDUSA_TREE if len(p) <= heads.num_heads]
+        deepest = max(len(p) for p in shape)
+        if deepest > heads.num_heads:
+            raise ValueError(
+                f"speculative_token_tree has paths of depth {deepest}, deeper than the "
+                f"{heads.num_heads} Medusa heads of {path}"
+            )
+        tree = [p for p in shape if len(p) <= config.num_speculative_tokens]
+        return cls(heads, weight.detach().float().cpu().numpy(), tree, config.medusa_min_path_prob)
 
-    def propose_tree(self, hidden: Any) -> DraftTree:
-        return self.heads.draft_tree(hidden, self.lm_head, self.tree)
+    def propose_trees(self, hidden: Any) -> list[DraftTree]:
+        return self.heads.draft_trees(hidden, self.lm_head, self.tree, self.min_path_prob)
 
     def finish(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         """Nothing to forget: the trees depend on the hidden state alone."""

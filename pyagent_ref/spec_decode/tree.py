@@ -1,5 +1,5 @@
-"""Draft trees in the engine: their depths, cutting one to the room a request has, and
-the path verification accepted.
+"""Draft trees in the engine: tree shapes, depths, cutting a tree to the room a request
+has, and the path verification accepted.
 
 A tree of k drafts is laid out as in `ops.spec_decode`: node 0 is the root (the request's
 last known token), node i + 1 is draft i, whose parent is node parents[i], in [0, i]
@@ -9,6 +9,29 @@ last known token), node i + 1 is draft i, whose parent is node parents[i], in [0
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+
+def tree_parents(tree: Sequence[tuple[int, ...]]) -> list[int]:
+    """The parent node of each path of a tree shape (node i + 1 is path i). A shape is
+    a list of paths of ranks: the path (r_1, ..., r_d) is the node at depth d that holds
+    the r_d-th guess after its parent, the path (r_1, ..., r_{d-1}) (the root for d = 1).
+
+    Raises ValueError for an empty path, a negative rank, a repeated path, or a path whose
+    parent path does not come before it.
+    """
+    node_of: dict[tuple[int, ...], int] = {(): 0}
+    parents = []
+    for i, path in enumerate(tree):
+        path = tuple(path)
+        if not path or min(path) < 0:
+            raise ValueError(f"tree[{i}] must be a non-empty path of ranks >= 0, got {path}")
+        if path in node_of:
+            raise ValueError(f"tree[{i}] repeats the path {path}")
+        if path[:-1] not in node_of:
+            raise ValueError(f"tree[{i}] = {path} comes before its parent path {path[:-1]}")
+        parents.append(node_of[path[:-1]])
+        node_of[path] = i + 1
+    return parents
 
 
 def node_depths(parents: Sequence[int]) -> list[int]:
@@ -24,24 +47,37 @@ def is_chain(parents: Sequence[int]) -> bool:
     return all(parent == i for i, parent in enumerate(parents))
 
 
+def subtree(
+    tokens: Sequence[int], parents: Sequence[int], keep: Sequence[bool]
+) -> tuple[list[int], list[int]]:
+    """The drafts i with keep[i], renumbered (still parents-first).
+
+    Raises ValueError if a kept draft's parent is not kept (the result would not be a
+    tree).
+    """
+    new_index = {0: 0}
+    kept_tokens, kept_parents = [], []
+    for i, (token, parent, kept) in enumerate(zip(tokens, parents, keep, strict=True)):
+        if not kept:
+            continue
+        if parent not in new_index:
+            raise ValueError(f"draft {i} is kept but its parent node {parent} is not")
+        kept_parents.append(new_index[parent])
+        kept_tokens.append(token)
+        new_index[i + 1] = len(kept_tokens)
+    return kept_tokens, kept_parents
+
+
 def cut_tree(
     tokens: Sequence[int], parents: Sequence[int], max_nodes: int, max_depth: int
 ) -> tuple[list[int], list[int]]:
     """The subtree of the drafts among the first `max_nodes` whose depth is at most
-    `max_depth`, renumbered (still parents-first: a kept node's ancestors are kept, being
-    earlier and shallower). Used to fit a tree into the KV slots (one per node) and the
-    output tokens (one per depth) a request has left."""
+    `max_depth` (a kept node's ancestors are kept, being earlier and shallower). Used to
+    fit a tree into the KV slots (one per node) and the output tokens (one per depth) a
+    request has left."""
     depths = node_depths(parents)
-    new_index = {0: 0}
-    kept_tokens, kept_parents = [], []
-    for i, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
-        if i >= max_nodes:
-            break
-        if depths[i + 1] <= max_depth:
-            kept_parents.append(new_index[parent])
-            kept_tokens.append(token)
-            new_index[i + 1] = len(kept_tokens)
-    return kept_tokens, kept_parents
+    keep = [i < max_nodes and depths[i + 1] <= max_depth for i in range(len(tokens))]
+    return subtree(tokens, parents, keep)
 
 
 def accepted_path(

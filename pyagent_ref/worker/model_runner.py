@@ -318,16 +318,19 @@ class ModelRunner:
         logits drew its last emitted token (the last accepted node's, after a tree)."""
         if not self.keep_hidden_states:
             return {}
-        out = {}
         ends = prep.query_start_loc[1:]
-        for i, rid in enumerate(prep.req_ids):
-            if not sampled.get(rid):
-                continue
-            k = prep.num_drafts[i]
-            node = paths[rid][-1] if rid in paths else len(sampled[rid]) - 1
-            row = int(ends[i]) - 1 - k + node
-            out[rid] = hidden[row].float().cpu().numpy()
-        return out
+        rows = {
+            rid: int(ends[i])
+            - 1
+            - prep.num_drafts[i]
+            + (paths[rid][-1] if rid in paths else len(sampled[rid]) - 1)
+            for i, rid in enumerate(prep.req_ids)
+            if sampled.get(rid)
+        }
+        if not rows:
+            return {}
+        states = hidden[torch.tensor(list(rows.values()), device=hidden.device)]
+        return dict(zip(rows, states.float().cpu().numpy(), strict=True))
 
     def _update_logits_processors(self, sched: SchedulerOutput) -> None:
         """Tell the custom logits processors who joined and who left the batch."""

@@ -112,12 +112,21 @@ def test_greedy_draft_model_speculation_equals_greedy_decoding(draft_dir, worklo
 
 
 @settings(deadline=None, max_examples=6)  # a tree step verifies up to 14 nodes
-@given(workload=REPETITIVE_WORKLOADS, k=st.integers(1, 3), **ENGINE_SETTINGS)
-def test_greedy_medusa_tree_speculation_equals_greedy_decoding(medusa_dir, workload, k, **setup):
-    """The same with draft trees (Medusa heads, up to 14 nodes on k levels): the tree
-    masks, the depth positions, the accepted path's KV moved next to the known tokens
-    (a wrong move changes the later tokens), the rollback of the other nodes."""
-    check_greedy_equality(SpeculativeConfig("medusa", k, model=medusa_dir), workload, **setup)
+@given(
+    workload=REPETITIVE_WORKLOADS,
+    k=st.integers(1, 3),
+    min_path_prob=st.sampled_from([0.0, 0.02, 0.2]),
+    **ENGINE_SETTINGS,
+)
+def test_greedy_medusa_tree_speculation_equals_greedy_decoding(
+    medusa_dir, workload, k, min_path_prob, **setup
+):
+    """The same with draft trees (Medusa heads, up to 14 nodes on k levels, or the
+    likely ones, a tree that changes shape from step to step): the tree masks, the depth
+    positions, the accepted path's KV moved next to the known tokens (a wrong move
+    changes the later tokens), the rollback of the other nodes."""
+    spec = SpeculativeConfig("medusa", k, model=medusa_dir, medusa_min_path_prob=min_path_prob)
+    check_greedy_equality(spec, workload, **setup)
 
 
 def test_medusa_trees_accept_off_the_first_branch(medusa_dir):
