@@ -499,18 +499,19 @@ class EngineCore:
     def _propose_drafts(self) -> None:
         """Speculative decoding: drafts for the next step of each running request that
         decodes (its tokens all computed but the last), at most as many as its
-        max_tokens and the context leave room for. Requests with structured outputs or
-        pooling get none (their grammar would have to follow the drafts), nor do those
-        with mirostat (each token's truncation depends on the mu the previous token left,
-        which a draft's verification row cannot know)."""
+        max_tokens and the context leave room for. A request with structured outputs
+        keeps the drafts its grammar allows, up to the first it refuses (linear drafts
+        only: it gets no tree). Pooling requests get none, nor do those with mirostat
+        (each token's truncation depends on the mu the previous token left, which a
+        draft's verification row cannot know)."""
         trees = getattr(self.proposer, "needs_hidden_states", False)  # Medusa: draft trees
         tree_requests = []
         for request in self.scheduler.running:
             if (
                 request.num_computed_tokens != request.num_tokens - 1
-                or request.grammar is not None
                 or request.pooling_params is not None
                 or request.sampling_params.mirostat
+                or (trees and request.grammar is not None)
             ):
                 continue
             if min(self._draft_room(request)) <= 0:
@@ -522,7 +523,10 @@ class EngineCore:
             drafts = self.proposer.propose(
                 request.request_id, request.prompt_token_ids, request.output_token_ids
             )
-            request.spec_token_ids = drafts[: min(self._draft_room(request))]
+            drafts = drafts[: min(self._draft_room(request))]
+            if request.grammar is not None:
+                drafts = _allowed_prefix(request.grammar, drafts)
+            request.spec_token_ids = drafts
         if tree_requests:  # one batch through the heads
             hidden = np.stack([self._hidden_states[r.request_id] for r in tree_requests])
             for request, tree in zip(
@@ -540,23 +544,36 @@ class EngineCore:
         )
 
     def _fill_grammar_bitmasks(self, sched: SchedulerOutput) -> dict[str, str]:
-        """Structured outputs: the bitmask of the tokens each grammar allows next, for the
-        scheduled requests with a grammar that draw a token this step (their last known
-        token is computed in it). A grammar that raises fails its request alone: the
-        error is returned, and its row allows nothing."""
+        """Structured outputs: the bitmasks of the tokens each grammar allows next, for
+        the scheduled requests with a grammar that draw a token this step (their last
+        known token is computed in it): one row (1, words), or with k drafts k + 1 rows,
+        row i for the state after drafts 0 .. i-1 (the matcher follows the drafts, then
+        rolls back). Rows past a draft the grammar refuses repeat that draft's row, which
+        masks it out, so they are never read. A grammar that raises fails its request
+        alone: the error is returned, and its rows allow nothing."""
         errors = {}
+        words = -(-self.limits.vocab_size // 32)
         for rid in sched.num_scheduled_tokens:
             request = self.scheduler.requests[rid]
             if request.grammar is None or request.num_computed_tokens < request.num_tokens:
                 continue
-            bitmask = np.zeros((1, -(-self.limits.vocab_size // 32)), dtype=np.int32)
+            drafts = sched.scheduled_spec_decode_tokens.get(rid, ())
+            bitmask = np.zeros((1 + len(drafts), words), dtype=np.int32)
             try:
-                request.grammar.fill_next_token_bitmask(bitmask, 0)
+                grammar, followed = request.grammar, 0
+                grammar.fill_next_token_bitmask(bitmask, 0)
+                for i, token in enumerate(drafts):
+                    if not grammar.accept_token(token):
+                        bitmask[i + 1 :] = bitmask[i]
+                        break
+                    followed += 1
+                    grammar.fill_next_token_bitmask(bitmask, i + 1)
+                grammar.rollback(followed)
             except Exception as exc:
                 logger.exception("the grammar of request %r failed", rid)
                 errors[rid] = f"its structured output failed: {type(exc).__name__}: {exc}"
                 bitmask[:] = 0
-            sched.grammar_bitmask[rid] = bitmask[0]
+            sched.grammar_bitmask[rid] = bitmask
         return errors
 
     def _fail_step(self, sched: SchedulerOutput, exc: BaseException) -> None:
@@ -606,3 +623,19 @@ class EngineCore:
             while self.has_unfinished_requests():
                 steps.append(self.step())
             return steps
+
+
+def _allowed_prefix(grammar, drafts: list[int]) -> list[int]:
+    """The longest prefix of `drafts` that a grammar matcher accepts from its state; the
+    matcher is left as it was. A matcher that raises allows none (the bitmask of the
+    step reports its error)."""
+    followed, failed = 0, False
+    try:
+        for token in drafts:
+            if not grammar.accept_token(token):
+                break
+            followed += 1
+    except Exception:
+        failed = True
+    grammar.rollback(followed)
+    return [] if failed else drafts[:followed]

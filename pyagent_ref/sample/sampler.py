@@ -59,7 +59,9 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     stop_ids: Sequence[int] = ()  # masked while len(output) < params.min_tokens
-    bitmask: np.ndarray | None = None  # int32 words: the tokens its grammar allows next
+    # int32 words, (1, words): the tokens its grammar allows next; in `verify`, one row
+    # per node of its drafts, (1 + len(draft_token_ids), words)
+    bitmask: np.ndarray | None = None
     draft_token_ids: Sequence[int] = ()  # speculative decoding: the drafts `verify` checks
     draft_parents: Sequence[int] | None = None  # None: a chain; else the drafts' tree
     # mirostat v2: the request's mu for this token (None: the first token, 2 * tau)
@@ -157,9 +159,10 @@ class Sampler:
                 output_token_ids=[*r.output_token_ids, *path],
                 draft_token_ids=(),
                 draft_parents=None,
+                bitmask=None if r.bitmask is None else r.bitmask[node : node + 1],
             )
             for r, node_paths in zip(rows, paths, strict=True)
-            for path in node_paths
+            for node, path in enumerate(node_paths)
         ]
         x, logprobs, temperature = self._process(logits, expanded)
         first = np.cumsum([0] + [len(r.draft_token_ids) + 1 for r in rows])[:-1]

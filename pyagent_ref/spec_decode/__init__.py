@@ -14,7 +14,7 @@ A draft model needs the target model, whose vocabulary, device and dtype it must
 `make_proposer(SpeculativeConfig(model=default_draft_model_path()), ops, target=model)`.
 
 `MedusaProposer` (`medusa`, method "medusa") drafts a token tree instead, from the
-target's last hidden state (`propose_tree(hidden)`; the engine's runner keeps the hidden
+target's last hidden state (`propose_trees(hidden)`; the engine's runner keeps the hidden
 states when the proposer says `needs_hidden_states`), verified by the tree ops.
 """
 

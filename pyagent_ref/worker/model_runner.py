@@ -238,7 +238,7 @@ class ModelRunner:
             index = torch.from_numpy(prep.logits_indices[picks]).to(self.device)
             logits = self.model.compute_logits(hidden[index]).cpu()
             sampling_rows = [self.batch.sampling_row(prep.req_ids[i]) for i in rows]
-            for row in sampling_rows:
+            for row in sampling_rows:  # one bitmask row per verified node: (1 + k, words)
                 row.bitmask = sched.grammar_bitmask.get(row.request_id)
                 row.draft_token_ids = sched.scheduled_spec_decode_tokens.get(row.request_id, ())
                 row.draft_parents = sched.scheduled_spec_decode_parents.get(row.request_id)
