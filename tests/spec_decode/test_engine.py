@@ -4,6 +4,8 @@ metrics) on a tiny random model."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -11,10 +13,11 @@ torch = pytest.importorskip("torch")
 from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from pyagent_ref import ops  # noqa: E402
 from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 from pyagent_ref.sched import Request, RequestStatus  # noqa: E402
-from pyagent_ref.spec_decode import METHODS, SpeculativeConfig  # noqa: E402
+from pyagent_ref.spec_decode import METHODS, SpeculativeConfig, make_proposer  # noqa: E402
 from tests.worker.helpers import ENGINE_SETTINGS, tiny_model  # noqa: E402
 
 from .drafts import noisy_copy, save_checkpoint, save_medusa_heads  # noqa: E402
@@ -115,7 +118,7 @@ def test_greedy_draft_model_speculation_equals_greedy_decoding(draft_dir, worklo
 @given(
     workload=REPETITIVE_WORKLOADS,
     k=st.integers(1, 3),
-    min_path_prob=st.sampled_from([0.0, 0.02, 0.2]),
+    min_path_prob=st.sampled_from([0.0, 0.002, 0.05]),  # the heads' guesses: 0.04-0.08
     **ENGINE_SETTINGS,
 )
 def test_greedy_medusa_tree_speculation_equals_greedy_decoding(
@@ -226,16 +229,37 @@ def test_rejected_drafts_free_their_blocks():
     assert trimmed
 
 
-@pytest.mark.parametrize("method", ["ngram", "medusa"])
-def test_sampled_speculation_keeps_the_distribution(method, medusa_dir):
+@pytest.mark.parametrize("method", [*METHODS, "medusa_dynamic"])
+def test_sampled_speculation_keeps_the_distribution(method, medusa_dir, draft_dir):
     """The joint distribution of the first 3 tokens over many seeds: with and without
-    speculation (linear drafts, or draft trees), the same (two-sample chi-square,
-    p > 1e-3). Logit bias leaves 3 tokens, so that drafts from the repetitive prompt
-    (or the heads) are often right and often wrong."""
+    speculation (every proposer: linear drafts, draft trees, trees that change shape),
+    the same (two-sample chi-square, p > 1e-3). Logit bias leaves 3 tokens, chosen so
+    that the drafts are often right and often wrong."""
     stats = pytest.importorskip("scipy.stats")
-    allowed = (0, 1, 2)
-    bias = {t: -100.0 for t in range(50) if t not in allowed}
     prompt = [0, 1, 2, 0, 1, 2, 0, 1]
+    config = {
+        "ngram": SpeculativeConfig("ngram", 2, 1, 3),
+        "suffix": SpeculativeConfig("suffix", 3),
+        "draft_model": SpeculativeConfig("draft_model", 2, model=draft_dir),
+        "medusa": SpeculativeConfig("medusa", 2, model=medusa_dir),
+        # the random heads give their best guesses 0.04-0.08: some nodes are kept
+        "medusa_dynamic": SpeculativeConfig(
+            "medusa", 2, model=medusa_dir, medusa_min_path_prob=0.05
+        ),
+    }[method]
+    allowed = (0, 1, 2)
+    if method == "medusa_dynamic":  # it proposes what the unbiased model likes
+        core = make_core(config)
+        core.add_request(request(0, prompt, 3))
+        core.step()
+        allowed = tuple(dict.fromkeys([*core.scheduler.requests["0"].spec_token_ids, 0, 1, 2]))
+        allowed = allowed[:3]
+    if method == "draft_model":  # its one draft after first token a is f(a): allow three
+        # tokens that f maps into themselves most often, so that drafts are often right
+        proposer = make_proposer(config, ops.load("ref"), target=MODEL)
+        f = [proposer.propose(str(a), prompt, [a])[0] for a in range(50)]
+        allowed = max(itertools.combinations(range(50), 3), key=lambda s: sum(f[a] in s for a in s))
+    bias = {t: -100.0 for t in range(50) if t not in allowed}
 
     def histogram(spec):
         core = make_core(spec, num_blocks=256, budget=256, max_num_seqs=64)
@@ -251,10 +275,6 @@ def test_sampled_speculation_keeps_the_distribution(method, medusa_dir):
         return counts, core.stats.spec
 
     plain, _ = histogram(None)
-    config = {
-        "ngram": SpeculativeConfig("ngram", 2, 1, 3),
-        "medusa": SpeculativeConfig("medusa", 2, model=medusa_dir),
-    }[method]
     spec, spec_stats = histogram(config)
     assert spec_stats.num_accepted_tokens > 0
     assert spec_stats.num_accepted_tokens < spec_stats.num_draft_tokens
