@@ -347,6 +347,7 @@ class EngineCore:
             kv_groups=groups,
             logprobs_mode=config.logprobs_mode,
             logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
+            rows_per_request=_rows_per_request(config.speculative_config),
         )
         if config.kv_offload is not None:
             self.kv.enable_offload(
@@ -639,3 +640,11 @@ def _allowed_prefix(grammar, drafts: list[int]) -> list[int]:
         failed = True
     grammar.rollback(followed)
     return [] if failed else drafts[:followed]
+
+
+def _rows_per_request(spec: SpeculativeConfig | None) -> int:
+    """The decode rows a request may have in one step: its token and its linear drafts
+    (a draft tree runs eagerly, so it needs none)."""
+    if spec is None or spec.method == "medusa":
+        return 1
+    return 1 + spec.num_speculative_tokens

@@ -5,9 +5,12 @@ costs more than running them. A CUDA graph records the kernels of one forward pa
 once and replays them with a single launch. A graph replays fixed kernels on fixed
 memory, so:
 
-- it serves only batches of a shape recorded in advance: uniform decode batches (one
-  token per request) of a few capture sizes; a batch of n tokens is padded to the
-  smallest capture size >= n (`CudaGraphDispatcher`), larger or mixed batches run
+- it serves only batches of a shape recorded in advance: batches of decode rows of a
+  few capture sizes, where each row is one query token with its own block table and
+  sequence length (plain decodes, and the verification steps of linear speculative
+  drafts, whose k + 1 tokens become k + 1 rows of one request's table with growing
+  lengths: the causal mask); a batch of n rows is padded to the smallest capture size
+  >= n (`CudaGraphDispatcher`), larger batches, prefill chunks and draft trees run
   eagerly;
 - the decode attention gathers every column of the block table it is given, so each
   size is recorded for a few block-table widths too (powers of two up to the longest
@@ -43,7 +46,7 @@ DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 @dataclass(frozen=True)
 class BatchDescriptor:
     """What a captured graph was recorded for: a token count, whether every request
-    contributes exactly one token (a uniform decode batch), and how many block-table
+    row is one query token (a batch of decode rows), and how many block-table
     columns its attention reads."""
 
     num_tokens: int
@@ -68,7 +71,8 @@ def check_capture_sizes(capture_sizes: Sequence[int]) -> list[int]:
 class CudaGraphDispatcher:
     """Decides, per step, whether a captured graph serves the batch and which one.
 
-    Only uniform decode batches (one token per request) are graph-eligible, padded to
+    Only batches of decode rows (one query token per row: `num_tokens == num_rows`) are
+    graph-eligible, padded to
     the smallest capture size >= their token count and the narrowest width bucket >=
     the block-table columns their longest sequence uses; larger or mixed batches run
     eagerly. Disabled (always eager) unless `enabled`.
@@ -91,11 +95,12 @@ class CudaGraphDispatcher:
             for width in reversed(self.widths)
         ]
 
-    def dispatch(self, num_tokens: int, num_reqs: int, num_blocks: int) -> BatchDescriptor | None:
+    def dispatch(self, num_tokens: int, num_rows: int, num_blocks: int) -> BatchDescriptor | None:
         """The descriptor of the graph to replay (num_tokens: the padded batch size;
-        num_blocks: the table width it reads), or None: run eagerly. `num_blocks` is
-        the block-table columns the batch's longest sequence uses."""
-        uniform = num_tokens == num_reqs
+        num_blocks: the table width it reads), or None: run eagerly. `num_rows` is the
+        batch's attention rows (requests, or tokens when each token is a decode row);
+        `num_blocks` the block-table columns the batch's longest sequence uses."""
+        uniform = num_tokens == num_rows
         if not self.enabled or not uniform or num_tokens > self.capture_sizes[-1]:
             return None
         if num_blocks > self.widths[-1]:
@@ -195,7 +200,7 @@ class CudaGraphRunner:
         block_table: np.ndarray,
         seq_lens: np.ndarray,
     ) -> torch.Tensor:
-        """Hidden states of the n = len(input_ids) real tokens of a uniform decode batch,
+        """Hidden states of the n = len(input_ids) real tokens of a batch of decode rows,
         computed by the graph of `descriptor` (from the dispatcher): its num_tokens is
         >= n (rows n.. are padding) and its num_blocks >= block_table's columns.
         slot_mapping (num_groups, n) and block_table (num_groups, n, width) hold each

@@ -54,9 +54,9 @@ class ModelRunner:
         num_blocks, block_size: the KV cache geometry (from the KV cache manager).
         ops: the ops namespace of the sampler (ref or accel).
         max_num_reqs, max_model_len, max_num_tokens: buffer sizes.
-        graph_mode: "auto" records CUDA graphs of uniform decode batches when the
+        graph_mode: "auto" records CUDA graphs of batches of decode rows when the
             device is CUDA and the model supports it, else runs eagerly; "eager" never
-            uses graphs; "static" pads uniform decode batches into the graphs' static
+            uses graphs; "static" pads batches of decode rows into the graphs' static
             buffers and runs them unrecorded on any device (the computation a graph
             replays, to check that path without CUDA).
         capture_sizes: the decode batch sizes graphs are recorded for (those above
@@ -71,6 +71,9 @@ class ModelRunner:
             (`sample.logits_processor`), told of batch changes every step.
         keep_hidden_states: return each sampling request's last final hidden state
             (`ModelRunnerOutput.hidden_states`), for a proposer that drafts from them.
+        rows_per_request: the decode rows one request may have in a step: 1, or 1 + k
+            with linear speculative drafts of k tokens (graphs are recorded for up to
+            max_num_reqs * rows_per_request rows).
     Raises:
         ValueError: an unknown graph_mode or compile backend; kv_groups that name an
             unknown layer or do not hold every layer exactly once.
@@ -92,6 +95,7 @@ class ModelRunner:
         logprobs_mode: str = "raw_logprobs",
         logits_processors: Sequence[LogitsProcessor] = (),
         keep_hidden_states: bool = False,
+        rows_per_request: int = 1,
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
@@ -127,8 +131,10 @@ class ModelRunner:
             and getattr(model, "supports_cuda_graphs", False)
         )
         use_graphs = self.record_graphs or graph_mode == "static"
-        # no batch is larger than max_num_reqs: sizes past it are capped to it
-        sizes = sorted({min(s, max_num_reqs) for s in check_capture_sizes(capture_sizes)})
+        # no batch has more decode rows than max_num_reqs * rows_per_request: sizes past
+        # it are capped to it
+        most = max_num_reqs * rows_per_request
+        sizes = sorted({min(s, most) for s in check_capture_sizes(capture_sizes)})
         self.dispatcher = CudaGraphDispatcher(sizes, self.batch.max_blocks, enabled=use_graphs)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: CudaGraphRunner | None = None
@@ -197,24 +203,33 @@ class ModelRunner:
         )
         # the block-table columns the longest sequence uses (all attention reads)
         width = -(-int(prep.seq_lens.max()) // self.block_size)
-        tables = prep.block_tables[:, :, :width]
-        graph = self.dispatcher.dispatch(prep.num_tokens, num_reqs, width)
+        tables, seq_lens = prep.block_tables[:, :, :width], prep.seq_lens
+        # a step where each request computes one known token and maybe linear drafts
+        # (decodes, verifications) attends as one decode row per token: the token's
+        # request's block table, and its own sequence length (its index + 1), which is
+        # the causal mask; a decode kernel and a captured graph then serve it
+        decode_rows = all(p is None for p in prep.draft_parents) and all(
+            prep.query_start_loc[1:] - prep.query_start_loc[:-1] - prep.num_drafts == 1
+        )
+        if decode_rows and prep.num_tokens > num_reqs:
+            owner = np.repeat(np.arange(num_reqs), 1 + np.asarray(prep.num_drafts))
+            tables, seq_lens = tables[:, owner], prep.slot_positions + 1
+        rows = prep.num_tokens if decode_rows else num_reqs
+        graph = self.dispatcher.dispatch(prep.num_tokens, rows, width)
         if graph is not None:
-            hidden = self.graphs.run(
-                graph, prep.input_ids, prep.positions, slots, tables, prep.seq_lens
-            )
+            hidden = self.graphs.run(graph, prep.input_ids, prep.positions, slots, tables, seq_lens)
         else:
             dev = self.device
             query_start_loc = torch.from_numpy(prep.query_start_loc).to(dev)
-            seq_lens = torch.from_numpy(prep.seq_lens).to(dev)
+            seq_lens = torch.from_numpy(seq_lens).to(dev)
             masks = self._tree_masks(prep)
             metas = [
                 AttentionMetadata(
                     slot_mapping=torch.from_numpy(group_slots).to(dev),
-                    block_table=torch.from_numpy(table).to(dev),
+                    block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev),
                     query_start_loc=query_start_loc,
                     seq_lens=seq_lens,
-                    decode_only=prep.num_tokens == num_reqs,
+                    decode_only=decode_rows,
                     custom_masks=masks,
                 )
                 for group_slots, table in zip(slots, tables, strict=True)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 
 torch = pytest.importorskip("torch")
 
@@ -156,3 +157,45 @@ def test_static_and_eager_agree_on_random_workloads(workload, **settings_):
     model = tiny_model()
     eager = run_workload(model, workload, ops="ref", graph_mode="eager", **settings_)
     assert run_workload(model, workload, ops="ref", graph_mode="static", **settings_) == eager
+
+
+def graph_verification_runs(model, workload, **settings_):
+    """A workload under n-gram speculation, eagerly and through the static graph path:
+    (eager tokens, graph tokens, per graph run whether it held a verification step,
+    i.e. some request with several rows)."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+    config = dict(ops="ref", speculative_config=spec, **settings_)
+    eager = run_workload(model, workload, graph_mode="eager", **config)
+    flattened = []
+    original = CudaGraphRunner.run
+
+    def spy(self, descriptor, input_ids, positions, slots, tables, seq_lens):
+        flattened.append(len(np.unique(tables[0], axis=0)) < len(input_ids))
+        return original(self, descriptor, input_ids, positions, slots, tables, seq_lens)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CudaGraphRunner, "run", spy)
+        static = run_workload(model, workload, graph_mode="static", **config)
+    return eager, static, flattened
+
+
+@settings(deadline=None, max_examples=15)
+@given(workload=WORKLOADS, **ENGINE_SETTINGS)
+def test_verification_steps_run_as_decode_rows_through_the_graphs(workload, **settings_):
+    """Speculative decoding (n-gram drafts): a verification step is flattened to one
+    decode row per token (its request's block table, its own sequence length) and is
+    served by the static graph path, which draws every token the eager path draws
+    (sampled ones too). That the flattened rows attend as the general attention does
+    is what the greedy-equality tests of tests/spec_decode prove."""
+    eager, static, flattened = graph_verification_runs(tiny_model(), workload, **settings_)
+    assert static == eager
+    event("a verification step ran through a graph", sum(flattened) > 0)
+
+
+def test_repetitive_requests_verify_through_the_graphs():
+    workload = [([0, 1, 2, 3] * 4, 20, False), ([1, 2] * 6, 20, True), ([3] * 5, 12, False)]
+    eager, static, flattened = graph_verification_runs(
+        tiny_model(), workload, block_size=4, num_blocks=64, budget=32, caching=True
+    )
+    assert static == eager
+    assert sum(flattened) >= 3
