@@ -506,7 +506,7 @@ class EngineCore:
         (each token's truncation depends on the mu the previous token left, which a
         draft's verification row cannot know)."""
         trees = getattr(self.proposer, "needs_hidden_states", False)  # Medusa: draft trees
-        tree_requests = []
+        tree_requests, linear_requests = [], []
         for request in self.scheduler.running:
             if (
                 request.num_computed_tokens != request.num_tokens - 1
@@ -517,13 +517,16 @@ class EngineCore:
                 continue
             if min(self._draft_room(request)) <= 0:
                 continue
-            if trees:
-                if request.request_id in self._hidden_states:
-                    tree_requests.append(request)
-                continue
-            drafts = self.proposer.propose(
-                request.request_id, request.prompt_token_ids, request.output_token_ids
-            )
+            if not trees:
+                linear_requests.append(request)
+            elif request.request_id in self._hidden_states:
+                tree_requests.append(request)
+        asked = [(r.request_id, r.prompt_token_ids, r.output_token_ids) for r in linear_requests]
+        if hasattr(self.proposer, "propose_batch"):  # the draft model: one pass for all
+            proposed = self.proposer.propose_batch(asked)
+        else:
+            proposed = [self.proposer.propose(*request) for request in asked]
+        for request, drafts in zip(linear_requests, proposed, strict=True):
             drafts = drafts[: min(self._draft_room(request))]
             if request.grammar is not None:
                 drafts = _allowed_prefix(request.grammar, drafts)

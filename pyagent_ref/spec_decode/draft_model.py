@@ -11,10 +11,10 @@ engine's verification with a one-hot q (`ops.spec_decode.rejection_sample`) stay
 greedy requests get exactly the tokens of greedy decoding, sampled ones exactly the
 target's distribution. Ties of the draft's logits go to the lowest token id.
 
-**Per-request state: an incremental KV cache.** Each request keeps a dense KV cache of
-the draft (per layer, one block of max_position_embeddings slots, through the model's
-own paged-attention path with a one-block table) and the list of tokens whose KV it
-holds, position by position. A call then runs the draft only on what is new:
+**Per-request state: an incremental KV cache.** Each request has a block of the draft's
+KV cache (per layer, max_position_embeddings slots: its whole context, read through the
+model's own paged-attention path with a one-block table) and the list of tokens whose KV
+it holds, position by position. A call then runs the draft only on what is new:
 
 1. tokens = prompt + output. The cached tokens that still agree with them (their common
    prefix, at most len(tokens) - 1 so that the last token is always run and gives the
@@ -31,8 +31,13 @@ Recomputing the whole sequence at every call needs no state, but costs a pass ov
 the tokens per draft: for the default draft at 200 tokens of context, 4.3 ms a pass
 against 0.7 ms for an incremental one-token pass (`docs/spec_decode.md`), so the cache it
 is. It holds 2 * num_layers * max_position_embeddings * num_kv_heads * head_dim numbers
-per running request (512 KiB for the default draft in float32), allocated at the
-request's first proposal and freed by `finish`.
+per running request (512 KiB for the default draft in float32), taken at the
+request's first proposal and given back by `finish`.
+
+**Batched.** `propose_batch` serves all the decoding requests of a step together: one
+forward pass over every request's new tokens (a ragged batch), then one decode pass per
+further draft over the requests that want one, so a step costs k draft passes whatever
+the number of requests, not k per request.
 
 **Context.** Draft j is read at position len(tokens) + j - 2, so a call proposes at most
 max_position_embeddings - len(tokens) + 1 drafts (the draft's context; none past it).
@@ -88,16 +93,20 @@ def load_draft_model(
 
 @dataclass
 class DraftState:
-    """A request's draft KV cache: `tokens[i]`'s K/V at slot i of every layer's cache."""
+    """A request's part of the draft's KV cache: block `block` of every layer's cache
+    holds `tokens[i]`'s K/V at slot i."""
 
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    block: int
     tokens: list[int] = field(default_factory=list)
 
 
 class DraftModelProposer:
     """Proposes the draft model's k greedy tokens (the module docstring says how).
 
-    `model` is the loaded draft (`load_draft_model`), a `LlamaForCausalLM`.
+    `model` is the loaded draft (`load_draft_model`), a `LlamaForCausalLM`. Its KV cache
+    has one block of max_position_embeddings slots per request, taken at the request's
+    first proposal and given back by `finish`; the cache grows (doubling) when more
+    requests are running than it has blocks.
     """
 
     def __init__(self, config: SpeculativeConfig, model: nn.Module):
@@ -109,8 +118,9 @@ class DraftModelProposer:
         self.model = model
         self.max_len = model.config.max_position_embeddings
         self.states: dict[str, DraftState] = {}
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._free_blocks: list[int] = []
         self._device = next(model.parameters()).device
-        self._block_table = torch.zeros((1, 1), dtype=torch.int64, device=self._device)
 
     def propose(
         self, request_id: str, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]
@@ -118,51 +128,87 @@ class DraftModelProposer:
         """The draft's next min(num_speculative_tokens, max_position_embeddings -
         len(tokens) + 1) greedy tokens after prompt + output (none for an empty sequence
         or one past the draft's context), updating the request's cache."""
-        tokens = [*prompt_token_ids, *output_token_ids]
-        k = min(self.config.num_speculative_tokens, self.max_len - len(tokens) + 1)
-        if k <= 0 or not tokens:
-            return []
-        state = self.states.get(request_id)
-        if state is None:
-            state = self.states[request_id] = DraftState(self._new_cache())
-        keep = min(common_prefix_length(state.tokens, tokens), len(tokens) - 1)
-        del state.tokens[keep:]  # rollback: the KV of the dropped slots is overwritten
-        drafts = [self._next_token(state, tokens[keep:])]
-        while len(drafts) < k:
-            drafts.append(self._next_token(state, drafts[-1:]))
+        return self.propose_batch([(request_id, prompt_token_ids, output_token_ids)])[0]
+
+    def propose_batch(
+        self, requests: Sequence[tuple[str, Sequence[int], Sequence[int]]]
+    ) -> list[list[int]]:
+        """`propose` for each (request_id, prompt_token_ids, output_token_ids) at once:
+        one forward pass of the draft over every request's new tokens gives their first
+        drafts, then one pass per further draft over the requests that want more."""
+        drafts: list[list[int]] = [[] for _ in requests]
+        wanted, new = {}, {}  # request index -> drafts it wants, tokens to run next
+        for i, (request_id, prompt, output) in enumerate(requests):
+            tokens = [*prompt, *output]
+            k = min(self.config.num_speculative_tokens, self.max_len - len(tokens) + 1)
+            if k <= 0 or not tokens:
+                continue
+            state = self.states.get(request_id)
+            if state is None:
+                state = self.states[request_id] = DraftState(self._take_block())
+            keep = min(common_prefix_length(state.tokens, tokens), len(tokens) - 1)
+            del state.tokens[keep:]  # rollback: the KV of the dropped slots is overwritten
+            wanted[i], new[i] = k, tokens[keep:]
+        while new:
+            states = [self.states[requests[i][0]] for i in new]
+            for i, token in zip(new, self._next_tokens(states, list(new.values())), strict=True):
+                drafts[i].append(token)
+            new = {i: drafts[i][-1:] for i in new if len(drafts[i]) < wanted[i]}
         return drafts
 
     def finish(self, request_id: str, output_token_ids: Sequence[int]) -> None:
-        """Free the request's cache."""
-        self.states.pop(request_id, None)
+        """Give the request's block back."""
+        state = self.states.pop(request_id, None)
+        if state is not None:
+            self._free_blocks.append(state.block)
 
-    def _new_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = self.model.kv_cache_shape(1, self.max_len)  # one block: the whole context
-        weight = next(self.model.parameters())
-        return [
-            (
-                torch.zeros(shape, dtype=weight.dtype, device=weight.device),
-                torch.zeros(shape, dtype=weight.dtype, device=weight.device),
-            )
-            for _ in self.model.layers
-        ]
+    def _take_block(self) -> int:
+        """A free block of the cache, doubling the cache when none is left."""
+        if not self._free_blocks:
+            old = self.kv_caches[0][0].shape[0] if self.kv_caches else 0
+            size = max(1, 2 * old)
+            shape = self.model.kv_cache_shape(size, self.max_len)  # a block: a whole context
+            weight = next(self.model.parameters())
+            grown = []
+            for layer in self.kv_caches or [None] * len(self.model.layers):
+                pair = []
+                for cache in layer or (None, None):
+                    fresh = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+                    if cache is not None:
+                        fresh[:old] = cache
+                    pair.append(fresh)
+                grown.append(tuple(pair))
+            self.kv_caches = grown
+            self._free_blocks = list(range(size - 1, old - 1, -1))
+        return self._free_blocks.pop()
 
     @torch.inference_mode()
-    def _next_token(self, state: DraftState, new: list[int]) -> int:
-        """Run the draft on `new`, placed after state.tokens (their K/V written to the
-        cache, and they are appended to state.tokens); the argmax of the last position."""
-        device, start, n = self._device, len(state.tokens), len(new)
-        positions = torch.arange(start, start + n, device=device)
-        meta = AttentionMetadata(
-            slot_mapping=positions,  # block 0, slot = position
-            block_table=self._block_table,
-            query_start_loc=torch.tensor([0, n], device=device),
-            seq_lens=torch.tensor([start + n], device=device),
-            decode_only=n == 1,
+    def _next_tokens(self, states: list[DraftState], new: list[list[int]]) -> list[int]:
+        """Run the draft on each request's `new` tokens, placed after its state.tokens
+        (their K/V written to its block; they are appended to state.tokens), in one
+        forward pass; the argmax of each request's last position."""
+        device = self._device
+        starts = [len(state.tokens) for state in states]
+        lengths = [len(tokens) for tokens in new]
+        positions = torch.tensor(
+            [p for start, n in zip(starts, lengths, strict=True) for p in range(start, start + n)],
+            device=device,
         )
-        hidden = self.model(torch.tensor(new, device=device), positions, meta, state.kv_caches)
-        state.tokens.extend(new)
-        return int(self.model.compute_logits(hidden[-1:]).argmax())
+        blocks = torch.tensor([state.block for state in states], device=device)
+        counts = torch.tensor(lengths, device=device)
+        ends = counts.cumsum(0)
+        meta = AttentionMetadata(
+            slot_mapping=blocks.repeat_interleave(counts) * self.max_len + positions,
+            block_table=blocks[:, None],
+            query_start_loc=torch.cat([ends.new_zeros(1), ends]),
+            seq_lens=torch.tensor(starts, device=device) + counts,
+            decode_only=max(lengths) == 1,
+        )
+        ids = torch.tensor([t for tokens in new for t in tokens], device=device)
+        hidden = self.model(ids, positions, meta, self.kv_caches)
+        for state, tokens in zip(states, new, strict=True):
+            state.tokens.extend(tokens)
+        return self.model.compute_logits(hidden[ends - 1]).argmax(dim=-1).tolist()
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

@@ -71,6 +71,38 @@ def test_incremental_drafts_equal_recomputed_ones(draft_dir, draft, prompt, k, s
     assert proposer.states == {}
 
 
+@settings(deadline=None, max_examples=15)
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 49), min_size=1, max_size=10), min_size=1, max_size=5),
+    k=st.integers(1, 3),
+    data=st.data(),
+)
+def test_batched_drafts_equal_each_requests_own(draft_dir, draft, prompts, k, data):
+    """Requests proposed for together (a ragged first pass, then decode passes for those
+    that want more drafts), step after step, with requests finishing and new ones taking
+    their blocks: each gets the drafts a proposer of its own would give."""
+    batched = DraftModelProposer(config(draft_dir, k), draft)
+    outputs = {str(i): [] for i in range(len(prompts))}
+    for step in range(3):
+        live = [rid for rid in outputs if data.draw(st.booleans(), label=f"{rid} at {step}")]
+        asked = [(rid, prompts[int(rid)], outputs[rid]) for rid in live]
+        got = batched.propose_batch(asked)
+        for (rid, prompt, output), drafts in zip(asked, got, strict=True):
+            alone = DraftModelProposer(config(draft_dir, k), draft).propose(rid, prompt, output)
+            assert drafts == alone
+            accepted = data.draw(st.integers(0, len(drafts)))
+            outputs[rid] = [*output, *drafts[:accepted], data.draw(st.integers(0, 49))]
+        if live and data.draw(st.booleans()):  # one finishes; a new request takes its place
+            batched.finish(live[0], outputs.pop(live[0]))
+            rid = str(len(prompts))
+            prompts.append(data.draw(st.lists(st.integers(0, 49), min_size=1, max_size=10)))
+            outputs[rid] = []
+    blocks = [state.block for state in batched.states.values()]
+    assert len(set(blocks)) == len(blocks)  # no two requests share a block
+    capacity = batched.kv_caches[0][0].shape[0] if batched.kv_caches else 0
+    assert sorted(blocks + batched._free_blocks) == list(range(capacity))
+
+
 def test_drafts_of_the_target_itself_are_its_greedy_tokens(tmp_path):
     """With the target as its own draft, the drafts are greedy decoding's next tokens."""
     from pyagent_ref.sample.params import SamplingParams
