@@ -33,6 +33,7 @@ from ..kv_cache import (
     KVCacheConfig,
     KVCacheGroup,
     KVCacheManager,
+    MLASpec,
     OffloadManager,
     SlidingWindowSpec,
     group_layers,
@@ -281,11 +282,15 @@ def kv_cache_groups(
     `FullAttentionSpec`; layers are cut into groups of equal size (`group_layers`) that
     share the KV tensors. With hybrid=False every layer keeps full-attention KV: one
     group, the layout of an engine that ignores the window (the model still masks by it).
-    Layer names are the decoder layers' paths, "layers.<i>".
+    A model with multi-head latent attention (`config.mla`) keeps an `MLASpec` per layer:
+    one latent of kv_lora_rank + qk_rope_head_dim per token. Layer names are the decoder
+    layers' paths, "layers.<i>".
     """
     shape = (block_size, config.num_key_value_heads, config.head_dim, dtype_bytes)
 
     def spec(kind: str) -> FullAttentionSpec:
+        if config.mla is not None:
+            return MLASpec(block_size, 1, config.mla.latent_size, dtype_bytes)
         if hybrid and kind == "sliding_attention":
             return SlidingWindowSpec(*shape, sliding_window=config.sliding_window)
         return FullAttentionSpec(*shape)

@@ -161,6 +161,8 @@ def load_weights(
     for hf_name, tensor in iter_tensors(files, progress):
         if hf_name.endswith(ignored):
             continue  # buffers some checkpoints carry (RoPE tables, causal masks)
+        if family is not None and family.skipped(hf_name, model.config):
+            continue  # parts the model does not run (DeepSeek-V3's multi-token prediction)
         name, shard = _target(hf_name, model, params)
         if name == "lm_head.weight" and model.lm_head is None:
             continue  # tied embeddings: the head is the embedding matrix

@@ -1,4 +1,5 @@
-"""Mixture-of-experts families on the Llama decoder: Mixtral, Qwen2-MoE, Qwen3-MoE.
+"""Mixture-of-experts families on the Llama decoder: Mixtral, Qwen2-MoE, Qwen3-MoE (and
+the MoE layers of DeepSeek-V2/V3, `model.deepseek`).
 
 These models are the Llama-family decoder (`model.llama`: attention, RoPE, norms, the
 paged cache) with the MLP of some or all layers replaced by a sparse MoE block
@@ -16,9 +17,10 @@ The experts of a layer are kept stacked, as `fused_moe` takes them: `gate_up_pro
 hold one tensor per expert and projection; `checkpoint_target` says where each goes and
 `checkpoint_name` names the tensor a missing piece should have come from.
 
-DeepSeek-V2/V3 route with `ops.moe.route_grouped_topk` but also need multi-head latent
-attention (MLA), which the decoder does not have yet: their architectures are not
-registered.
+DeepSeek's MoE layers are the same block with another router (`MoEConfig.grouped`):
+`ops.moe.route_grouped_topk` on router logits computed in float32 (softmax scores and
+group-limited choice for V2, sigmoid scores steered by `gate.e_score_correction_bias` for
+V3, the weights times `routed_scaling_factor`), and an ungated shared expert.
 """
 
 from __future__ import annotations
@@ -45,6 +47,27 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
 
+class Router(nn.Module):
+    """A layer's router: one logit per expert, x W^T with `weight` (experts, hidden),
+    computed in float32 when `float32` (DeepSeek's routers, as HF runs them); DeepSeek-V3's
+    `e_score_correction_bias` (experts,) when `correction_bias` (None otherwise)."""
+
+    def __init__(
+        self, hidden_size: int, num_experts: int, float32: bool, correction_bias: bool
+    ) -> None:
+        super().__init__()
+        self.float32 = float32
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.e_score_correction_bias = None
+        if correction_bias:
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.float32:
+            return nn.functional.linear(x.float(), self.weight.float())
+        return nn.functional.linear(x, self.weight)
+
+
 class SparseMoeBlock(nn.Module):
     """Router, routed experts and the optional (gated) shared expert of one layer."""
 
@@ -54,7 +77,9 @@ class SparseMoeBlock(nn.Module):
         self.ops = ops
         self.top_k = moe.top_k
         self.renormalize = moe.renormalize
-        self.gate = nn.Linear(config.hidden_size, moe.num_experts, bias=False)
+        self.grouped = moe.grouped
+        bias = moe.grouped is not None and moe.grouped.correction_bias
+        self.gate = Router(config.hidden_size, moe.num_experts, moe.grouped is not None, bias)
         self.experts = Experts(moe.num_experts, config.hidden_size, moe.intermediate_size)
         self.shared_expert = None
         self.shared_expert_gate = None
@@ -64,8 +89,22 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        moe = self.ops.moe
-        weights, ids = moe.route_topk_softmax(self.gate(x), self.top_k, self.renormalize)
+        moe, logits = self.ops.moe, self.gate(x)
+        if self.grouped is None:
+            weights, ids = moe.route_topk_softmax(logits, self.top_k, self.renormalize)
+        else:
+            g = self.grouped
+            weights, ids = moe.route_grouped_topk(
+                logits,
+                self.top_k,
+                g.num_groups,
+                g.topk_groups,
+                self.gate.e_score_correction_bias,
+                g.scoring,
+                g.routed_scaling_factor,
+                self.renormalize,
+                g.group_score,
+            )
         out = moe.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
@@ -96,7 +135,8 @@ class MoEForCausalLM(LlamaForCausalLM):
 
     def required_ops(self) -> list[str]:
         """The decoder's ops and the MoE block's router and experts."""
-        return [*super().required_ops(), "moe.route_topk_softmax", "moe.fused_moe"]
+        router = "route_topk_softmax" if self.config.moe.grouped is None else "route_grouped_topk"
+        return [*super().required_ops(), f"moe.{router}", "moe.fused_moe"]
 
     def checkpoint_target(self, name: str) -> tuple[str, tuple[int, int | None]] | None:
         """Where checkpoint tensor `name` ("model." removed) goes if it belongs to the MoE

@@ -90,7 +90,7 @@ def load_draft_model(
 class DraftState:
     """A request's draft KV cache: `tokens[i]`'s K/V at slot i of every layer's cache."""
 
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    kv_caches: list[tuple[torch.Tensor, ...]]
     tokens: list[int] = field(default_factory=list)
 
 
@@ -136,16 +136,9 @@ class DraftModelProposer:
         """Free the request's cache."""
         self.states.pop(request_id, None)
 
-    def _new_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = self.model.kv_cache_shape(1, self.max_len)  # one block: the whole context
-        weight = next(self.model.parameters())
-        return [
-            (
-                torch.zeros(shape, dtype=weight.dtype, device=weight.device),
-                torch.zeros(shape, dtype=weight.dtype, device=weight.device),
-            )
-            for _ in self.model.layers
-        ]
+    def _new_cache(self) -> list[tuple[torch.Tensor, ...]]:
+        # one block: the whole context
+        return [self.model.new_kv_cache(1, self.max_len) for _ in self.model.layers]
 
     @torch.inference_mode()
     def _next_token(self, state: DraftState, new: list[int]) -> int:
