@@ -48,15 +48,17 @@ class Experts(nn.Module):
 
 
 class Router(nn.Module):
-    """A layer's router: one logit per expert, x W^T with `weight` (experts, hidden),
-    computed in float32 when `float32` (DeepSeek's routers, as HF runs them); DeepSeek-V3's
-    `e_score_correction_bias` (experts,) when `correction_bias` (None otherwise)."""
+    """A layer's router: one logit per expert, x W^T with `weight` (experts, hidden);
+    with `float32` (DeepSeek's routers, as HF runs them) computed in float32 and its
+    parameters kept in float32 whatever the model's dtype (`keep_float32`, which the
+    loader honours: a correction bias rounded to bfloat16 would pick other experts).
+    DeepSeek-V3's `e_score_correction_bias` (experts,) when `correction_bias`, else None."""
 
     def __init__(
         self, hidden_size: int, num_experts: int, float32: bool, correction_bias: bool
     ) -> None:
         super().__init__()
-        self.float32 = float32
+        self.float32 = self.keep_float32 = float32
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
         self.e_score_correction_bias = None
         if correction_bias:

@@ -222,6 +222,20 @@ def test_the_correction_bias_and_the_scale_change_the_logits(saved):
     assert (PagedRunner(model).step({0: PROMPTS[0]}) - want).abs().max() > 1e-2
 
 
+def test_routers_stay_float32_in_a_bfloat16_model(saved):
+    """As HF keeps DeepSeek's router weights and correction bias in float32, so does the
+    loader: the bias reaches the router exactly as stored, the rest is bfloat16."""
+    hf, path = saved["v3"]
+    model = load_model(path, dtype="bfloat16", progress=False)
+    gate = model.layers[1].mlp.gate
+    assert gate.weight.dtype == gate.e_score_correction_bias.dtype == torch.float32
+    want = dict(hf.named_buffers())["model.layers.1.mlp.gate.e_score_correction_bias"]
+    assert torch.equal(gate.e_score_correction_bias, want)
+    assert model.layers[1].mlp.experts.gate_up_proj.dtype == torch.bfloat16
+    logits = PagedRunner(model).step({0: PROMPTS[0]})
+    torch.testing.assert_close(logits, hf_logits(hf, PROMPTS[0]), rtol=0.1, atol=0.15)
+
+
 def test_the_cache_holds_one_latent_per_token(saved):
     """kv_lora_rank + qk_rope_head_dim numbers per token and layer, in one tensor, and
     the engine's KV cache groups keep an MLASpec of that size."""
