@@ -264,3 +264,97 @@ class ExpertLoadWindow:
     def load(self) -> np.ndarray:
         """int64 (layers, E): the tokens of each expert over the window."""
         return self.counts.sum(axis=0)
+
+
+@dataclass(frozen=True)
+class EPLBConfig:
+    """How an engine keeps a mixture of experts balanced (vLLM's EPLB settings, plus the
+    expert-parallel layout the placement is for).
+
+    num_ranks: the EP size R (ranks the experts are spread over), >= 1.
+    num_redundant_experts: extra physical slots for replicas; E + this must be a multiple
+        of num_ranks.
+    num_nodes: nodes the ranks sit on (a divisor of num_ranks); with the model's expert
+        groups divisible by it, the placement is hierarchical.
+    window_size: steps of expert load the placement is computed from, >= 1.
+    step_interval: steps between two re-placements, >= 1.
+    """
+
+    num_ranks: int
+    num_redundant_experts: int = 0
+    num_nodes: int = 1
+    window_size: int = 1000
+    step_interval: int = 3000
+
+    def __post_init__(self) -> None:
+        for name in ("num_ranks", "num_nodes", "window_size", "step_interval"):
+            _positive_int(getattr(self, name), f"eplb.{name}")
+        extra = self.num_redundant_experts
+        if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+            raise ValueError(f"eplb.num_redundant_experts must be an int >= 0, got {extra!r}")
+
+    @classmethod
+    def from_dict(cls, value: dict) -> EPLBConfig:
+        """From a dict of the fields (a JSON object on the command line)."""
+        known = list(cls.__dataclass_fields__)
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"eplb has unknown keys {unknown}; its keys are {known}")
+        if "num_ranks" not in value:
+            raise ValueError(f"eplb needs num_ranks, got {value!r}")
+        return cls(**value)
+
+
+class ExpertBalancer:
+    """Keeps an MoE model's experts placed for its recent load: the model records its
+    routing choices into a window of `window_size` steps, and every `step_interval`
+    steps `step` re-places the experts (`rebalance_experts`) and applies the placement
+    to every MoE layer. Starts from the placement without replicas spread over the
+    slots (`rebalance_experts` of a uniform load).
+
+    Raises:
+        ValueError: a model without MoE layers, or expert counts that do not divide the
+            EP size (E + num_redundant_experts not a multiple of num_ranks, num_ranks
+            not a multiple of num_nodes).
+    """
+
+    def __init__(self, model, config: EPLBConfig) -> None:
+        blocks = model.moe_blocks() if hasattr(model, "moe_blocks") else []
+        if not blocks:
+            raise ValueError(
+                f"eplb needs a mixture of experts, and {model.config.architecture} has no MoE layer"
+            )
+        moe = model.config.moe
+        self.config, self.model = config, model
+        self.num_physical = moe.num_experts + config.num_redundant_experts
+        self.num_groups = moe.grouped.num_groups if moe.grouped is not None else 1
+        uniform = np.ones((len(blocks), moe.num_experts))
+        self.placement = rebalance_experts(
+            uniform, self.num_physical, config.num_ranks, self.num_groups, config.num_nodes
+        )
+        self.window = model.record_expert_load(config.window_size)
+        model.apply_expert_placement(self.placement)
+        self.steps = self.rebalances = 0
+
+    def step(self) -> bool:
+        """End a step: advance the window and, every step_interval steps, re-place the
+        experts for the window's load. Returns whether it re-placed them."""
+        self.steps += 1
+        due = self.steps % self.config.step_interval == 0
+        if due:
+            self.placement = rebalance_experts(
+                self.window.load(),
+                self.num_physical,
+                self.config.num_ranks,
+                self.num_groups,
+                self.config.num_nodes,
+            )
+            self.model.apply_expert_placement(self.placement)
+            self.rebalances += 1
+        self.window.advance()
+        return due
+
+    def imbalance(self) -> np.ndarray:
+        """max / mean load per rank of each MoE layer, under the current placement, for
+        the window's load."""
+        return self.placement.imbalance(self.window.load())

@@ -208,3 +208,61 @@ def test_a_placement_for_other_layers_is_refused(moe_models):
         model.apply_expert_placement(ExpertPlacement.identity(1, 4, 2))
     with pytest.raises(ValueError, match="must place each of the 4 experts"):
         model.moe_blocks()[0].set_placement(torch.tensor([0, 1, 1, 2]))
+
+
+# --- the engine -------------------------------------------------------------------------------
+
+
+def _greedy_tokens(model, **engine):
+    from pyagent_ref.engine.core import EngineConfig, EngineCore
+    from pyagent_ref.sample.params import SamplingParams
+    from pyagent_ref.sched import Request
+
+    core = EngineCore(
+        model,
+        EngineConfig(block_size=4, num_kv_blocks=64, max_num_batched_tokens=8, **engine),
+    )
+    prompts = [[5, 17, 3, 88, 41, 9, 60, 2, 33], [8, 1, 96, 45, 45, 12, 7], [3, 3, 4]]
+    requests = [
+        Request(str(i), p, sampling_params=SamplingParams(temperature=0, max_tokens=6))
+        for i, p in enumerate(prompts)
+    ]
+    for r in requests:
+        core.add_request(r)
+    while core.has_unfinished_requests():
+        core.step()
+    return [r.output_token_ids for r in requests], core
+
+
+@pytest.mark.parametrize("name", ["mixtral", "v3"])
+def test_the_engine_rebalances_without_changing_a_token(moe_models, name):
+    model = moe_models[name]
+    want, _ = _greedy_tokens(model)
+    eplb = dict(num_ranks=2, num_redundant_experts=2, window_size=4, step_interval=3)
+    try:
+        got, core = _greedy_tokens(model, eplb=eplb)
+        assert core.eplb.rebalances >= 2 and core.runner.record_graphs is False
+        assert core.eplb.window.load().sum() > 0
+        counts = core.eplb.placement.replica_counts()
+        assert counts.shape == (len(model.moe_blocks()), 4) and (counts.sum(axis=1) == 6).all()
+        assert core.eplb.imbalance().shape == (len(model.moe_blocks()),)
+    finally:
+        model.apply_expert_placement(None)
+        model.record_expert_load(None)
+    assert got == want
+
+
+def test_engine_eplb_errors_name_the_value(moe_models):
+    from pyagent_ref.engine.core import EngineConfig, EngineCore
+    from tests.worker.helpers import tiny_model
+
+    with pytest.raises(ValueError, match=r"num_physical_experts \(5\) must be a multiple"):
+        EngineCore(
+            moe_models["mixtral"], EngineConfig(eplb={"num_ranks": 2, "num_redundant_experts": 1})
+        )
+    with pytest.raises(ValueError, match="has no MoE layer"):
+        EngineCore(tiny_model(), EngineConfig(eplb={"num_ranks": 1}))
+    with pytest.raises(ValueError, match=r"eplb has unknown keys \['ranks'\]"):
+        EngineConfig(eplb={"ranks": 2})
+    with pytest.raises(ValueError, match="eplb.window_size must be an int >= 1"):
+        EngineConfig(eplb={"num_ranks": 2, "window_size": 0})
