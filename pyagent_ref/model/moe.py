@@ -182,6 +182,13 @@ class MoEForCausalLM(LlamaForCausalLM):
             return SparseMoeBlock(config, ops)
         return MLP(config, ops)
 
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """False: the reference `fused_moe` reads on the host how many tokens each expert
+        got (one matmul per expert), which a CUDA graph cannot capture; decode steps run
+        eagerly."""
+        return False
+
     def moe_blocks(self) -> list[SparseMoeBlock]:
         """The sparse MoE blocks, in layer order (EPLB's "MoE layers")."""
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoeBlock)]

@@ -388,6 +388,63 @@ def test_preemption_and_prefix_caching_change_no_token(saved):
     assert sum(preemptions) > 0 and sum(hits) > 0  # the workloads did preempt and hit
 
 
+def test_the_static_decode_path_a_cuda_graph_replays_draws_the_eager_tokens(saved):
+    """graph_mode="static" pads decode batches into the graphs' static buffers (padding
+    rows: slot -1, seq_len 0) and runs the absorbed static-shape attention: the tokens of
+    the eager engine."""
+    model = load_model(saved["v3"][1], progress=False)
+    engine = dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=16, ops="auto")
+    prompts = [[5, 17, 3, 88, 41], [8, 1, 96], [3, 3, 4, 5, 6, 7, 8]]
+
+    def tokens(**changes):
+        core = EngineCore(model, EngineConfig(**(engine | changes)))
+        requests = [
+            Request(str(i), p, sampling_params=SamplingParams(temperature=0, max_tokens=6))
+            for i, p in enumerate(prompts)
+        ]
+        for r in requests:
+            core.add_request(r)
+        while core.has_unfinished_requests():
+            core.step()
+        return [r.output_token_ids for r in requests], core
+
+    static, core = tokens(graph_mode="static", cudagraph_capture_sizes=(1, 4))
+    assert core.runner.graphs is not None
+    assert static == tokens(graph_mode="eager")[0]
+
+
+def test_the_decode_attention_reads_no_device_value(saved):
+    """On torch's meta device any host read of a value raises: the absorbed decode path
+    of the attention (latent write, static-shape attention) passes, so a CUDA graph could
+    capture it; the naive path, which sizes its gather on the host, does not. (The MoE
+    layers' reference fused_moe reads expert counts on the host: MoE models say
+    supports_cuda_graphs False and decode eagerly.)"""
+    from pyagent_ref.model import AttentionMetadata
+
+    model = load_model(saved["v3"][1], progress=False)
+    assert not model.supports_cuda_graphs
+    model = model.to("meta")
+    model.build_rotary()
+    n, attention = 3, model.layers[0].self_attn
+    cache = model.new_kv_cache(8, BLOCK)
+
+    def meta(decode_only):
+        return AttentionMetadata(
+            slot_mapping=torch.empty(n, dtype=torch.int64, device="meta"),
+            block_table=torch.empty(n, 5, dtype=torch.int64, device="meta"),
+            query_start_loc=torch.empty(n + 1, dtype=torch.int64, device="meta"),
+            seq_lens=torch.empty(n, dtype=torch.int64, device="meta"),
+            decode_only=decode_only,
+        )
+
+    positions = torch.empty(n, dtype=torch.int64, device="meta")
+    hidden = torch.empty(n, 64, device="meta")
+    out = attention(positions, hidden, meta(True), cache, model.rotary)
+    assert out.shape == (n, 64) and out.device.type == "meta"
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        attention(positions, hidden, meta(False), cache, model.rotary)
+
+
 def test_offloaded_latent_blocks_come_back_unchanged(saved):
     """KV offload moves one latent tensor per layer: prefix blocks evicted to host memory
     and brought back on a hit give the tokens of an engine that recomputes them."""
