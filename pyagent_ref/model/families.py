@@ -305,7 +305,6 @@ def deepseek_fields(cfg: dict, fields: dict) -> dict:
         num_key_value_heads=1,
         attention_scale=scale,
         rope_interleaved=bool(cfg.get("rope_interleave", True)) if v3 else True,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
     )
 
 
