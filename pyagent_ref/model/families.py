@@ -294,6 +294,12 @@ def deepseek_fields(cfg: dict, fields: dict) -> dict:
     qk_head_dim ** -0.5, times mscale(factor, mscale_all_dim) ** 2 under a RoPE scaling
     that sets mscale_all_dim (DeepSeek's YaRN: the cos/sin carry the rest of the mscale)."""
     refuse(cfg, "mlp_bias", False)
+    if cfg.get("quantization_config"):  # DeepSeek-V3's own release: FP8 blocks + scales
+        method = cfg["quantization_config"].get("quant_method", "?")
+        raise ValueError(
+            f"config.json quantization_config ({method!r}) is not supported: load a "
+            f"bfloat16 or float32 checkpoint"
+        )
     head_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
     scale = head_dim**-0.5
     rope = fields["rope_scaling"] or {}

@@ -526,6 +526,11 @@ def test_multi_token_prediction_layers_are_skipped(saved, tmp_path):
         ("v3", {"num_experts_per_tok": 3}, r"num_experts_per_tok must be in \[1, 2\]"),
         ("v3", {"qk_rope_head_dim": 7}, "qk_rope_head_dim must be even"),
         ("v2", {"kv_lora_rank": None}, "kv_lora_rank must be an int >= 1"),
+        (
+            "v3",
+            {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+            "quantization_config \\('fp8'\\) is not supported",
+        ),
         ("v3", {"n_routed_experts": None}, "n_routed_experts must be an int >= 1"),
     ],
 )
