@@ -26,7 +26,11 @@ three models' shapes, for decode and prefill token counts, in bfloat16 and float
 reference on numpy (float32 only: numpy has no bfloat16; its erf is `math.erf` one
 element at a time) and on torch CPU tensors, and accel on the same torch tensors.
 Attention (`bench_attention_ops`) times reshape_and_cache, a prefill chunk and a decode
-batch over the paged cache at two models' shapes, the same way. Mixture of experts
+batch over the paged cache at two models' shapes, the same way, and DeepSeek-V2-Lite's
+multi-head latent attention at its real shape (`MLA_MODEL`: 16 heads over one latent of
+512 + 64): the latent write `concat_and_cache_mla`, and the absorbed attention of a
+prefill chunk and of a decode batch, `paged_attention` / `paged_decode_attention` with
+the latent cache as both keys and values. Mixture of experts
 (`bench_moe`) times the routers and fused_moe at shapes scaled down from Mixtral 8x7B and
 DeepSeek-V2-Lite / V3 (`MOE_MODELS`: the expert counts and top-k of the real models,
 hidden and expert sizes divided by 8 so a CPU run takes seconds), for a decode batch and
@@ -158,7 +162,13 @@ def sampling_cases(batch: int, vocab: int, rng: np.random.Generator) -> list[tup
 
 
 def to_torch(args: tuple) -> tuple:
-    return tuple(torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in args)
+    """The numpy arrays of `args` as torch CPU tensors sharing their memory (an array
+    passed twice, MLA's latent cache as keys and values, becomes one tensor)."""
+    seen: dict[int, Any] = {}
+    return tuple(
+        seen.setdefault(id(a), torch.from_numpy(a)) if isinstance(a, np.ndarray) else a
+        for a in args
+    )
 
 
 def fmt_ms(s: float | None) -> str:
@@ -561,6 +571,57 @@ def attention_cases(heads: int, kv_heads: int, d: int, quick: bool, rng: np.rand
     return cases
 
 
+# DeepSeek-V2-Lite's MLA: 16 heads, a latent of kv_lora_rank 512 + qk_rope_head_dim 64
+MLA_MODEL = ("MLA V2-Lite", 16, 512, 64)
+
+
+def mla_cases(heads: int, rank: int, rope: int, quick: bool, rng: np.random.Generator):
+    """(row label, op name, float32 numpy args) of MLA at its real shape: a prefill chunk's
+    latent write (`concat_and_cache_mla`), and the absorbed attention over the latent
+    cache (one KV head of rank + rope, the same array as keys and values) for the chunk
+    after `cached` tokens and for a decode batch."""
+    chunk, cached, n_dec, (lo, hi) = (
+        (128, 256, 8, (128, 512)) if quick else (512, 1024, 64, (512, 4096))
+    )
+    width = rank + rope
+    kc, _, table = paged_cache([chunk + cached], 1, width, rng)
+    q = rng.standard_normal((chunk, heads, width), dtype=np.float32)
+    latent = rng.standard_normal((chunk, width), dtype=np.float32)
+    slots = table[0, (cached + np.arange(chunk)) // BLOCK] * BLOCK + np.arange(chunk) % BLOCK
+    scale = (128 + rope) ** -0.5
+    cases = [
+        (
+            f"concat_and_cache_mla {chunk}",
+            "concat_and_cache_mla",
+            (latent[:, :rank], latent[:, rank:], kc.reshape(*kc.shape[:2], width), slots),
+        ),
+        (
+            f"prefill {chunk} after {cached}",
+            "paged_attention",
+            (
+                q,
+                kc,
+                kc,
+                table,
+                np.array([0, chunk], np.int32),
+                np.array([chunk + cached], np.int32),
+                scale,
+            ),
+        ),
+    ]
+    lens = rng.integers(lo, hi + 1, n_dec).tolist()
+    kc, _, table = paged_cache(lens, 1, width, rng)
+    q = rng.standard_normal((n_dec, heads, width), dtype=np.float32)
+    cases.append(
+        (
+            f"decode {n_dec} x {lo}-{hi}",
+            "paged_decode_attention",
+            (q, kc, kc, table, np.array(lens, np.int32), scale),
+        )
+    )
+    return cases
+
+
 def bench_attention_ops(quick: bool, budget: float, min_reps: int) -> list[dict]:
     """accel vs the reference on numpy (float32) and on torch CPU, in float32 and bf16."""
     rows = []
@@ -571,53 +632,59 @@ def bench_attention_ops(quick: bool, budget: float, min_reps: int) -> list[dict]
     print(header)
     print("-" * len(header))
     rng = np.random.default_rng(2)
-    for model, heads, kv_heads, d in ATTENTION_MODELS:
-        for label, op, args in attention_cases(heads, kv_heads, d, quick, rng):
-            ref_fn, acc_fn = getattr(ref_attention, op), getattr(accel_attention, op)
-            t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 20)
-            for dtype in ("fp32", "bf16"):
-                targs = to_torch(args) if torch is not None else None
-                if dtype == "bf16":
-                    if torch is None:
-                        continue
-                    targs = tuple(
-                        a.to(torch.bfloat16)
-                        if isinstance(a, torch.Tensor) and a.is_floating_point()
-                        else a
-                        for a in targs
-                    )
-                acc_args = args if dtype == "fp32" else targs
-                if op != "reshape_and_cache":  # the same result first
-                    want = np.asarray(ref_fn(*args), np.float32)
-                    got = acc_fn(*acc_args)
-                    got = (
-                        got.float().numpy()
-                        if torch is not None and isinstance(got, torch.Tensor)
-                        else np.asarray(got)
-                    )
-                    tol = 1e-4 if dtype == "fp32" else 5e-2
-                    assert np.allclose(got, want, atol=tol, rtol=tol), (model, label, dtype)
-                t_torch = None
-                if targs is not None:
-                    t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 20)
-                t_acc = timeit(functools.partial(acc_fn, *acc_args), budget, min_reps, 200)
-                rows.append(
-                    dict(
-                        op=op,
-                        model=model,
-                        dtype=dtype,
-                        case=label,
-                        np=t_np,
-                        torch=t_torch,
-                        accel=t_acc,
-                    )
+    grid = [
+        (model, case)
+        for model, heads, kv_heads, d in ATTENTION_MODELS
+        for case in attention_cases(heads, kv_heads, d, quick, rng)
+    ]
+    grid += [(MLA_MODEL[0], case) for case in mla_cases(*MLA_MODEL[1:], quick, rng)]
+    for model, (label, op, args) in grid:
+        ref_fn, acc_fn = getattr(ref_attention, op), getattr(accel_attention, op)
+        t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 20)
+        for dtype in ("fp32", "bf16"):
+            targs = to_torch(args) if torch is not None else None
+            if dtype == "bf16":
+                if torch is None:
+                    continue
+                halves: dict[int, Any] = {}  # one conversion per tensor (MLA's shared cache)
+                targs = tuple(
+                    halves.setdefault(id(a), a.to(torch.bfloat16))
+                    if isinstance(a, torch.Tensor) and a.is_floating_point()
+                    else a
+                    for a in targs
                 )
-                print(
-                    f"{model:<11} {dtype:<5} {label:<26} {fmt_ms(t_np):>13} "
-                    f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
-                    f"{fmt_ratio(t_torch, t_acc):>11}",
-                    flush=True,
+            acc_args = args if dtype == "fp32" else targs
+            if "cache" not in op:  # the same result first (the writes mutate)
+                want = np.asarray(ref_fn(*args), np.float32)
+                got = acc_fn(*acc_args)
+                got = (
+                    got.float().numpy()
+                    if torch is not None and isinstance(got, torch.Tensor)
+                    else np.asarray(got)
                 )
+                tol = 1e-4 if dtype == "fp32" else 5e-2
+                assert np.allclose(got, want, atol=tol, rtol=tol), (model, label, dtype)
+            t_torch = None
+            if targs is not None:
+                t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 20)
+            t_acc = timeit(functools.partial(acc_fn, *acc_args), budget, min_reps, 200)
+            rows.append(
+                dict(
+                    op=op,
+                    model=model,
+                    dtype=dtype,
+                    case=label,
+                    np=t_np,
+                    torch=t_torch,
+                    accel=t_acc,
+                )
+            )
+            print(
+                f"{model:<11} {dtype:<5} {label:<26} {fmt_ms(t_np):>13} "
+                f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
+                f"{fmt_ratio(t_torch, t_acc):>11}",
+                flush=True,
+            )
     print("\ntargets: accel >= ref torch on every row, >= 10x ref numpy (float32) on decode")
     for r in rows:
         ok_t = r["torch"] is None or r["torch"] >= r["accel"]

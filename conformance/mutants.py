@@ -1639,6 +1639,51 @@ def cache_writes_padding(key: Any, value: Any, key_cache: Any, value_cache: Any,
     return None
 
 
+@mutant("attention", "concat_and_cache_mla", "writes k_pe before kv_c in the slot")
+def mla_cache_swaps_parts(kv_c: Any, k_pe: Any, kv_cache: Any, slots: Any) -> Any:
+    A.concat_and_cache_mla(kv_c, k_pe, kv_cache, slots)  # the reference's errors
+    n, b, width = kv_cache.shape
+    flat = kv_cache.reshape(n * b, width)
+    for t, s in enumerate(_np(slots).tolist()):
+        if s >= 0:
+            row = np.concatenate([_np(k_pe)[t], _np(kv_c)[t]])
+            flat[s] = _back(kv_cache, row.astype(_np(kv_cache).dtype))
+    return None
+
+
+@mutant("attention", "concat_and_cache_mla", "writes padding tokens too (slot -1: the last slot)")
+def mla_cache_writes_padding(kv_c: Any, k_pe: Any, kv_cache: Any, slots: Any) -> Any:
+    A.concat_and_cache_mla(kv_c, k_pe, kv_cache, slots)
+    n, b, width = kv_cache.shape
+    for t in np.flatnonzero(_np(slots) < 0).tolist():
+        row = np.concatenate([_np(kv_c)[t], _np(k_pe)[t]]).astype(_np(kv_cache).dtype)
+        kv_cache.reshape(n * b, width)[-1] = _back(kv_cache, row)
+    return None
+
+
+@mutant(
+    "attention", "concat_and_cache_mla", "rounds the latent to float16 (a half-precision cache)"
+)
+def mla_cache_rounds_to_half(kv_c: Any, k_pe: Any, kv_cache: Any, slots: Any) -> Any:
+    half = [_back(x, _np(x).astype(np.float16).astype(_np(x).dtype)) for x in (kv_c, k_pe)]
+    A.concat_and_cache_mla(*half, kv_cache, slots)
+    return None
+
+
+@mutant(
+    "attention",
+    "paged_attention",
+    "scales the keys in place, so one cache as K and V is read scaled",
+)
+def attention_prescales_shared_cache(*args: Any) -> Any:
+    """A kernel that multiplies the key cache by the softmax scale in place (and undoes it
+    after): right for two caches, but values read from the same array come out scaled."""
+    args = list(args)
+    if args[1] is args[2]:
+        args[2] = _back(args[2], _np(args[2]) * args[6])
+    return A.paged_attention(*args)
+
+
 def _decode_with_lens(args: tuple[Any, ...], change: Callable[[np.ndarray, int], Any]) -> Any:
     """paged_decode_attention with seq_lens replaced by change(seq_lens, capacity)."""
     args = list(args)

@@ -103,6 +103,12 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
             np.zeros((3, 2, 2, 4), np.float32),
             np.array([5, -1]),
         ),
+        "attention.concat_and_cache_mla": lambda: (
+            np.ones((2, 3), np.float32),
+            np.zeros((2, 2), np.float32),
+            np.zeros((3, 2, 5), np.float32),
+            np.array([5, -1]),
+        ),
         "attention.paged_attention": lambda: (
             np.ones((3, 4, 8), np.float32),
             np.ones((3, 2, 2, 8), np.float32),

@@ -36,3 +36,13 @@ def test_structured_benchmark_runs_on_the_bundled_maskbench_slice():
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.strip()}
     # the reference compiles the files and agrees with every label (8 instances in 3 files)
     assert rows["ref"][1] == "3/3" and rows["ref"][-1] == "8/8", done.stdout
+
+
+def test_eplb_simulation_runs_and_rebalancing_helps():
+    script = ROOT / "benchmarks" / "bench_eplb.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.strip()}
+    assert {"none", "global", "hierarchical"} <= rows.keys()

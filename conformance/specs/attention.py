@@ -13,6 +13,14 @@ values are read position by position through its block table, scores masked caus
 |got - want| <= TOL[dtype] * (1 + max |v| of the request), TOL = 2e-5 for float32 (scores
 and softmax in float32, exp amplifying score rounding) and 1e-11 for float64.
 `reshape_and_cache` is exact: the cache holds the key/value cast to its dtype.
+`concat_and_cache_mla` likewise: each written slot holds [kv_c, k_pe] cast to the cache
+dtype; its cases draw 1-6 blocks of 1-8 slots, a latent of 1-8 + 1-4 features, 0-8 tokens
+with distinct slots and 0-3 padding tokens, float32 or float64 sources and cache.
+
+MLA attends over its latent cache with `paged_attention` / `paged_decode_attention`,
+passing the one cache (as a single KV head) for both keys and values: the
+`latent_cache_as_keys_and_values` properties check that an implementation gives the
+result of two separate copies there (it must not assume the two caches are distinct).
 
 `paged_decode_attention` batches are drawn the same way with one query token per request,
 0-2 padding requests (seq_len 0) anywhere among them, and 0-2 spare table columns; its
@@ -504,6 +512,179 @@ add_rejects_invalid_input(
 )
 
 
+# ====================================================================== concat_and_cache_mla
+
+
+@st.composite
+def mla_cache_cases(draw: Any) -> Case:
+    num_blocks, bs = draw(st.integers(1, 6)), draw(st.integers(1, 8))
+    rank, rope = draw(st.integers(1, 8)), draw(st.integers(1, 4))
+    n_slots = num_blocks * bs
+    n = draw(st.integers(0, min(8, n_slots)))
+    slots = draw(st.lists(st.integers(0, n_slots - 1), min_size=n, max_size=n, unique=True))
+    for _ in range(draw(st.integers(0, 3))):
+        slots.insert(draw(st.integers(0, len(slots))), -1)
+    t = len(slots)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="values seed"))
+    src_dtype = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    cache_dtype = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    return Case(
+        kv_c=rng.uniform(-2, 2, (t, rank)).astype(src_dtype),
+        k_pe=rng.uniform(-2, 2, (t, rope)).astype(src_dtype),
+        kv_cache=rng.uniform(-2, 2, (num_blocks, bs, rank + rope)).astype(cache_dtype),
+        slot_mapping=np.array(slots, draw(int_dtypes)).reshape(t),
+    )
+
+
+MLA_CACHE_ARGS = SHAPES["concat_and_cache_mla"].args
+
+
+def write_latents(ctx: Ctx, case: Case, **changes: Any) -> tuple[Any, np.ndarray]:
+    """(the op's return value, kv_cache) after the implementation's call on a converted
+    copy of the cache (the op writes in place)."""
+    args = {name: getattr(case, name) for name in MLA_CACHE_ARGS}
+    args.update(changes)
+    conv = {k: ctx.convert(v) for k, v in args.items()}
+    ret = ctx.fn("concat_and_cache_mla")(*conv.values())
+    return ret, np.array(to_numpy(conv["kv_cache"]))
+
+
+@spec.prop("concat_and_cache_mla", mla_cache_cases())
+def writes_the_latent_into_exactly_the_non_padding_slots(ctx: Ctx, case: Case) -> None:
+    """Slot s = slot_mapping[t] >= 0 becomes kv_c[t] followed by k_pe[t], cast to the
+    cache dtype; every other slot is left untouched; returns None."""
+    ret, after = write_latents(ctx, case)
+    assert ret is None, f"returned {type(ret).__name__}, not None"
+    before = case.kv_cache
+    n, bs, width = before.shape
+    want = before.reshape(n * bs, width).copy()
+    for t, s in enumerate(case.slot_mapping.tolist()):
+        if s >= 0:
+            want[s] = np.concatenate([case.kv_c[t], case.k_pe[t]]).astype(before.dtype)
+    checks.assert_shape_dtype(after, before.shape, before.dtype, "kv_cache")
+    checks.assert_equal(after.reshape(n * bs, width), want, what="kv_cache slots")
+
+
+@spec.prop("concat_and_cache_mla", mla_cache_cases(), uses=("paged_attention",))
+def written_latents_are_attended(ctx: Ctx, case: Case) -> None:
+    """After the write, a one-token query at the last written slot with a window of 1,
+    over the cache viewed as one KV head for both keys and values (how MLA attends),
+    reads back exactly that token's latent: the ops agree on the slot layout."""
+    real = [(t, s) for t, s in enumerate(case.slot_mapping.tolist()) if s >= 0]
+    if not real:
+        return
+    t, s = real[-1]
+    _, after = write_latents(ctx, case)
+    bs, width = after.shape[1:]
+    latent = after[:, :, None, :]
+    table = np.array([[s // bs]], np.int64)
+    one = np.ones((1, 1, width), after.dtype)
+    out = ctx.call(
+        "paged_attention",
+        one,
+        latent,
+        latent,
+        table,
+        np.array([0, 1]),
+        np.array([s % bs + 1]),
+        1.0,
+        1,
+    )
+    want = np.concatenate([case.kv_c[t], case.k_pe[t]]).astype(after.dtype)
+    assert_within(
+        out[0, 0],
+        want,
+        TOL[after.dtype.name] * (1 + np.abs(want)),
+        f"latent of token {t} read back from slot {s}",
+    )
+
+
+def _mla_cache_compare(ctx: Ctx, case: Case) -> None:
+    """The cache exactly as the reference leaves it (the same bytes in every slot)."""
+    args = [np.array(getattr(case, a), copy=True) for a in MLA_CACHE_ARGS]
+    ctx.ref("concat_and_cache_mla", *args)
+    _, after = write_latents(ctx, case)
+    checks.assert_equal(after, args[2], what="kv_cache")
+
+
+spec.add(
+    "concat_and_cache_mla",
+    _mla_cache_compare,
+    mla_cache_cases(),
+    differential=True,
+    name="matches_reference",
+)
+
+
+@spec.prop("concat_and_cache_mla", mla_cache_cases(), name="does_not_modify_inputs")
+def mla_cache_does_not_modify_inputs(ctx: Ctx, case: Case) -> None:
+    """kv_c, k_pe and slot_mapping are unchanged by the call (only the cache is written)."""
+    conv = {a: ctx.convert(getattr(case, a)) for a in MLA_CACHE_ARGS}
+    ctx.fn("concat_and_cache_mla")(*conv.values())
+    for name in ("kv_c", "k_pe", "slot_mapping"):
+        checks.assert_equal(to_numpy(conv[name]), getattr(case, name), what=f"{name} after")
+
+
+def mla_cache_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    c, pe, cache, sm = case.kv_c, case.k_pe, case.kv_cache, case.slot_mapping
+    n_slots = cache.shape[0] * cache.shape[1]
+    past = np.append(sm, n_slots).astype(sm.dtype)
+    c1 = np.concatenate([c, np.zeros((1, c.shape[1]), c.dtype)])
+    pe1 = np.concatenate([pe, np.zeros((1, pe.shape[1]), pe.dtype)])
+    out = [
+        ("float slot_mapping", (c, pe, cache, sm.astype(np.float64)), TypeError),
+        ("a slot past the cache", (c1, pe1, cache, past), ValueError),
+        (
+            "k_pe one feature wider",
+            (c, np.zeros((len(sm), pe.shape[1] + 1), pe.dtype), cache, sm),
+            ValueError,
+        ),
+        ("kv_c one token longer", (c1, pe, cache, sm), ValueError),
+        ("3-D kv_c", (c[:, None], pe, cache, sm), ValueError),
+        ("4-D kv_cache", (c, pe, cache[:, :, None], sm), ValueError),
+        (
+            "one slot more than tokens",
+            (c, pe, cache, np.append(sm, -1).astype(sm.dtype)),
+            ValueError,
+        ),
+    ]
+    fortran = np.asfortranarray(cache)
+    if not fortran.flags.c_contiguous:
+        out.append(("a non-contiguous kv_cache", (c, pe, fortran, sm), ValueError))
+    return out
+
+
+add_rejects_invalid_input(
+    spec, SHAPES["concat_and_cache_mla"], error_variants(mla_cache_cases(), mla_cache_errors)
+)
+
+
+# --- the latent cache as both caches of the attention ops ------------------------------------
+
+
+def latent_case(case: Case) -> Case:
+    """`case` with one KV head whose cache serves as keys and values (MLA's absorbed form):
+    the key cache's first KV head, the query heads attending to it."""
+    latent = np.ascontiguousarray(case.key_cache[:, :, :1])
+    fields = {name: getattr(case, name) for name in case._fields}
+    return Case(**{**fields, "key_cache": latent, "value_cache": latent})
+
+
+@spec.prop("paged_attention", attention_cases(), name="latent_cache_as_keys_and_values")
+def attention_latent_cache_as_keys_and_values(ctx: Ctx, case: Case) -> None:
+    """One array passed as both key_cache and value_cache (MLA's latent cache) gives the
+    result of two separate copies of it, and the dense oracle's."""
+    case = latent_case(case)
+    shared = ctx.convert(case.key_cache)
+    args = [ctx.convert(getattr(case, a)) for a in ATTN_ARGS]
+    args[1] = args[2] = shared
+    got = to_numpy(ctx.fn("paged_attention")(*args))
+    want, tol = dense_attention(case)
+    assert_within(got, want, tol, "attention over one cache as keys and values")
+    assert_within(got, attend(ctx, case, value_cache=case.key_cache.copy()), tol, "vs two copies")
+    checks.assert_equal(to_numpy(shared), case.key_cache, what="the shared cache after the call")
+
+
 # ==================================================================== paged_decode_attention
 
 
@@ -594,6 +775,20 @@ def decode_returns_documented_types(ctx: Ctx, case: Case) -> None:
     out = ctx.fn("paged_decode_attention")(*args)
     check_like_input(out, args[0])
     assert out is not args[0], "returned the query object itself"
+
+
+@spec.prop("paged_decode_attention", decode_cases(), name="latent_cache_as_keys_and_values")
+def decode_latent_cache_as_keys_and_values(ctx: Ctx, case: Case) -> None:
+    """One array passed as both key_cache and value_cache (MLA's latent cache, the decode
+    path a CUDA graph captures) gives the dense oracle's result, padding requests zeros."""
+    case = latent_case(case)
+    shared = ctx.convert(case.key_cache)
+    args = [ctx.convert(getattr(case, a)) for a in DECODE_ARGS]
+    args[1] = args[2] = shared
+    got = to_numpy(ctx.fn("paged_decode_attention")(*args))
+    want, tol = dense_decode(case)
+    assert_within(got, want, tol, "decode attention over one cache as keys and values")
+    checks.assert_equal(to_numpy(shared), case.key_cache, what="the shared cache after the call")
 
 
 def decode_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:

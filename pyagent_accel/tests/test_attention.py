@@ -233,6 +233,48 @@ def test_reshape_and_cache_rounds_to_bf16_as_the_reference(src):
     assert mine.tolist() == theirs.tolist() == [[[[1 + 2**-7] * 2]]]
 
 
+# --- concat_and_cache_mla ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lib", LIBS)
+@pytest.mark.parametrize("src", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("dst", ["float32", "float64", "float16", "bfloat16"])
+def test_concat_and_cache_mla_writes_what_the_reference_writes(lib, src, dst):
+    if lib == "numpy" and dst == "bfloat16":
+        pytest.skip("numpy has no bfloat16")
+    rng = np.random.default_rng(1)
+    projected = rng.uniform(-2, 2, (6, 9))  # kv_c and k_pe: strided column slices
+    slots = np.array([7, -1, 0, 11, -1, 3])
+    cache = rng.uniform(-2, 2, (3, 4, 7))
+    kv_c, k_pe = convert(projected, lib, src)[:, :5], convert(projected, lib, "float64")[:, 7:]
+    mine, theirs = convert(cache, lib, dst), convert(cache, lib, dst)
+    assert A.concat_and_cache_mla(kv_c, k_pe, mine, convert(slots, lib)) is None
+    R.concat_and_cache_mla(kv_c, k_pe, theirs, convert(slots, lib))
+    np.testing.assert_array_equal(to_f64(mine), to_f64(theirs))
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_concat_and_cache_mla_errors_match_the_reference(lib):
+    c = convert(np.ones((2, 3), np.float32), lib)
+    pe = convert(np.ones((2, 2), np.float32), lib)
+    cache = convert(np.zeros((3, 2, 5), np.float32), lib)
+    sm = convert(np.array([1, -1]), lib)
+    fortran = np.asfortranarray(np.zeros((3, 2, 5), np.float32))
+    if lib == "torch":
+        fortran = torch.zeros(5, 2, 3).permute(2, 1, 0)
+    for args in [
+        (c, pe, [[0.0]], sm),
+        (c, pe, cache[0], sm),
+        (c[:1], pe, cache, sm),
+        (c, pe[:, :1], cache, sm),
+        (c[:, None], pe, cache, sm),
+        (c, pe, cache, sm * 1.0),
+        (c, pe, cache, convert(np.array([1, 6]), lib)),
+        (c, pe, fortran, sm),
+    ]:
+        same_error("concat_and_cache_mla", *args)
+
+
 # --- errors ----------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ from ..kv_cache import (
     KVCacheConfig,
     KVCacheGroup,
     KVCacheManager,
+    MLASpec,
     OffloadManager,
     SlidingWindowSpec,
     group_layers,
@@ -40,6 +41,7 @@ from ..kv_cache import (
 from ..kv_cache.eviction import EVICTION_POLICIES
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
+from ..model.eplb import EPLBConfig, ExpertBalancer
 from ..ops import load as load_ops
 from ..sample.logits_processor import load_logits_processors
 from ..sample.sampler import LOGPROBS_MODES
@@ -171,6 +173,12 @@ class EngineConfig:
         suffix_decoding_*, model (the draft checkpoint or the Medusa heads)). Greedy
         outputs stay the same token for token,
         sampled ones the same in distribution.
+    eplb: None, or expert-parallel load balancing of a mixture of experts (`EPLBConfig`,
+        or a dict of its fields: num_ranks, num_redundant_experts, num_nodes,
+        window_size, step_interval): the experts' loads are counted over a window of
+        steps and their replicas re-placed on the ranks every step_interval steps
+        (`model.eplb`). Outputs do not change; CUDA graphs are not recorded (the load
+        is read on the host every step).
     """
 
     model: str | Path | None = None
@@ -198,6 +206,7 @@ class EngineConfig:
     disable_hybrid_kv_cache_manager: bool = False
     logits_processors: tuple[type | str, ...] = ()
     speculative_config: SpeculativeConfig | dict | None = None
+    eplb: EPLBConfig | dict | None = None
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -216,6 +225,8 @@ class EngineConfig:
             self.kv_offload = KVOffloadConfig.from_dict(self.kv_offload)
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if isinstance(self.eplb, dict):
+            self.eplb = EPLBConfig.from_dict(self.eplb)
         if self.kv_offload is not None and not self.enable_prefix_caching:
             raise ValueError(
                 "kv_offload needs enable_prefix_caching=True: offloaded blocks are found "
@@ -268,6 +279,7 @@ _CONFIG_RULES = {
         _ANY,
         "None, a SpeculativeConfig or a dict of its fields",
     ),
+    "eplb": ((EPLBConfig, dict, type(None)), _ANY, "None, an EPLBConfig or a dict of its fields"),
 }
 
 
@@ -281,11 +293,15 @@ def kv_cache_groups(
     `FullAttentionSpec`; layers are cut into groups of equal size (`group_layers`) that
     share the KV tensors. With hybrid=False every layer keeps full-attention KV: one
     group, the layout of an engine that ignores the window (the model still masks by it).
-    Layer names are the decoder layers' paths, "layers.<i>".
+    A model with multi-head latent attention (`config.mla`) keeps an `MLASpec` per layer:
+    one latent of kv_lora_rank + qk_rope_head_dim per token. Layer names are the decoder
+    layers' paths, "layers.<i>".
     """
     shape = (block_size, config.num_key_value_heads, config.head_dim, dtype_bytes)
 
     def spec(kind: str) -> FullAttentionSpec:
+        if config.mla is not None:
+            return MLASpec(block_size, 1, config.mla.latent_size, dtype_bytes)
         if hybrid and kind == "sliding_attention":
             return SlidingWindowSpec(*shape, sliding_window=config.sliding_window)
         return FullAttentionSpec(*shape)
@@ -341,7 +357,7 @@ class EngineCore:
             max_num_reqs=config.max_num_seqs,
             max_model_len=max_model_len,
             max_num_tokens=config.max_num_batched_tokens,
-            graph_mode="eager" if config.enforce_eager else config.graph_mode,
+            graph_mode="eager" if config.enforce_eager or config.eplb else config.graph_mode,
             capture_sizes=config.cudagraph_capture_sizes,
             compile=config.compile,
             kv_groups=groups,
@@ -368,6 +384,7 @@ class EngineCore:
         self.runner.keep_hidden_states = getattr(self.proposer, "needs_hidden_states", False)
         self._hidden_states: dict = {}
         self._lock = threading.RLock()
+        self.eplb = ExpertBalancer(model, config.eplb) if config.eplb is not None else None
 
     def _fit_max_model_len(self, model_len: int) -> int:
         """max_model_len within what one request can ever use: the tokens the whole KV
@@ -474,6 +491,8 @@ class EngineCore:
                     raise  # KeyboardInterrupt: the next step reports the failed requests
                 result = ModelRunnerOutput({})
             result.errors.update(grammar_errors)
+            if self.eplb is not None and not sched.is_empty:
+                self.eplb.step()
             self._hidden_states = result.hidden_states
             outputs = self.scheduler.update_from_output(sched, result)
             self.stats.add(outputs.stats)

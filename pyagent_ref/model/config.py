@@ -10,13 +10,89 @@ from .._files import read_json_object
 from .families import FAMILIES, check_rope_scaling, hf_activation
 
 DTYPES = ("float32", "bfloat16", "float16")
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+DEEPSEEK_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+MOE_ARCHITECTURES = (
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    *DEEPSEEK_ARCHITECTURES,
+)
+# DeepSeek's routers, by `topk_method`: V2's softmax top-k over all experts ("greedy") or
+# within the best groups by their best expert ("group_limited_greedy"); V3's sigmoid
+# scores with a correction bias, groups scored by the sum of their two best ("noaux_tc")
+DEEPSEEK_TOPK_METHODS = {
+    "DeepseekV2ForCausalLM": ("greedy", "group_limited_greedy"),
+    "DeepseekV3ForCausalLM": ("noaux_tc",),
+}
 
 
 def _require(cfg: dict[str, Any], key: str, arch: str) -> Any:
     if key not in cfg:
         raise ValueError(f"config.json for {arch} lacks {key!r}")
     return cfg[key]
+
+
+def _int_at_least(cfg: dict[str, Any], key: str, arch: str, low: int, default: Any = None) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"config.json for {arch}: {key} must be an int >= {low}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class GroupedRouting:
+    """DeepSeek's router (`ops.moe.route_grouped_topk`): scores by `scoring` ("softmax" or
+    "sigmoid"), steered by a per-expert correction bias when `correction_bias` (V3), the
+    best `topk_groups` of `num_groups` expert groups scored by `group_score` ("max": V2,
+    "top2_sum": V3), the chosen weights times `routed_scaling_factor`."""
+
+    scoring: str
+    num_groups: int
+    topk_groups: int
+    group_score: str
+    correction_bias: bool
+    routed_scaling_factor: float
+
+    @classmethod
+    def from_hf(cls, arch: str, cfg: dict[str, Any], experts: int) -> GroupedRouting:
+        """The router of a DeepSeek-V2 or V3 config.json; ValueError naming the key of a
+        value the router does not implement."""
+        method = cfg.get("topk_method") or DEEPSEEK_TOPK_METHODS[arch][0]
+        if method not in DEEPSEEK_TOPK_METHODS[arch]:
+            raise ValueError(
+                f"config.json for {arch}: topk_method {method!r} is not supported; "
+                f"supported: {DEEPSEEK_TOPK_METHODS[arch]}"
+            )
+        v3 = arch == "DeepseekV3ForCausalLM"
+        scoring = "sigmoid" if v3 else "softmax"
+        if cfg.get("scoring_func", scoring) != scoring:
+            raise ValueError(
+                f"config.json for {arch}: scoring_func {cfg['scoring_func']!r} is not supported "
+                f"(only {scoring!r})"
+            )
+        groups, topk_groups = 1, 1
+        if method != "greedy":
+            groups = _int_at_least(cfg, "n_group", arch, 1)
+            topk_groups = _int_at_least(cfg, "topk_group", arch, 1)
+            if experts % groups or topk_groups > groups:
+                raise ValueError(
+                    f"config.json for {arch}: n_group must divide n_routed_experts ({experts}) "
+                    f"and topk_group ({topk_groups}) must be at most n_group, got {groups}"
+                )
+        scaling = cfg.get("routed_scaling_factor", 1.0)
+        if not isinstance(scaling, (int, float)) or not abs(scaling) < float("inf"):
+            raise ValueError(
+                f"config.json for {arch}: routed_scaling_factor must be a finite number, "
+                f"got {scaling!r}"
+            )
+        return cls(
+            scoring=scoring,
+            num_groups=groups,
+            topk_groups=topk_groups,
+            group_score="top2_sum" if v3 else "max",
+            correction_bias=v3,
+            routed_scaling_factor=float(scaling),
+        )
 
 
 @dataclass(frozen=True)
@@ -26,9 +102,10 @@ class MoEConfig:
     `sparse_layers` are the decoder layers whose MLP is the MoE block (the others keep a
     dense MLP of the model's `intermediate_size`); each of the `num_experts` experts is a
     gated MLP of `intermediate_size`. A token goes to its `top_k` experts by softmax
-    routing, renormalised to sum to 1 if `renormalize`. A shared expert (Qwen2-MoE), when
-    `shared_expert_intermediate_size` > 0, runs on every token, scaled by
-    sigmoid(shared_expert_gate(x)) if `shared_expert_gate`.
+    routing, renormalised to sum to 1 if `renormalize`, or by DeepSeek's group-limited
+    router when `grouped` is set. A shared expert (Qwen2-MoE, DeepSeek's
+    `n_shared_experts` experts as one MLP), when `shared_expert_intermediate_size` > 0,
+    runs on every token, scaled by sigmoid(shared_expert_gate(x)) if `shared_expert_gate`.
     """
 
     num_experts: int
@@ -38,10 +115,11 @@ class MoEConfig:
     sparse_layers: tuple[int, ...]
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    grouped: GroupedRouting | None = None
 
     @classmethod
     def from_hf(cls, arch: str, cfg: dict[str, Any]) -> MoEConfig:
-        """The MoE keys of a Mixtral, Qwen2-MoE or Qwen3-MoE config.json.
+        """The MoE keys of a Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V2/V3 config.json.
 
         Raises:
             ValueError: a missing key, or a value the MoE block does not implement (the
@@ -51,6 +129,8 @@ class MoEConfig:
         if act != "silu":
             raise ValueError(f"config.json for {arch}: hidden_act {act!r} is not supported")
         layers = cfg["num_hidden_layers"]
+        if arch in DEEPSEEK_ARCHITECTURES:
+            return cls._deepseek(arch, cfg, layers)
         # transformers 5 writes Qwen3-MoE's num_experts as num_local_experts, like Mixtral's
         key = "num_local_experts" if "num_local_experts" in cfg else "num_experts"
         experts = _require(cfg, key, arch)
@@ -87,6 +167,87 @@ class MoEConfig:
             shared_expert_gate=shared > 0,
         )
 
+    @classmethod
+    def _deepseek(cls, arch: str, cfg: dict[str, Any], layers: int) -> MoEConfig:
+        """DeepSeek-V2/V3: the first `first_k_dense_replace` layers dense, the others sparse
+        with `n_routed_experts` routed experts and `n_shared_experts` shared ones."""
+        experts = _int_at_least(cfg, "n_routed_experts", arch, 1)
+        if cfg.get("moe_layer_freq", 1) != 1:
+            raise ValueError(
+                f"config.json for {arch}: moe_layer_freq={cfg['moe_layer_freq']!r} is not "
+                f"supported (only 1)"
+            )
+        # HF's DeepSeek-V2 ignores norm_topk_prob, DeepSeek's own code renormalises (and then
+        # skips routed_scaling_factor): a checkpoint that sets it is refused, not guessed at
+        renormalize = bool(cfg.get("norm_topk_prob", False))
+        if renormalize and arch == "DeepseekV2ForCausalLM":
+            raise ValueError(f"config.json for {arch}: norm_topk_prob=True is not supported")
+        first_dense = _int_at_least(cfg, "first_k_dense_replace", arch, 0, default=0)
+        top_k = _require(cfg, "num_experts_per_tok", arch)
+        grouped = GroupedRouting.from_hf(arch, cfg, experts)
+        size = experts // grouped.num_groups
+        if not isinstance(top_k, int) or not 1 <= top_k <= grouped.topk_groups * size:
+            raise ValueError(
+                f"config.json for {arch}: num_experts_per_tok must be in "
+                f"[1, {grouped.topk_groups * size}] (topk_group x experts per group), got {top_k!r}"
+            )
+        inter = _require(cfg, "moe_intermediate_size", arch)
+        return cls(
+            num_experts=experts,
+            top_k=top_k,
+            intermediate_size=inter,
+            renormalize=renormalize,
+            sparse_layers=tuple(range(first_dense, layers)),
+            shared_expert_intermediate_size=inter * int(cfg.get("n_shared_experts") or 0),
+            grouped=grouped,
+        )
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, `model.deepseek`).
+
+    Queries: hidden -> (q_lora_rank, RMSNorm, when set) -> heads x (qk_nope_head_dim +
+    qk_rope_head_dim). Keys and values: hidden -> a latent of kv_lora_rank features
+    (RMSNorm-ed) plus a shared rotary key of qk_rope_head_dim; the latent expands to
+    per-head keys (qk_nope_head_dim, followed by the shared rotary part) and values
+    (v_head_dim). The cache keeps the latent and the rotary key: `latent_size` numbers
+    per token and layer.
+    """
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_size(self) -> int:
+        """Numbers per token and layer in the cache: kv_lora_rank + qk_rope_head_dim."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @classmethod
+    def from_hf(cls, arch: str, cfg: dict[str, Any]) -> MLAConfig:
+        """The MLA keys of a DeepSeek-V2/V3 config.json; ValueError naming a missing or
+        invalid one (qk_rope_head_dim must be even: RoPE turns pairs)."""
+        sizes = {
+            key: _int_at_least(cfg, key, arch, 1)
+            for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        }
+        if sizes["qk_rope_head_dim"] % 2:
+            raise ValueError(
+                f"config.json for {arch}: qk_rope_head_dim must be even, "
+                f"got {sizes['qk_rope_head_dim']}"
+            )
+        q_lora = cfg.get("q_lora_rank")
+        if q_lora is not None:
+            q_lora = _int_at_least(cfg, "q_lora_rank", arch, 1)
+        return cls(q_lora_rank=q_lora, **sizes)
+
 
 NORMS = ("rms", "gemma_rms", "layer")
 NORM_PLACEMENTS = ("pre", "sandwich", "post", "parallel")
@@ -119,7 +280,10 @@ class ModelConfig:
     attention scores and on the logits (Gemma 2). `embedding_multiplier` scales the token
     embeddings (Gemma: sqrt(hidden_size)); `position_embedding` is "rope" or "learned"
     (GPT-2: a table of positions added to the embeddings). `moe` describes the sparse MLP of a
-    mixture-of-experts family (None for a dense model).
+    mixture-of-experts family (None for a dense model). `mla` describes multi-head latent
+    attention (DeepSeek-V2/V3; None for the decoder's attention), `head_dim` then being
+    the q/k head size (nope + rope); `rope_interleaved` rotates pairs (2i, 2i + 1) (GPT-J's
+    layout, DeepSeek's) instead of (i, i + d/2).
     """
 
     architecture: str
@@ -158,10 +322,15 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     embedding_multiplier: float | None = None
     position_embedding: str = "rope"
+    mla: MLAConfig | None = None
+    rope_interleaved: bool = False
 
     @property
     def rotary_dim(self) -> int:
-        """The features of each head RoPE rotates (even)."""
+        """The features of each head RoPE rotates (even): MLA's qk_rope_head_dim, else
+        head_dim times partial_rotary_factor."""
+        if self.mla is not None:
+            return self.mla.qk_rope_head_dim
         return int(self.head_dim * self.partial_rotary_factor) // 2 * 2
 
     def __post_init__(self) -> None:
@@ -251,6 +420,7 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
             moe=MoEConfig.from_hf(arch, cfg) if arch in MOE_ARCHITECTURES else None,
+            mla=MLAConfig.from_hf(arch, cfg) if arch in DEEPSEEK_ARCHITECTURES else None,
             raw=cfg,
             partial_rotary_factor=float(partial),
             hidden_act=hf_activation(cfg.get("hidden_act", "silu"), "hidden_act"),

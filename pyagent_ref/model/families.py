@@ -21,10 +21,15 @@ What differs from Llama:
   GELU MLP with biases, q/k/v interleaved per head in the checkpoint.
 - GPT-2: LayerNorm with bias, learned positions, Conv1D weights stored transposed, a
   plain GELU MLP with biases.
+- DeepSeek-V2/V3: multi-head latent attention (`model.deepseek`) with interleaved RoPE
+  and, under YaRN, a softmax scale multiplied by mscale(mscale_all_dim) squared; their
+  MoE layers (`MoEConfig`) have shared experts and group-limited routers; V3's
+  multi-token-prediction layers in the checkpoint are skipped.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +49,8 @@ class Family:
         starts with "." replaces inside the name, any other replaces a prefix.
     ignored: name suffixes of checkpoint tensors that are buffers, not parameters.
     reshape: (our parameter name, tensor, fields) -> the tensor in our layout.
+    skipped: (checkpoint tensor name, fields) -> whether the tensor belongs to a part of
+        the checkpoint the model does not run (DeepSeek-V3's multi-token prediction).
     """
 
     fields: Callable[[dict, dict], dict]
@@ -51,6 +58,7 @@ class Family:
     renames: tuple[tuple[str, str], ...] = ()
     ignored: tuple[str, ...] = ()
     reshape: Callable[[str, Any, Any], Any] | None = None
+    skipped: Callable[[str, Any], bool] = lambda name, fields: False
 
 
 HF_ACTIVATIONS = {
@@ -271,6 +279,63 @@ GPT2 = Family(
 )
 
 
+# --- DeepSeek-V2 / V3 -----------------------------------------------------------------------
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's attention temperature 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def deepseek_fields(cfg: dict, fields: dict) -> dict:
+    """The decoder's side of DeepSeek (`ModelConfig.mla` and `.moe` are read by
+    `config`): q/k heads of nope + rope features, one latent "KV head", interleaved RoPE
+    pairs (V2 always; V3 unless rope_interleave is false), and the softmax scale
+    qk_head_dim ** -0.5, times mscale(factor, mscale_all_dim) ** 2 under a RoPE scaling
+    that sets mscale_all_dim (DeepSeek's YaRN: the cos/sin carry the rest of the mscale)."""
+    refuse(cfg, "mlp_bias", False)
+    if cfg.get("quantization_config"):  # DeepSeek-V3's own release: FP8 blocks + scales
+        method = cfg["quantization_config"].get("quant_method", "?")
+        raise ValueError(
+            f"config.json quantization_config ({method!r}) is not supported: load a "
+            f"bfloat16 or float32 checkpoint"
+        )
+    head_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    scale = head_dim**-0.5
+    rope = fields["rope_scaling"] or {}
+    if rope.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(_rope_factor(rope)), float(rope["mscale_all_dim"])) ** 2
+    v3 = fields["architecture"] == "DeepseekV3ForCausalLM"
+    return dict(
+        head_dim=head_dim,
+        num_key_value_heads=1,
+        attention_scale=scale,
+        rope_interleaved=bool(cfg.get("rope_interleave", True)) if v3 else True,
+    )
+
+
+def _rope_factor(rope: dict) -> Any:
+    if "factor" not in rope:
+        raise ValueError(f"config.json rope_scaling with mscale_all_dim needs 'factor', got {rope}")
+    return rope["factor"]
+
+
+def deepseek_skipped(name: str, fields: Any) -> bool:
+    """DeepSeek-V3 checkpoints carry `num_nextn_predict_layers` multi-token-prediction
+    layers after the decoder's (model.layers.<num_hidden_layers + i>.*), for speculative
+    decoding; the decoder does not run them."""
+    extra = int(fields.raw.get("num_nextn_predict_layers") or 0)
+    first = fields.num_hidden_layers
+    return any(name.startswith(f"model.layers.{first + i}.") for i in range(extra))
+
+
+DEEPSEEK = Family(
+    deepseek_fields,
+    renames=((".mlp.shared_experts.", ".mlp.shared_expert."),),
+    skipped=deepseek_skipped,
+)
+
+
 FAMILIES: dict[str, Family] = {
     "GemmaForCausalLM": Family(gemma_fields),
     "Gemma2ForCausalLM": GEMMA,
@@ -279,6 +344,8 @@ FAMILIES: dict[str, Family] = {
     "Olmo2ForCausalLM": OLMO2,
     "GPTNeoXForCausalLM": NEOX,
     "GPT2LMHeadModel": GPT2,
+    "DeepseekV2ForCausalLM": DEEPSEEK,
+    "DeepseekV3ForCausalLM": DEEPSEEK,
 }
 
 

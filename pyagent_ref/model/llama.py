@@ -60,11 +60,14 @@ class AttentionMetadata:
 class Norm(nn.Module):
     """The model's normalisation of the last axis (`ModelConfig.norm`): `rms_norm`,
     `gemma_rms_norm` or `layer_norm` (which alone has a bias); with `residual`, the fused
-    add-then-normalise that returns (normalised, sum)."""
+    add-then-normalise that returns (normalised, sum). `eps` overrides the config's."""
 
-    def __init__(self, size: int, config: ModelConfig, ops: ModuleType) -> None:
+    def __init__(
+        self, size: int, config: ModelConfig, ops: ModuleType, eps: float | None = None
+    ) -> None:
         super().__init__()
-        self.kind, self.eps, self.ops = config.norm, config.rms_norm_eps, ops
+        self.kind, self.ops = config.norm, ops
+        self.eps = config.rms_norm_eps if eps is None else eps
         self.weight = nn.Parameter(torch.ones(size))
         self.bias = nn.Parameter(torch.zeros(size)) if self.kind == "layer" else None
 
@@ -78,7 +81,8 @@ class Norm(nn.Module):
 
 class Rotary(nn.Module):
     """RoPE tables for the model; recomputed per step only for dynamic NTK scaling.
-    `local` builds the table of the sliding layers where they have their own (Gemma 3)."""
+    `local` builds the table of the sliding layers where they have their own (Gemma 3).
+    Pairs are NeoX's (i, i + d/2), or (2i, 2i + 1) with `config.rope_interleaved`."""
 
     def __init__(self, config: ModelConfig, ops: ModuleType, local: bool = False) -> None:
         super().__init__()
@@ -90,6 +94,7 @@ class Rotary(nn.Module):
         inv_freq, self.scale = self._table()
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.dynamic = (self.scaling or {}).get("rope_type") == "dynamic"
+        self.is_neox = not config.rope_interleaved
 
     def _table(self, seq_len: int | None = None, like: torch.Tensor | None = None):
         return self.ops.rope.rope_inv_freq(
@@ -105,7 +110,7 @@ class Rotary(nn.Module):
         inv_freq, scale = self.inv_freq, self.scale
         if self.dynamic and positions.numel():
             inv_freq, scale = self._table(int(positions.max()) + 1, positions)
-        return self.ops.rope.apply_rope(positions, q, k, inv_freq, scale, is_neox=True)
+        return self.ops.rope.apply_rope(positions, q, k, inv_freq, scale, is_neox=self.is_neox)
 
 
 class Attention(nn.Module):
@@ -239,10 +244,15 @@ class DecoderLayer(nn.Module):
     before the first layer), so that each add fuses into the next norm."""
 
     def __init__(
-        self, config: ModelConfig, layer_index: int, ops: ModuleType, mlp: nn.Module
+        self,
+        config: ModelConfig,
+        layer_index: int,
+        ops: ModuleType,
+        mlp: nn.Module,
+        attention: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_index, ops)
+        self.self_attn = Attention(config, layer_index, ops) if attention is None else attention
         self.mlp = mlp
         self.parallel = config.norm_placement == "parallel"
         self.norm_names = NORM_PLACES[config.norm_placement]
@@ -281,7 +291,9 @@ class LlamaForCausalLM(nn.Module):
         if config.position_embedding == "learned":
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, ops, self.make_mlp(config, i, ops))
+            DecoderLayer(
+                config, i, ops, self.make_mlp(config, i, ops), self.make_attention(config, i, ops)
+            )
             for i in range(config.num_hidden_layers)
         )
         self.norm = Norm(config.hidden_size, config, ops)
@@ -295,16 +307,21 @@ class LlamaForCausalLM(nn.Module):
         """The MLP of decoder layer `layer_index`: the gated MLP (MoE families override it)."""
         return MLP(config, ops)
 
+    def make_attention(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> nn.Module:
+        """The attention of decoder layer `layer_index`: `Attention` (DeepSeek overrides it
+        with multi-head latent attention)."""
+        return Attention(config, layer_index, ops)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata | Sequence[AttentionMetadata],
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: Sequence[tuple[torch.Tensor, ...]],
     ) -> torch.Tensor:
         """Final hidden states, shape (num_tokens, hidden), for the flattened batch.
         `meta` serves every layer, or is a sequence of one per layer; kv_caches holds
-        each layer's (key_cache, value_cache)."""
+        each layer's cache tensors (`new_kv_cache`: (key_cache, value_cache))."""
         metas = [meta] * len(self.layers) if isinstance(meta, AttentionMetadata) else meta
         hidden, residual = self.embed(input_ids, positions), None
         for layer, layer_meta, kv_cache in zip(self.layers, metas, kv_caches, strict=True):
@@ -384,8 +401,16 @@ class LlamaForCausalLM(nn.Module):
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+        """The shape of each of a layer's cache tensors (`new_kv_cache`)."""
         cfg = self.config
         return (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> tuple[torch.Tensor, ...]:
+        """One layer's paged cache, zeroed, in the parameters' dtype and device: the tuple
+        its attention takes, (key_cache, value_cache) here, both of `kv_cache_shape`."""
+        weight = self.embed_tokens.weight
+        shape = self.kv_cache_shape(num_blocks, block_size)
+        return tuple(torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in range(2))
 
 
 def param_mapping() -> list[tuple[str, str, Any]]:

@@ -161,6 +161,8 @@ def load_weights(
     for hf_name, tensor in iter_tensors(files, progress):
         if hf_name.endswith(ignored):
             continue  # buffers some checkpoints carry (RoPE tables, causal masks)
+        if family is not None and family.skipped(hf_name, model.config):
+            continue  # parts the model does not run (DeepSeek-V3's multi-token prediction)
         name, shard = _target(hf_name, model, params)
         if name == "lm_head.weight" and model.lm_head is None:
             continue  # tied embeddings: the head is the embedding matrix
@@ -181,7 +183,7 @@ def load_weights(
                 f"checkpoint tensor {hf_name!r} has dtype {tensor.dtype}, "
                 f"expected a floating-point dtype"
             )
-        target.copy_(tensor.to(dtype))
+        target.copy_(tensor.to(target.dtype))
         filled[name].add(shard)
     # a parameter is complete once it was copied whole or all of its shards were
     missing = [
@@ -223,7 +225,8 @@ def load_model(
 
     Args:
         model_dir: an HF-layout directory with config.json and safetensors weights.
-        dtype: "float32", "bfloat16" or "float16"; default: the config's dtype.
+        dtype: "float32", "bfloat16" or "float16"; default: the config's dtype. Modules
+            that set `keep_float32` (DeepSeek's routers) keep float32 parameters.
         device: where the parameters live ("cpu", "cuda", ...).
         progress: show a progress bar while the weights load.
         ops: the ops namespace the layers call (`pyagent_ref.ops.load(...)`); default
@@ -246,6 +249,9 @@ def load_model(
     with torch.device("meta"):  # no memory yet; the reference ops run on meta tensors
         model = model_cls(config, reference_ops)
     model = model.to_empty(device=device).to(TORCH_DTYPES[dtype])
+    for module in model.modules():
+        if getattr(module, "keep_float32", False):  # DeepSeek's routers, as HF keeps them
+            module.float()
     model.use_ops(ops)
     model.build_rotary()  # RoPE tables are computed, not loaded: build them for real (float32)
     load_weights(model, safetensors_files(model_dir), TORCH_DTYPES[dtype], progress)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .deepseek import DeepseekForCausalLM
 from .llama import LlamaForCausalLM
 from .moe import MixtralForCausalLM, QwenMoeForCausalLM
 
@@ -24,6 +25,9 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": QwenMoeForCausalLM,
     "Qwen3MoeForCausalLM": QwenMoeForCausalLM,
+    # multi-head latent attention on the MoE decoder (`deepseek`)
+    "DeepseekV2ForCausalLM": DeepseekForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekForCausalLM,
 }
 
 

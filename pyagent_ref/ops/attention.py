@@ -12,6 +12,14 @@ of request r sits at position seq_lens[r] - q_len_r + i.
 to the KV of its own new tokens, and to those of a request earlier in the same batch
 that it shares blocks with.
 
+Multi-head latent attention (MLA, DeepSeek-V2/V3) keeps one latent vector per token
+instead of per-head keys and values: a cache of shape (num_blocks, block_size,
+kv_lora_rank + rope_dim) that `concat_and_cache_mla` writes. With the key projection
+folded into the queries, attention over it is multi-query attention with one KV head
+whose values are the first kv_lora_rank features of its keys: `paged_attention` (or
+`paged_decode_attention`) with `kv_cache[:, :, None, :]` as both caches, of which the
+first kv_lora_rank output features are kept (see `pyagent_ref.model.deepseek`).
+
 `paged_decode_attention` is the special case of one query token per request written
 with static shapes and no host reads of device values, so that a CUDA graph can capture
 it (and `reshape_and_cache`) for a decode step; `paged_attention` groups requests on the
@@ -28,7 +36,12 @@ from array_api_compat import device
 
 from ._arrays import can_read_values, dtype_name, namespace
 
-__all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention"]
+__all__ = [
+    "reshape_and_cache",
+    "concat_and_cache_mla",
+    "paged_attention",
+    "paged_decode_attention",
+]
 
 
 def _check_cache(x: Any, name: str) -> None:
@@ -62,8 +75,9 @@ def reshape_and_cache(
 
     For token t with slot s = slot_mapping[t] >= 0: key_cache[s // B, s % B] = key[t]
     and value_cache[s // B, s % B] = value[t] (B = block_size), cast to the cache dtype.
-    Tokens with s < 0 (padding) are skipped. The only op that mutates its arguments:
-    the cache is the state the engine keeps on the device. While a CUDA graph is
+    Tokens with s < 0 (padding) are skipped. One of the two ops that mutate their
+    arguments (with `concat_and_cache_mla`): the cache is the state the engine keeps on
+    the device. While a CUDA graph is
     captured or torch.compile traces, it reads no value on the host (so the graph can
     hold it); the slot range is checked whenever it runs eagerly.
 
@@ -91,34 +105,92 @@ def reshape_and_cache(
             raise ValueError(
                 f"{name} must have shape ({num_tokens}, {heads}, {head_size}), got {tuple(x.shape)}"
             )
+    writes = [(key_cache, "key_cache", key), (value_cache, "value_cache", value)]
+    _write_slots(xp, slot_mapping, num_blocks * block_size, writes)
+
+
+def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any) -> None:
+    """Write each token's MLA latent into its cache slot, in place: the compressed KV
+    and the rotated shared key part, side by side.
+
+    Multi-head latent attention (DeepSeek-V2/V3) caches one vector per token instead of
+    per-head keys and values: kv_c, the normalised compression of the token's hidden
+    state (kv_lora_rank features), and k_pe, the part of the key that RoPE rotates
+    (qk_rope_head_dim features, shared by all heads). For token t with slot
+    s = slot_mapping[t] >= 0: kv_cache[s // B, s % B, :r] = kv_c[t] and
+    kv_cache[s // B, s % B, r:] = k_pe[t] (r = kv_lora_rank, B = block_size), cast to
+    the cache dtype. Tokens with s < 0 (padding) are skipped. Like `reshape_and_cache`
+    it mutates the cache, reads no value on the host while a CUDA graph is captured or
+    torch.compile traces, and checks the slot range whenever it runs eagerly. The
+    attention ops read this cache as one KV head: `kv_cache[:, :, None, :]`.
+
+    Args:
+        kv_c: float array, shape (num_tokens, kv_lora_rank).
+        k_pe: float array, shape (num_tokens, rope_dim).
+        kv_cache: float array, shape (num_blocks, B, kv_lora_rank + rope_dim),
+            C-contiguous (it is written through a reshaped view).
+        slot_mapping: integer array, shape (num_tokens,), each < num_blocks * B.
+    Raises:
+        TypeError: non-integer slot_mapping.
+        ValueError: shapes disagree (the latent's width is not the cache's, or the
+            token counts differ), a non-contiguous cache, a slot out of range.
+    """
+    xp = namespace(kv_cache, "kv_cache")
+    if kv_cache.ndim != 3:
+        raise ValueError(
+            f"kv_cache must have shape (num_blocks, block_size, kv_lora_rank + rope_dim), "
+            f"got {tuple(kv_cache.shape)}"
+        )
+    num_blocks, block_size, width = kv_cache.shape
+    num_tokens = slot_mapping.shape[0]
+    for name, x in (("kv_c", kv_c), ("k_pe", k_pe)):
+        if x.ndim != 2 or x.shape[0] != num_tokens:
+            raise ValueError(
+                f"{name} must have shape ({num_tokens}, features), got {tuple(x.shape)}"
+            )
+    if kv_c.shape[1] + k_pe.shape[1] != width:
+        raise ValueError(
+            f"kv_c ({kv_c.shape[1]}) and k_pe ({k_pe.shape[1]}) features must add up to "
+            f"the cache's {width}"
+        )
+    latent = xp.concat([xp.astype(kv_c, kv_cache.dtype), xp.astype(k_pe, kv_cache.dtype)], axis=-1)
+    _write_slots(xp, slot_mapping, num_blocks * block_size, [(kv_cache, "kv_cache", latent)])
+
+
+def _write_slots(
+    xp: Any, slot_mapping: Any, num_slots: int, writes: list[tuple[Any, str, Any]]
+) -> None:
+    """For each (cache, its name, source) of `writes`: the row of `cache` at slot
+    slot_mapping[t] becomes source[t], cast to the cache dtype, for every token t with a
+    slot >= 0. Checks the slot dtype, then the range (eagerly), then the caches'
+    contiguity."""
     if "int" not in dtype_name(slot_mapping):
         raise TypeError(f"slot_mapping must be integers, got dtype {dtype_name(slot_mapping)}")
     eager = can_read_values(slot_mapping)
-    if eager and bool(xp.any(slot_mapping >= num_blocks * block_size)):
+    if eager and bool(xp.any(slot_mapping >= num_slots)):
         raise ValueError(
-            f"slot_mapping holds {int(xp.max(slot_mapping))}, "
-            f"past the {num_blocks * block_size} slots"
+            f"slot_mapping holds {int(xp.max(slot_mapping))}, past the {num_slots} slots"
         )
-    flat_k = _flat_view(key_cache, "key_cache")
-    flat_v = _flat_view(value_cache, "value_cache")
+    writes = [(_flat_view(cache, name), x) for cache, name, x in writes]
     real = slot_mapping >= 0
     if eager:  # boolean indexing drops the padding tokens (it reads the mask on the host)
         slots = slot_mapping[real]
-        flat_k[slots] = xp.astype(key[real], flat_k.dtype)
-        flat_v[slots] = xp.astype(value[real], flat_v.dtype)
+        for flat, x in writes:
+            flat[slots] = xp.astype(x[real], flat.dtype)
         return
+    num_tokens = slot_mapping.shape[0]
     if num_tokens == 0:
         return
     # Under a graph capture or torch.compile, shapes must not depend on values. Instead
     # every padding token rewrites the slot of the first real token with that token's
-    # own key and value: duplicate writes of one value, in any order. With no real
-    # token at all, each slot written gets its own old content back.
+    # own row: duplicate writes of one value, in any order. With no real token at all,
+    # each slot written gets its own old content back.
     dev = device(slot_mapping)
     first = xp.reshape(xp.argmax(xp.astype(real, xp.int8)), (1,))
     source = xp.where(real, xp.arange(num_tokens, device=dev), first)
     slots = xp.where(real, slot_mapping, xp.clip(xp.take(slot_mapping, first), 0, None))
     any_real = xp.any(real)
-    for flat, x in ((flat_k, key), (flat_v, value)):
+    for flat, x in writes:
         new = xp.astype(xp.take(x, source, axis=0), flat.dtype)
         flat[slots] = xp.where(any_real, new, xp.take(flat, slots, axis=0))
 
@@ -151,14 +223,15 @@ def _check_masks(custom_masks: Sequence[Any | None], qsl: list[int], lens: list[
 
 
 def _flat_view(cache: Any, name: str) -> Any:
-    """(num_blocks * block_size, heads, head_size) view sharing memory with `cache`."""
+    """`cache` (num_blocks, block_size, ...) as (num_blocks * block_size, ...), sharing
+    its memory."""
     contiguous = (
         cache.is_contiguous() if hasattr(cache, "is_contiguous") else cache.flags.c_contiguous
     )
     if not contiguous:
         raise ValueError(f"{name} must be C-contiguous to be written in place")
-    n, b, h, d = cache.shape
-    return cache.reshape(n * b, h, d)
+    n, b, *rest = cache.shape
+    return cache.reshape(n * b, *rest)
 
 
 def paged_attention(

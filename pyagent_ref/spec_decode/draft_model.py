@@ -118,7 +118,7 @@ class DraftModelProposer:
         self.model = model
         self.max_len = model.config.max_position_embeddings
         self.states: dict[str, DraftState] = {}
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_caches: list[tuple[torch.Tensor, ...]] = []
         self._free_blocks: list[int] = []
         self._device = next(model.parameters()).device
 
@@ -167,17 +167,11 @@ class DraftModelProposer:
         if not self._free_blocks:
             old = self.kv_caches[0][0].shape[0] if self.kv_caches else 0
             size = max(1, 2 * old)
-            shape = self.model.kv_cache_shape(size, self.max_len)  # a block: a whole context
-            weight = next(self.model.parameters())
-            grown = []
-            for layer in self.kv_caches or [None] * len(self.model.layers):
-                pair = []
-                for cache in layer or (None, None):
-                    fresh = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-                    if cache is not None:
-                        fresh[:old] = cache
-                    pair.append(fresh)
-                grown.append(tuple(pair))
+            # a block holds a whole context; a layer's cache is the model's tensors
+            grown = [self.model.new_kv_cache(size, self.max_len) for _ in self.model.layers]
+            for fresh, kept in zip(grown, self.kv_caches, strict=False):
+                for tensor, cached in zip(fresh, kept, strict=True):
+                    tensor[:old] = cached
             self.kv_caches = grown
             self._free_blocks = list(range(size - 1, old - 1, -1))
         return self._free_blocks.pop()

@@ -118,7 +118,7 @@ class CudaGraphRunner:
 
     Args:
         forward: the model's forward(input_ids, positions, meta, kv_caches).
-        kv_caches: the per-layer (key_cache, value_cache) tensors the graphs write.
+        kv_caches: the per-layer cache tensors the graphs write (`model.new_kv_cache`).
         dispatcher: what to record (its capture sizes and block-table widths).
         device: where the buffers live.
         record: record graphs (CUDA only); False runs the same padded forward unrecorded.
@@ -130,7 +130,7 @@ class CudaGraphRunner:
     def __init__(
         self,
         forward: Forward,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[tuple[torch.Tensor, ...]],
         dispatcher: CudaGraphDispatcher,
         device: torch.device,
         record: bool,

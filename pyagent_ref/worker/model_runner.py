@@ -49,8 +49,8 @@ class ModelRunner:
 
     Args:
         model: a model with forward(input_ids, positions, meta, kv_caches),
-            compute_logits(hidden), kv_cache_shape(num_blocks, block_size) and
-            supports_cuda_graphs.
+            compute_logits(hidden), new_kv_cache(num_blocks, block_size) (one layer's
+            cache tensors: key and value, or MLA's latent) and supports_cuda_graphs.
         num_blocks, block_size: the KV cache geometry (from the KV cache manager).
         ops: the ops namespace of the sampler (ref or accel).
         max_num_reqs, max_model_len, max_num_tokens: buffer sizes.
@@ -136,21 +136,17 @@ class ModelRunner:
         most = max_num_reqs * rows_per_request
         sizes = sorted({min(s, most) for s in check_capture_sizes(capture_sizes)})
         self.dispatcher = CudaGraphDispatcher(sizes, self.batch.max_blocks, enabled=use_graphs)
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kv_caches: list[tuple[torch.Tensor, ...]] = []
         self.graphs: CudaGraphRunner | None = None
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
-        """Allocate zeroed KV cache tensors — one pair per layer of the largest group,
-        layer i of every group sharing pair i — and, when graphs are on, capture them:
-        a graph is tied to the addresses of the tensors it was recorded on."""
-        shape = self.model.kv_cache_shape(self.num_blocks, self.block_size)
-        dtype = next(self.model.parameters()).dtype
+        """Allocate zeroed KV cache tensors — one layer's tensors (`model.new_kv_cache`:
+        K and V, or MLA's latent) per layer of the largest group, layer i of every group
+        sharing set i — and, when graphs are on, capture them: a graph is tied to the
+        addresses of the tensors it was recorded on."""
         shared = [
-            (
-                torch.zeros(shape, dtype=dtype, device=self.device),
-                torch.zeros(shape, dtype=dtype, device=self.device),
-            )
+            self.model.new_kv_cache(self.num_blocks, self.block_size)
             for _ in range(max(len(layers) for layers in self.layer_groups))
         ]
         self.kv_caches = [shared[i] for i in self.tensor_of_layer]
@@ -172,17 +168,21 @@ class ModelRunner:
 
     def read_block(self, group_id: int, block_id: int) -> torch.Tensor:
         """A host copy of block `block_id`'s KV in every layer of group `group_id`:
-        shape (layers, 2, block_size, kv_heads, head_dim), K then V (for the KV
-        offload; on the host, so the copy is complete when this returns)."""
+        shape (layers, tensors per layer, block_size, ...): K then V, (layers, 2,
+        block_size, kv_heads, head_dim), or MLA's latent, (layers, 1, block_size,
+        latent_size) (for the KV offload; on the host, so the copy is complete when this
+        returns)."""
         layers = [self.kv_caches[layer] for layer in self.layer_groups[group_id]]
-        return torch.stack([torch.stack((k[block_id], v[block_id])) for k, v in layers]).cpu()
+        return torch.stack(
+            [torch.stack([t[block_id] for t in tensors]) for tensors in layers]
+        ).cpu()
 
     def write_block(self, group_id: int, block_id: int, data: torch.Tensor) -> None:
         """Overwrite block `block_id` of group `group_id` with `data`, as `read_block`
         returns it (for the KV offload)."""
-        for layer, (key, value) in zip(self.layer_groups[group_id], data, strict=True):
-            self.kv_caches[layer][0][block_id].copy_(key)
-            self.kv_caches[layer][1][block_id].copy_(value)
+        for layer, parts in zip(self.layer_groups[group_id], data, strict=True):
+            for tensor, part in zip(self.kv_caches[layer], parts, strict=True):
+                tensor[block_id].copy_(part)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -318,13 +318,13 @@ class ModelRunner:
                     for depth, node in enumerate(path)
                     if node != depth
                 ]
-        for layer, (key, value) in enumerate(self.kv_caches):
+        for layer, tensors in enumerate(self.kv_caches):
             pairs = moves[self.group_of_layer[layer]]
             if not pairs:
                 continue
             src = torch.tensor([a for a, _ in pairs], device=self.device)
             dst = torch.tensor([b for _, b in pairs], device=self.device)
-            for cache in (key, value):
+            for cache in tensors:
                 flat = cache.view(-1, *cache.shape[2:])
                 flat[dst] = flat[src]
 

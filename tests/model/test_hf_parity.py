@@ -166,9 +166,8 @@ class PagedRunner:
 
     def __init__(self, model, num_blocks=64, decode_path="general"):
         self.static_decode = decode_path == "static"
-        shape = model.kv_cache_shape(num_blocks, BLOCK)
         self.model = model
-        self.caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in model.layers]
+        self.caches = [model.new_kv_cache(num_blocks, BLOCK) for _ in model.layers]
         self.next_block = 1
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}

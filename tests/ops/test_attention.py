@@ -204,3 +204,82 @@ def test_paged_decode_attention_equals_paged_attention_and_zeros_padding():
         attention.paged_decode_attention(pad, kc, vc, pad_table, torch.tensor([7, 1, 0, 13]), 0.3)
     with pytest.raises(TypeError, match="seq_lens must be integers"):
         attention.paged_decode_attention(pad, kc, vc, pad_table, pad_lens.float(), 0.3)
+
+
+# --- MLA: the latent cache --------------------------------------------------------------------
+
+
+def test_concat_and_cache_mla_writes_the_latent_and_skips_padding():
+    cache = torch.zeros(2, BLOCK, 5)
+    kv_c = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    k_pe = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
+    attention.concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([5, -1]))
+    assert cache[1, 1].tolist() == [1.0, 2.0, 3.0, -1.0, -2.0]
+    assert int((cache != 0).sum()) == 5
+
+
+def test_concat_and_cache_mla_errors():
+    cache = torch.zeros(2, BLOCK, 5)
+    kv_c, k_pe = torch.zeros(1, 3), torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="slot_mapping holds 8"):
+        attention.concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([8]))
+    with pytest.raises(ValueError, match="must add up to the cache's 5"):
+        attention.concat_and_cache_mla(kv_c, torch.zeros(1, 3), cache, torch.tensor([0]))
+    with pytest.raises(ValueError, match="k_pe must have shape"):
+        attention.concat_and_cache_mla(kv_c, torch.zeros(2, 2), cache, torch.tensor([0]))
+    with pytest.raises(ValueError, match="kv_cache must have shape"):
+        attention.concat_and_cache_mla(kv_c, k_pe, cache[None], torch.tensor([0]))
+    with pytest.raises(ValueError, match="contiguous"):
+        attention.concat_and_cache_mla(kv_c, k_pe, cache.transpose(0, 1), torch.tensor([0]))
+    with pytest.raises(TypeError, match="slot_mapping"):
+        attention.concat_and_cache_mla(kv_c, k_pe, cache, torch.tensor([0.0]))
+
+
+@pytest.mark.parametrize("slots", [[5, -1, 9, -1], [-1, -1, 3], [-1, -1], []])
+def test_concat_and_cache_mla_graph_safe_path_writes_what_the_eager_path_writes(monkeypatch, slots):
+    gen = torch.Generator().manual_seed(len(slots))
+    cache = torch.randn(3, BLOCK, 6, generator=gen)
+    kv_c, k_pe = torch.randn(len(slots), 4, generator=gen), torch.randn(len(slots), 2)
+    sm = torch.tensor(slots, dtype=torch.int64)
+    eager = cache.clone()
+    attention.concat_and_cache_mla(kv_c, k_pe, eager, sm)
+    monkeypatch.setattr(attention, "can_read_values", lambda x: False)
+    static = cache.clone()
+    attention.concat_and_cache_mla(kv_c, k_pe, static, sm)
+    assert torch.equal(eager, static)
+
+
+def test_attention_over_the_latent_cache_is_mla_with_absorbed_weights():
+    """The algebra the MLA model relies on: per head h, q_nope . (W_uk[h] c_j) + q_pe . k_pe_j
+    = (W_uk[h]^T q_nope, q_pe) . (c_j, k_pe_j), and sum_j w_j W_uv[h] c_j = W_uv[h]
+    sum_j w_j c_j. So `paged_attention` over the latent cache (one KV head, values = the
+    first kv_lora_rank features of the keys) then W_uv gives the attention of the
+    expanded per-head keys and values."""
+    gen = torch.Generator().manual_seed(3)
+    heads, rank, rope, nope, v_dim, seq = 3, 6, 4, 5, 7, 9
+    c = torch.randn(seq, rank, generator=gen, dtype=torch.float64)
+    k_pe = torch.randn(seq, rope, generator=gen, dtype=torch.float64)
+    w_uk = torch.randn(heads, nope, rank, generator=gen, dtype=torch.float64)
+    w_uv = torch.randn(heads, v_dim, rank, generator=gen, dtype=torch.float64)
+    q_nope = torch.randn(3, heads, nope, generator=gen, dtype=torch.float64)
+    q_pe = torch.randn(3, heads, rope, generator=gen, dtype=torch.float64)
+    cache = torch.zeros(3, BLOCK, rank + rope, dtype=torch.float64)
+    table = torch.tensor([[2, 0, 1]])
+    slots = block_table.compute_slot_mapping(
+        table, torch.tensor([0, seq]), torch.arange(seq), BLOCK
+    )
+    attention.concat_and_cache_mla(c, k_pe, cache, slots)
+    q_abs = torch.cat([torch.einsum("thn,hnr->thr", q_nope, w_uk), q_pe], dim=-1)
+    latent = cache[:, :, None, :]
+    qsl, lens = torch.tensor([0, 3]), torch.tensor([seq])
+    out = attention.paged_attention(q_abs, latent, latent, table, qsl, lens, 0.3)
+    absorbed = torch.einsum("thr,hvr->thv", out[..., :rank], w_uv)
+    keys = torch.cat(
+        [torch.einsum("hnr,sr->shn", w_uk, c), k_pe[:, None].expand(-1, heads, -1)], -1
+    )
+    values = torch.einsum("hvr,sr->shv", w_uv, c)
+    scores = torch.einsum("thd,shd->hts", torch.cat([q_nope, q_pe], -1), keys) * 0.3
+    causal = torch.arange(seq)[None, :] <= torch.arange(seq - 3, seq)[:, None]
+    weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    naive = torch.einsum("hts,shv->thv", weights, values)
+    torch.testing.assert_close(absorbed, naive, rtol=1e-10, atol=1e-10)

@@ -4,6 +4,7 @@ workloads (fixed, and random ones for hypothesis)."""
 from __future__ import annotations
 
 import torch
+from hypothesis import assume, currently_in_test_context
 from hypothesis import strategies as st
 
 from pyagent_ref.engine.core import EngineConfig, EngineCore
@@ -97,6 +98,9 @@ def run_workload(model, workload, block_size, num_blocks, budget, caching, **con
             **config,
         ),
     )
+    # few blocks lower max_model_len: a request that does not fit is refused, not run
+    if currently_in_test_context():  # a drawn workload
+        assume(all(len(prompt) + n <= core.max_model_len for prompt, n, _ in workload))
     reqs = []
     for i, (prompt, n, sample) in enumerate(workload):
         params = SamplingParams(temperature=0.9 if sample else 0.0, top_p=0.95, max_tokens=n)

@@ -99,6 +99,9 @@ def reshape_and_cache(
     value_cache: np.ndarray,
     slot_mapping: np.ndarray,
 ) -> None: ...
+def concat_and_cache_mla(
+    kv_c: np.ndarray, k_pe: np.ndarray, kv_cache: np.ndarray, slot_mapping: np.ndarray
+) -> None: ...
 def paged_attention(
     query: np.ndarray,
     key_cache: np.ndarray,

@@ -7,7 +7,7 @@
 //! from Python panics or reads out of bounds) and run the kernels without the GIL.
 //! Float arrays are read with `crate::elem` (bfloat16 as int16 bits).
 
-use numpy::ndarray::{Array3, Ix3};
+use numpy::ndarray::{Array3, Ix2, Ix3};
 use numpy::{
     IntoPyArray, PyArrayDyn, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArrayDyn,
     PyUntypedArrayMethods,
@@ -15,7 +15,9 @@ use numpy::{
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use super::kernels::{attention, check_batch, write_slots, Cache, Queries, Request, Scoring};
+use super::kernels::{
+    attention, check_batch, write_slot_columns, write_slots, Cache, Queries, Request, Scoring,
+};
 use crate::elem::{dtype_of, float_array, float_array_mut, with_elem, Elem};
 use crate::float::Float;
 use crate::py_util::{detached, slice, value_error};
@@ -107,6 +109,82 @@ fn write_typed<S: Elem, D: Elem>(
         ))
     })?;
     detached(py, || write_slots(view, dst, slots))
+}
+
+// ---------------------------------------------------------------------------------
+// concat_and_cache_mla
+
+/// concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping) -> None
+///
+/// kv_c: (num_tokens, rank), k_pe: (num_tokens, rope), kv_cache: C-contiguous
+/// (num_blocks, block_size, rank + rope), slot_mapping: int64 (num_tokens,). Writes
+/// [kv_c[t], k_pe[t]] into slot slot_mapping[t] >= 0, cast to the cache's dtype.
+#[pyfunction]
+fn concat_and_cache_mla(
+    py: Python<'_>,
+    kv_c: &Bound<'_, PyAny>,
+    k_pe: &Bound<'_, PyAny>,
+    kv_cache: &Bound<'_, PyAny>,
+    slot_mapping: PyReadonlyArray1<'_, i64>,
+) -> PyResult<()> {
+    let slots = slice(&slot_mapping, "slot_mapping")?;
+    dtype_of(kv_cache, "kv_cache")?;
+    let shape: Vec<usize> = kv_cache.getattr("shape")?.extract()?;
+    let [num_blocks, block_size, row_len] = dims(&shape, "kv_cache")?;
+    let width = |x: &Bound<'_, PyAny>, name| -> PyResult<usize> {
+        let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+        let [tokens, width] = dims(&shape, name)?;
+        if tokens != slots.len() {
+            return Err(value_error(format!(
+                "{name} must have one row per slot ({}), got {tokens}",
+                slots.len()
+            )));
+        }
+        Ok(width)
+    };
+    let rank = width(kv_c, "kv_c")?;
+    if rank + width(k_pe, "k_pe")? != row_len {
+        return Err(value_error(format!(
+            "kv_c and k_pe must fill the cache's rows of {row_len}"
+        )));
+    }
+    let num_slots = num_blocks * block_size;
+    if let Some(&s) = slots.iter().find(|&&s| s >= num_slots as i64) {
+        return Err(value_error(format!(
+            "slot_mapping holds {s}, past the {num_slots} slots"
+        )));
+    }
+    // one part: `write_part` for the dtypes of the part and the cache
+    let write = |src: &Bound<'_, PyAny>, name, offset| {
+        with_elem!(dtype_of(src, name)?, S => with_elem!(dtype_of(kv_cache, "kv_cache")?, D => {
+            write_part::<S, D>(py, src, kv_cache, name, row_len, offset, slots)
+        }))
+    };
+    write(kv_c, "kv_c", 0)?;
+    write(k_pe, "k_pe", rank)
+}
+
+/// One of the two writes of `concat_and_cache_mla` (columns offset.. of each slot's
+/// row), after the shapes and slots are checked.
+fn write_part<S: Elem, D: Elem>(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    cache: &Bound<'_, PyAny>,
+    name: &str,
+    row_len: usize,
+    offset: usize,
+    slots: &[i64],
+) -> PyResult<()> {
+    let src = float_array::<S>(src, name)?;
+    let mut cache = float_array_mut::<D>(cache, "kv_cache")?;
+    let view = src
+        .as_array()
+        .into_dimensionality::<Ix2>()
+        .map_err(|e| value_error(e.to_string()))?;
+    let dst = cache.as_slice_mut().map_err(|_| {
+        value_error("kv_cache must be C-contiguous to be written in place".to_string())
+    })?;
+    detached(py, || write_slot_columns(view, dst, row_len, offset, slots))
 }
 
 // ---------------------------------------------------------------------------------
@@ -365,6 +443,7 @@ fn attend_typed<'py, Q: Elem, E: Elem>(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reshape_and_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(concat_and_cache_mla, m)?)?;
     m.add_function(wrap_pyfunction!(paged_attention, m)?)?;
     m.add_function(wrap_pyfunction!(paged_decode_attention, m)?)?;
     Ok(())

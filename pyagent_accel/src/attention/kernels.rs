@@ -25,7 +25,7 @@
 
 use std::ops::Range;
 
-use numpy::ndarray::{ArrayView3, Axis};
+use numpy::ndarray::{ArrayView2, ArrayView3, Axis};
 use rayon::prelude::*;
 
 use crate::elem::{Compute, Elem};
@@ -511,6 +511,35 @@ pub fn write_slots<S: Elem, D: Elem>(src: ArrayView3<'_, S>, cache: &mut [D], sl
         let row = src.index_axis(Axis(0), t);
         match row.as_slice() {
             // a contiguous row: a loop over a slice (a copy when S is D)
+            Some(row) => dst.iter_mut().zip(row).for_each(|(o, &x)| *o = x.cast()),
+            None => dst
+                .iter_mut()
+                .zip(row.iter())
+                .for_each(|(o, &x)| *o = x.cast()),
+        }
+    }
+}
+
+/// Write row t of `src` (num_tokens, width) into columns offset..offset + width of row
+/// slot_mapping[t] of `cache` (num_slots rows of `row_len`), cast to the cache's type,
+/// for every t with a slot >= 0 (MLA's latent: kv_c at offset 0, k_pe after it). The
+/// caller checks that offset + width <= row_len, one token per slot and every slot <
+/// num_slots.
+pub fn write_slot_columns<S: Elem, D: Elem>(
+    src: ArrayView2<'_, S>,
+    cache: &mut [D],
+    row_len: usize,
+    offset: usize,
+    slots: &[i64],
+) {
+    let width = src.shape()[1];
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        let dst = &mut cache[slot as usize * row_len + offset..][..width];
+        let row = src.index_axis(Axis(0), t);
+        match row.as_slice() {
             Some(row) => dst.iter_mut().zip(row).for_each(|(o, &x)| *o = x.cast()),
             None => dst
                 .iter_mut()

@@ -1,9 +1,11 @@
 //! The attention kernel against a dense attention written position by position, in
 //! both key-tile layouts, and the checks that keep bad input away from the kernel.
 
-use super::kernels::{attention, check_batch, write_slots, Cache, Queries, Request, Scoring};
+use super::kernels::{
+    attention, check_batch, write_slot_columns, write_slots, Cache, Queries, Request, Scoring,
+};
 use crate::elem::{Bf16, Elem};
-use numpy::ndarray::Array3;
+use numpy::ndarray::{Array2, Array3};
 
 /// A deterministic value in [-1, 1).
 fn value(i: usize) -> f64 {
@@ -150,4 +152,15 @@ fn write_slots_casts_and_skips_padding() {
     let got: Vec<f32> = cache.iter().map(|x| x.load()).collect();
     assert_eq!(got, [2.0, 2.25, 0.0, 0.0, 0.0, 0.25, 0.0, 0.0]);
     assert_eq!(Bf16::store(1.0 / 3.0).load(), 0.333_984_38);
+}
+
+#[test]
+fn write_slot_columns_fills_its_columns_only() {
+    let kv_c = Array2::from_shape_fn((2, 3), |(t, c)| (10 * t + c) as f64);
+    let k_pe = Array2::from_shape_fn((2, 2), |(t, c)| -((10 * t + c) as f64));
+    let mut cache = vec![7.0_f32; 3 * 5];
+    write_slot_columns(kv_c.view(), &mut cache, 5, 0, &[2, -1]);
+    write_slot_columns(k_pe.view(), &mut cache, 5, 3, &[2, -1]);
+    assert_eq!(&cache[10..15], &[0.0, 1.0, 2.0, 0.0, -1.0]);
+    assert!(cache[..10].iter().all(|&x| x == 7.0));
 }

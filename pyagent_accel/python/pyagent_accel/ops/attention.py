@@ -2,8 +2,9 @@
 
 Same functions, signatures, results and exceptions as the reference, whose docstrings
 are the contract: `reshape_and_cache` writes new keys and values into the paged cache
-in place, `paged_attention` attends a ragged batch (prefill chunks and decodes mixed)
-over it, `paged_decode_attention` one query token per request.
+in place (`concat_and_cache_mla` an MLA latent), `paged_attention` attends a ragged
+batch (prefill chunks and decodes mixed) over it, `paged_decode_attention` one query
+token per request.
 
 Inputs are numpy arrays or torch CPU tensors. Queries, keys, values and caches are
 float32, float64, float16 or bfloat16 (half types are computed in float32, stored in
@@ -41,7 +42,12 @@ import numpy as _np
 from .. import _native
 from . import _common as _c
 
-__all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention"]
+__all__ = [
+    "reshape_and_cache",
+    "concat_and_cache_mla",
+    "paged_attention",
+    "paged_decode_attention",
+]
 
 _I64 = _np.dtype(_np.int64)
 
@@ -235,6 +241,41 @@ def reshape_and_cache(
     written = "to be written in place"
     kc, vc = _cache(key_cache, "key_cache", written), _cache(value_cache, "value_cache", written)
     _native.reshape_and_cache(_floats(key, "key"), _floats(value, "value"), kc, vc, slots)
+
+
+def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any) -> None:
+    """Write each token's MLA latent [kv_c, k_pe] into its cache slot, in place (padding
+    slots, < 0, are skipped).
+
+    Contract: `pyagent_ref.ops.attention.concat_and_cache_mla`.
+    """
+    _library(kv_cache, "kv_cache")
+    if kv_cache.ndim != 3:
+        raise ValueError(
+            f"kv_cache must have shape (num_blocks, block_size, kv_lora_rank + rope_dim), "
+            f"got {tuple(kv_cache.shape)}"
+        )
+    num_blocks, block_size, width = kv_cache.shape
+    num_tokens = slot_mapping.shape[0]
+    for name, x in (("kv_c", kv_c), ("k_pe", k_pe)):
+        if x.ndim != 2 or x.shape[0] != num_tokens:
+            raise ValueError(
+                f"{name} must have shape ({num_tokens}, features), got {tuple(x.shape)}"
+            )
+    if kv_c.shape[1] + k_pe.shape[1] != width:
+        raise ValueError(
+            f"kv_c ({kv_c.shape[1]}) and k_pe ({k_pe.shape[1]}) features must add up to "
+            f"the cache's {width}"
+        )
+    if "int" not in _c.dtype_name(slot_mapping):
+        raise TypeError(f"slot_mapping must be integers, got dtype {_c.dtype_name(slot_mapping)}")
+    slots = _index(slot_mapping, "slot_mapping").reshape(-1)
+    if slots.size and int(slots.max()) >= num_blocks * block_size:
+        raise ValueError(
+            f"slot_mapping holds {int(slots.max())}, past the {num_blocks * block_size} slots"
+        )
+    cache = _cache(kv_cache, "kv_cache", "to be written in place")
+    _native.concat_and_cache_mla(_floats(kv_c, "kv_c"), _floats(k_pe, "k_pe"), cache, slots)
 
 
 def paged_attention(

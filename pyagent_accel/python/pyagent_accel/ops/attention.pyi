@@ -1,11 +1,17 @@
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["reshape_and_cache", "paged_attention", "paged_decode_attention"]
+__all__ = [
+    "reshape_and_cache",
+    "concat_and_cache_mla",
+    "paged_attention",
+    "paged_decode_attention",
+]
 
 def reshape_and_cache(
     key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any
 ) -> None: ...
+def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any) -> None: ...
 def paged_attention(
     query: Any,
     key_cache: Any,
