@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from .._files import read_json_object
-from ..model.families import FAMILIES, neox_reshape
+from ..model.families import neox_reshape
 from ..model.loader import checkpoint_target
 from .request import LoRARequest
 

@@ -131,9 +131,7 @@ class LoRAManager:
     def _make_room(self, keep: Sequence[int]) -> None:
         """Evict least recently used unpinned adapters (not in `keep`) until one more fits."""
         while len(self.cache) >= self.config.cpu_capacity:
-            victim = next(
-                (i for i in self.cache if i not in self.pinned and i not in keep), None
-            )
+            victim = next((i for i in self.cache if i not in self.pinned and i not in keep), None)
             if victim is None:
                 raise ValueError(
                     f"the LoRA cache holds max_cpu_loras={self.config.cpu_capacity} adapters, "
