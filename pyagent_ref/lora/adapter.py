@@ -123,9 +123,15 @@ def load_adapter(
         )
     data = weights.read_bytes()
     tensors = _read_tensors(data, weights)
-    modules = _group_by_module(tensors, weights, use_dora)
+    modules, others = _group_by_module(tensors, weights)
+    for module in modules:  # what it targets first: the clearest reason to refuse it
+        _place(module, model, layers, weights)
+    if others:
+        what = "an adapted embedding" if "lora_embedding" in others[0] else "not a LoRA factor"
+        raise ValueError(f"{weights}: tensor {others[0]!r} is not supported ({what})")
     fitted: dict[str, dict] = {}
     for module, parts in modules.items():
+        _check_parts(module, parts, weights, use_dora)
         layer, slices = _place(module, model, layers, weights)
         _fit_module(module, parts, rank, layer, slices, layers[layer], model, fitted)
     return LoRAAdapter(
@@ -184,29 +190,32 @@ def _read_tensors(data: bytes, path: Path) -> dict[str, torch.Tensor]:
 
 
 def _group_by_module(
-    tensors: dict[str, torch.Tensor], path: Path, use_dora: bool
-) -> dict[str, dict[str, torch.Tensor]]:
-    """HF module path -> {"A": ..., "B": ..., "m": ...}; ValueError naming a tensor that
-    is not one of PEFT's LoRA tensors or a module that lacks one."""
+    tensors: dict[str, torch.Tensor], path: Path
+) -> tuple[dict[str, dict[str, torch.Tensor]], list[str]]:
+    """(HF module path -> {"A": ..., "B": ..., "m": ...}, the names of the tensors that
+    are not LoRA factors: saved base weights, adapted embeddings)."""
     parts = {".lora_A.weight": "A", ".lora_B.weight": "B", ".lora_magnitude_vector": "m"}
     modules: dict[str, dict[str, torch.Tensor]] = {}
+    others = []
     for name, tensor in tensors.items():
         suffix = next((s for s in parts if name.endswith(s)), None)
         if suffix is None or not name.startswith(PREFIX):
-            what = "an adapted embedding" if "lora_embedding" in name else "not a LoRA tensor"
-            raise ValueError(f"{path}: tensor {name!r} is not supported ({what})")
-        module = name[len(PREFIX) : -len(suffix)]
-        modules.setdefault(module, {})[parts[suffix]] = tensor
-    if not modules:
+            others.append(name)
+            continue
+        modules.setdefault(name[len(PREFIX) : -len(suffix)], {})[parts[suffix]] = tensor
+    if not modules and not others:
         raise ValueError(f"{path}: holds no LoRA tensors")
-    for module, found in modules.items():
-        want = {"A", "B", "m"} if use_dora else {"A", "B"}
-        if set(found) != want:
-            raise ValueError(
-                f"{path}: module {module!r} has {sorted(found)}, expected {sorted(want)} "
-                f"(use_dora={use_dora})"
-            )
-    return modules
+    return modules, others
+
+
+def _check_parts(module: str, found: dict, path: Path, use_dora: bool) -> None:
+    """ValueError unless the module has A and B (and DoRA's magnitude with use_dora)."""
+    want = {"A", "B", "m"} if use_dora else {"A", "B"}
+    if set(found) != want:
+        raise ValueError(
+            f"{path}: module {module!r} has {sorted(found)}, expected {sorted(want)} "
+            f"(use_dora={use_dora})"
+        )
 
 
 def _place(
