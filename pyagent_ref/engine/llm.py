@@ -720,7 +720,7 @@ def _per_prompt(params, n: int) -> list[SamplingParams]:
 def _per_prompt_lora(lora_request, n: int) -> list[LoRARequest | None]:
     if lora_request is None or isinstance(lora_request, LoRARequest):
         return [lora_request] * n
-    if not isinstance(lora_request, Sequence):
+    if isinstance(lora_request, str) or not isinstance(lora_request, Sequence):
         raise TypeError(
             f"lora_request must be a LoRARequest, None or a list of them, got {lora_request!r}"
         )

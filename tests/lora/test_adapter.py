@@ -110,8 +110,11 @@ def test_unknown_target_modules_are_named(ours, hf, tmp_path):
     with pytest.raises(ValueError, match=r"target module 'lm_head' is not supported"):
         load(tiny_ours, tmp_path / "head")
     make_adapter(hf, tmp_path / "embed", targets=["embed_tokens"])
-    with pytest.raises(ValueError, match=r"tensor 'base_model.model.model.embed_tokens.*"
-                       r"is not supported"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor 'base_model.model.model.embed_tokens.*"
+        r"is not supported",
+    ):
         load(ours, tmp_path / "embed")
 
 

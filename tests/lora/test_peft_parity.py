@@ -120,9 +120,7 @@ def test_a_batch_mixing_adapters_equals_each_request_alone(embedded, tmp_path):
         manager.prepare_step([lora_of[i] for i in indices], [1] * len(indices))
         second = runner.step({i: [7] for i in indices})
         bounds = torch.tensor([0] + [len(prompts[i]) for i in indices]).cumsum(0)
-        return {
-            i: (first[bounds[k] : bounds[k + 1]], second[k]) for k, i in enumerate(indices)
-        }
+        return {i: (first[bounds[k] : bounds[k + 1]], second[k]) for k, i in enumerate(indices)}
 
     together = run(list(range(6)))
     for i in range(6):
