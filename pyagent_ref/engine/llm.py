@@ -541,11 +541,13 @@ class AsyncLLM(_Frontend):
         prompt: Prompt,
         pooling_params: PoolingParams | None = None,
         request_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> EmbeddingOutput:
-        """The embedding of one prompt (see `LLM.embed`), computed with the other requests
-        in flight. Raises ValueError/TypeError for a prompt that admission rejects."""
+        """The embedding of one prompt (see `LLM.embed`; with the LoRA adapter of
+        `lora_request`), computed with the other requests in flight. Raises
+        ValueError/TypeError for a prompt that admission rejects."""
         pooling = PoolingParams() if pooling_params is None else pooling_params
-        stream = self._stream(prompt, _POOLING_SAMPLING, request_id, pooling)
+        stream = self._stream(prompt, _POOLING_SAMPLING, request_id, pooling, lora_request)
         try:
             deltas = [out async for out in stream]
         finally:
