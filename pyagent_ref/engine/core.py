@@ -172,6 +172,13 @@ class EngineConfig:
         suffix_decoding_*, model (the draft checkpoint or the Medusa heads)). Greedy
         outputs stay the same token for token,
         sampled ones the same in distribution.
+    enable_lora: serve LoRA adapters (PEFT's format) per request (`LoRARequest`); off,
+        the model has no adapter slots and a request naming one is refused.
+    max_loras: adapters one step may use (the slots of every adapted layer); requests
+        of more adapters wait.
+    max_lora_rank: the largest adapter rank served (the slots' rank).
+    max_cpu_loras: adapters kept loaded on the host, least recently used evicted first;
+        None: max_loras.
     """
 
     model: str | Path | None = None
