@@ -1,12 +1,15 @@
 //! Kernels of `pyagent_accel.ops.lora` (batched LoRA: each token's low-rank update from
 //! its own adapter slot) and their Python bindings (contract: `pyagent_ref.ops.lora`).
 //!
-//! Both ops work token by token (BGMV: one matrix-vector product per token, with the
-//! matrices of its slot), tokens in parallel for large batches; a token without an
-//! adapter (slot -1) reads nothing. The dot products run in `LANES`-wide partial sums
-//! in the compute type (f32, f64 for f64), the storage type widened on the fly, compiled
-//! for AVX-512/AVX2/baseline. Sums run in another order than BLAS's, so results differ
-//! from the reference's in the last bits (within the specification's tolerance).
+//! `lora_shrink` works token by token (BGMV: one matrix-vector product per token with
+//! its slot's A), four rows of A at a time in `LANES`-wide partial sums, tokens in
+//! parallel for large batches. `lora_expand` groups the tokens by slot (SGMV's
+//! segments): each slot's B is transposed once into the compute type, then every token
+//! of the slot adds rank columns along its output row, slots in parallel for large
+//! batches. A token without an adapter (slot -1) reads nothing. Computed in the compute
+//! type (f32, f64 for f64), the storage type widened on the fly, compiled for
+//! AVX-512/AVX2/baseline; sums run in another order than BLAS's, so results differ from
+//! the reference's in the last bits (within the specification's tolerance).
 //!
 //! `lora_expand` adds in place: each row of a token with an adapter becomes
 //! out + delta, summed in f64 when out or the compute type is f64 (else f32) and
@@ -24,37 +27,68 @@ use crate::py_util::{detached, readonly, slice, value_error};
 
 /// Width of the vectorised dot products (one AVX-512 vector of f32).
 const LANES: usize = 16;
-/// Multiply-adds below which an op stays on the calling thread.
-const PARALLEL: usize = 1 << 16;
+/// Multiply-adds below which an op stays on the calling thread (some 100 us of work:
+/// handing less to the thread pool costs more than it saves, so decode batches stay).
+const PARALLEL: usize = 1 << 20;
 
-/// a . b with `a` in the storage type, `b` in the compute type, in LANES partial sums
-/// (the tail beyond a multiple of LANES added last).
+/// The sum of LANES partial sums, pairwise (a tree the compiler vectorises).
 #[inline(always)]
-fn dot<E: Elem>(a: &[E], b: &[E::C]) -> E::C {
-    let n = a.len().min(b.len());
-    let body = n - n % LANES;
-    let mut acc = [E::C::ZERO; LANES];
-    for c in (0..body).step_by(LANES) {
-        let x: &[E; LANES] = a[c..c + LANES].try_into().unwrap();
-        let y: &[E::C; LANES] = b[c..c + LANES].try_into().unwrap();
-        for l in 0..LANES {
-            acc[l] = acc[l] + x[l].load() * y[l];
+fn fold<C: Compute>(mut acc: [C; LANES]) -> C {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] = acc[l] + acc[l + width];
         }
+        width /= 2;
     }
-    let mut sum = acc.iter().fold(E::C::ZERO, |s, &v| s + v);
-    for i in body..n {
-        sum = sum + a[i].load() * b[i];
-    }
-    sum
+    acc[0]
 }
 
-/// One token of `lora_shrink`: y[r] = a[r] . x over the rows r of its slot's A
-/// (`a`: rank rows of `x.len()`), x widened into `scratch`.
+/// The dots of four rows of `a` (storage type, each `x.len()` long) with `x` (compute
+/// type): LANES partial sums per row, x read once for the four.
+#[inline(always)]
+fn dot4<E: Elem>(a: [&[E]; 4], x: &[E::C]) -> [E::C; 4] {
+    let n = x.len();
+    let body = n - n % LANES;
+    let mut acc = [[E::C::ZERO; LANES]; 4];
+    for c in (0..body).step_by(LANES) {
+        let v: &[E::C; LANES] = x[c..c + LANES].try_into().unwrap();
+        for (row, sums) in a.iter().zip(acc.iter_mut()) {
+            let w: &[E; LANES] = row[c..c + LANES].try_into().unwrap();
+            for l in 0..LANES {
+                sums[l] = sums[l] + w[l].load() * v[l];
+            }
+        }
+    }
+    let mut out = [E::C::ZERO; 4];
+    for (r, (row, sums)) in a.iter().zip(acc).enumerate() {
+        let mut sum = fold(sums);
+        for i in body..n {
+            sum = sum + row[i].load() * x[i];
+        }
+        out[r] = sum;
+    }
+    out
+}
+
+/// One token of `lora_shrink`: y[r] = a[r] . x over the rows r of its slot's A (`a`:
+/// rank rows of `x.len()`), x widened into `scratch`; rows four at a time.
 #[inline(always)]
 fn shrink_token_impl<E: Elem>(a: &[E], x: &[E], scratch: &mut [E::C], y: &mut [E::C]) {
+    let width = x.len();
     E::C::widen(x, scratch);
-    for (r, out) in y.iter_mut().enumerate() {
-        *out = dot(&a[r * x.len()..(r + 1) * x.len()], scratch);
+    let row = |r: usize| &a[r * width..(r + 1) * width];
+    let rank = y.len();
+    let mut r = 0;
+    while r + 4 <= rank {
+        let sums = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], scratch);
+        y[r..r + 4].copy_from_slice(&sums);
+        r += 4;
+    }
+    while r < rank {
+        // the last rows, with a row repeated (its sums discarded)
+        y[r] = dot4([row(r), row(r), row(r), row(r)], scratch)[0];
+        r += 1;
     }
 }
 
@@ -68,6 +102,9 @@ multiversion! {
 pub fn shrink_slices<E: Elem>(x: &[E], lora_a: &[E], slots: &[i64], rank: usize, y: &mut [E::C]) {
     let tokens = slots.len();
     let width = x.len() / tokens.max(1);
+    if rank == 0 {
+        return;
+    }
     let run = |(t, row): (usize, &mut [E::C])| {
         let slot = slots[t];
         if slot < 0 {
@@ -79,9 +116,6 @@ pub fn shrink_slices<E: Elem>(x: &[E], lora_a: &[E], slots: &[i64], rank: usize,
         let mut scratch = vec![E::C::ZERO; width];
         shrink_token(a, &x[t * width..(t + 1) * width], &mut scratch, row);
     };
-    if rank == 0 {
-        return;
-    }
     if tokens * rank * width >= PARALLEL {
         y.par_chunks_mut(rank).enumerate().for_each(run);
     } else {
@@ -96,23 +130,61 @@ pub struct Slices<'a> {
     pub rank: usize,
 }
 
-/// One token of `lora_expand`: delta[o] = scaling * b[o] . y[slice s's rank columns]
-/// for the output rows o of each slice s of its slot's B (`b`: out rows of `rank`).
+/// The tokens of one slot: their deltas, `delta[j]` = scaling * B y[tokens[j]] over the
+/// output rows (each slice reading its rank columns of y). B (out, rank) is first
+/// transposed into `bt` (rank, out) in the compute type, so that each token's delta is
+/// `rank` contiguous multiply-adds along the output rows per slice.
 #[inline(always)]
-fn expand_token_impl<E: Elem>(b: &[E], y: &[E::C], scaling: E::C, rank: usize, sizes: &[usize], delta: &mut [E::C]) {
-    let mut o = 0;
-    for (s, &size) in sizes.iter().enumerate() {
-        let v = &y[s * rank..(s + 1) * rank];
-        for row in o..o + size {
-            delta[row] = dot(&b[row * rank..(row + 1) * rank], v) * scaling;
+fn expand_slot_impl<E: Elem>(
+    b: &[E],
+    y: &[E::C],
+    width: usize,
+    tokens: &[usize],
+    scaling: E::C,
+    layout: Slices<'_>,
+    bt: &mut [E::C],
+    delta: &mut [E::C],
+) {
+    let (rank, out) = (layout.rank, bt.len() / layout.rank.max(1));
+    for o in 0..out {
+        for k in 0..rank {
+            bt[k * out + o] = b[o * rank + k].load();
         }
-        o += size;
+    }
+    for (j, &t) in tokens.iter().enumerate() {
+        let d = &mut delta[j * out..(j + 1) * out];
+        d.fill(E::C::ZERO);
+        let v = &y[t * width..(t + 1) * width];
+        let mut start = 0;
+        for (s, &size) in layout.sizes.iter().enumerate() {
+            let rows = start..start + size;
+            for k in 0..rank {
+                let vk = v[s * rank + k];
+                let col = &bt[k * out + rows.start..k * out + rows.end];
+                for (dst, &w) in d[rows.clone()].iter_mut().zip(col) {
+                    *dst = *dst + w * vk;
+                }
+            }
+            start += size;
+        }
+        for dst in d.iter_mut() {
+            *dst = *dst * scaling;
+        }
     }
 }
 
 multiversion! {
-    fn expand_token<E: Elem>(b: &[E], y: &[E::C], scaling: E::C, rank: usize, sizes: &[usize], delta: &mut [E::C]) -> ()
-        = expand_token_impl;
+    #[allow(clippy::too_many_arguments)]
+    fn expand_slot<E: Elem>(
+        b: &[E],
+        y: &[E::C],
+        width: usize,
+        tokens: &[usize],
+        scaling: E::C,
+        layout: Slices<'_>,
+        bt: &mut [E::C],
+        delta: &mut [E::C],
+    ) -> () = expand_slot_impl;
 }
 
 /// `out + delta` rounded once to O: summed in f64 when O or C is f64, else in f32.
@@ -121,7 +193,9 @@ fn add_rounded<O: Elem, C: Compute>(out: O, delta: C) -> O {
     if TypeId::of::<O>() == TypeId::of::<f64>() || TypeId::of::<C>() == TypeId::of::<f64>() {
         (out.to_f64() + delta.to_f64()).cast::<O>()
     } else {
-        O::store(O::C::from_f64((out.to_f32() + delta.to_f64() as f32) as f64))
+        O::store(O::C::from_f64(
+            (out.to_f32() + delta.to_f64() as f32) as f64,
+        ))
     }
 }
 
@@ -129,6 +203,8 @@ fn add_rounded<O: Elem, C: Compute>(out: O, delta: C) -> O {
 /// rank), scaling (num_loras,), slots per token. Into `out` (tokens, out_features) of
 /// any type O: with `add`, out + delta rounded to O for the tokens with a slot (the
 /// other rows untouched); without, delta itself (O is the compute type, zeros for -1).
+/// The tokens are grouped by slot (in token order), the slots in parallel for large
+/// batches.
 #[allow(clippy::too_many_arguments)]
 pub fn expand_slices<E: Elem, O: Elem>(
     y: &[E::C],
@@ -141,32 +217,58 @@ pub fn expand_slices<E: Elem, O: Elem>(
 ) {
     let tokens = slots.len();
     let out_features: usize = layout.sizes.iter().sum();
-    let width = y.len() / tokens.max(1);
-    let run = |(t, row): (usize, &mut [O])| {
-        let slot = slots[t];
-        if slot < 0 {
-            if !add {
-                row.fill(O::store(O::C::ZERO));
-            }
-            return;
-        }
-        let per_slot = out_features * layout.rank;
-        let b = &lora_b[slot as usize * per_slot..(slot as usize + 1) * per_slot];
-        let mut delta = vec![E::C::ZERO; out_features];
-        let v = &y[t * width..(t + 1) * width];
-        let scale = scaling[slot as usize];
-        expand_token(b, v, scale, layout.rank, layout.sizes, &mut delta);
-        for (o, &d) in row.iter_mut().zip(&delta) {
-            *o = if add { add_rounded(*o, d) } else { O::store(O::C::from_f64(d.to_f64())) };
-        }
-    };
     if out_features == 0 {
         return;
     }
-    if tokens * out_features * layout.rank.max(1) >= PARALLEL {
-        out.par_chunks_mut(out_features).enumerate().for_each(run);
+    let width = y.len() / tokens.max(1);
+    let num_loras = scaling.len();
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); num_loras];
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot >= 0 {
+            groups[slot as usize].push(t);
+        }
+    }
+    let per_slot = out_features * layout.rank;
+    let run = |(slot, members): (usize, &Vec<usize>)| -> Vec<E::C> {
+        let mut delta = vec![E::C::ZERO; members.len() * out_features];
+        if members.is_empty() || layout.rank == 0 {
+            return delta;
+        }
+        let mut bt = vec![E::C::ZERO; per_slot];
+        let b = &lora_b[slot * per_slot..(slot + 1) * per_slot];
+        expand_slot(
+            b,
+            y,
+            width,
+            members,
+            scaling[slot],
+            layout,
+            &mut bt,
+            &mut delta,
+        );
+        delta
+    };
+    let work = tokens * per_slot + num_loras * per_slot;
+    let deltas: Vec<Vec<E::C>> = if work >= PARALLEL {
+        groups.par_iter().enumerate().map(run).collect()
     } else {
-        out.chunks_mut(out_features).enumerate().for_each(run);
+        groups.iter().enumerate().map(run).collect()
+    };
+    if !add {
+        out.fill(O::store(O::C::ZERO));
+    }
+    for (members, delta) in groups.iter().zip(&deltas) {
+        for (j, &t) in members.iter().enumerate() {
+            let row = &mut out[t * out_features..(t + 1) * out_features];
+            let d = &delta[j * out_features..(j + 1) * out_features];
+            for (o, &v) in row.iter_mut().zip(d) {
+                *o = if add {
+                    add_rounded(*o, v)
+                } else {
+                    O::store(O::C::from_f64(v.to_f64()))
+                };
+            }
+        }
     }
 }
 
@@ -312,7 +414,9 @@ mod tests {
                 let want: f64 = if s < 0 {
                     0.0
                 } else {
-                    (0..3).map(|k| a[(s as usize * 2 + r) * 3 + k] * x[t * 3 + k]).sum()
+                    (0..3)
+                        .map(|k| a[(s as usize * 2 + r) * 3 + k] * x[t * 3 + k])
+                        .sum()
                 };
                 assert!((y[t * 2 + r] - want).abs() < 1e-12, "{t} {r}");
             }
@@ -320,7 +424,10 @@ mod tests {
         // expand into two output slices of 1 and 2 rows: y has 2 slices of rank 1
         let b: Vec<f64> = (0..6).map(|i| 1.0 + i as f64).collect(); // (2 slots, 3 rows, rank 1)
         let scaling = [2.0f64, 0.5];
-        let layout = Slices { sizes: &[1, 2], rank: 1 };
+        let layout = Slices {
+            sizes: &[1, 2],
+            rank: 1,
+        };
         let mut out = [10.0f32; 9];
         expand_slices::<f64, f32>(&y, &b, &scaling, &slots, layout, true, &mut out);
         assert_eq!(out[3..6], [10.0, 10.0, 10.0]); // no adapter: untouched
@@ -333,7 +440,10 @@ mod tests {
     fn adding_rounds_once_to_the_output_type() {
         use half::f16;
         // f16 1 + 2**-11 is a tie between 1 and 1 + 2**-10: to even (1), once
-        assert_eq!(add_rounded(f16::from_f32(1.0), 2f32.powi(-11)).to_f32(), 1.0);
+        assert_eq!(
+            add_rounded(f16::from_f32(1.0), 2f32.powi(-11)).to_f32(),
+            1.0
+        );
         assert_eq!(add_rounded(1.0f64, 1e-300f64), 1.0);
         assert_eq!(add_rounded(1e-300f64, 1e-300f32), 1e-300 + 1e-300f32 as f64);
     }
