@@ -133,10 +133,7 @@ def main() -> None:
         cases = [
             ("no LoRA", base, [None] * batch),
             ("LoRA on, unused", lora, [None] * batch),
-            *(
-                (f"{n} adapter{'s' if n > 1 else ''}", lora, [adapters[i % n] for i in range(batch)])
-                for n in (1, 4, 16)
-            ),
+            *((f"{n} adapters", lora, [adapters[i % n] for i in range(batch)]) for n in (1, 4, 16)),
         ]
         for _, core, loras in cases:  # warm-up: loads the adapters, fills the slots
             decode_seconds(core, loras, 2)

@@ -52,12 +52,13 @@ def hf_greedy(model, prompt, n=8):
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("ops", ["ref", "auto"])
-def test_greedy_with_adapters_equals_peft_generate(hf, adapters, ops):
+def test_greedy_with_adapters_equals_peft_generate(hf, adapters):
     """One batch: each prompt with an adapter and without; chunked prefill (6 tokens a
-    step), so chunks of different adapters share steps."""
+    step), so chunks of different adapters share steps. The engine's default ops (the
+    Rust twins where they are installed; the reference's logits are checked in
+    `test_peft_parity`)."""
     models, requests = adapters
-    llm = LLM(**ENGINE, ops=ops, max_loras=4, max_num_batched_tokens=6)
+    llm = LLM(**ENGINE, max_loras=4, max_num_batched_tokens=6)
     prompts = PROMPTS + PROMPTS[:2] + [PROMPTS[2]]
     loras = [requests[0], requests[1], requests[2], None, None, requests[0]]
     outs = llm.generate(prompts, GREEDY, loras)
@@ -179,12 +180,11 @@ def test_lora_steps_leave_the_static_graph_path_alone(adapters):
     assert replays and base_only[0].outputs[0].token_ids == eager[1].outputs[0].token_ids
 
 
-@pytest.mark.parametrize("engine_process", [False, True])
-def test_async_llm_streams_with_an_adapter(adapters, engine_process):
+def test_async_llm_streams_with_an_adapter(adapters):
+    """An adapter's error at admission raises; the stream draws PEFT's tokens; list and
+    remove."""
     models, requests = adapters
-    """In the process or in an engine-core process: an adapter's error at admission
-    crosses as the same exception; the stream draws PEFT's tokens; list and remove."""
-    llm = AsyncLLM(**ENGINE, max_loras=2, max_lora_rank=4, engine_process=engine_process)
+    llm = AsyncLLM(**ENGINE, max_loras=2, max_lora_rank=4)
 
     async def main():
         try:
@@ -203,3 +203,28 @@ def test_async_llm_streams_with_an_adapter(adapters, engine_process):
             await llm.shutdown()
 
     assert asyncio.run(main()) == hf_greedy(models[2], PROMPTS[0])
+
+
+def test_lora_calls_cross_to_the_engine_core_process(adapters):
+    """What `EngineCoreClient.add_lora` sends decodes, in the core process, into the
+    LoRARequest `EngineCore.add_lora` takes (its exceptions cross by class name)."""
+    from pyagent_ref.engine import core_proc
+
+    _, requests = adapters
+    encoder, _ = core_proc._codec(core_proc._FROM_CORE)
+    _, decoder = core_proc._codec(core_proc._TO_CORE)
+    message = decoder.decode(encoder.encode(core_proc.Call(1, "add_lora", (requests[0],))))
+    core = EngineCore(
+        load_model(default_model_path(), dtype="float32", progress=False), EngineConfig(**ENGINE)
+    )
+    server = core_proc.CoreServer.__new__(core_proc.CoreServer)
+    server.core, replies = core, []
+    server.send = replies.append
+    server.state = lambda: None
+    server.handle(message)
+    assert replies[-1].result is True and core.list_loras() == [1]
+    bad = LoRARequest("other", 1, requests[1].lora_path)
+    server.handle(decoder.decode(encoder.encode(core_proc.Call(2, "add_lora", (bad,)))))
+    assert replies[-1].error_type == "ValueError" and "lora_int_id 1 is" in replies[-1].error
+    server.handle(decoder.decode(encoder.encode(core_proc.Call(3, "remove_lora", (1,)))))
+    assert replies[-1].result is True and core.list_loras() == []
