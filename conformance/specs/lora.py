@@ -304,8 +304,7 @@ def adds_in_place_to_the_rows_with_an_adapter(ctx: Ctx, case: Case) -> None:
 
 @spec.prop("lora_expand", expand_cases(), name="unused_slots_are_not_read")
 def expand_unused_slots_are_not_read(ctx: Ctx, case: Case) -> None:
-    """Slots no token uses do not enter the result: NaN in their B or scaling changes
-    nothing."""
+    """Slots no token uses do not enter the result: NaN in their B changes nothing."""
     used = set(case.indices.tolist())
     unused = [i for i in range(case.lora_b.shape[0]) if i not in used]
     if not unused:

@@ -135,6 +135,7 @@ pub struct Slices<'a> {
 /// transposed into `bt` (rank, out) in the compute type, so that each token's delta is
 /// `rank` contiguous multiply-adds along the output rows per slice.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn expand_slot_impl<E: Elem>(
     b: &[E],
     y: &[E::C],
