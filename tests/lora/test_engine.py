@@ -228,3 +228,30 @@ def test_lora_calls_cross_to_the_engine_core_process(adapters):
     assert replies[-1].error_type == "ValueError" and "lora_int_id 1 is" in replies[-1].error
     server.handle(decoder.decode(encoder.encode(core_proc.Call(3, "remove_lora", (1,)))))
     assert replies[-1].result is True and core.list_loras() == []
+
+
+def test_a_request_held_back_by_max_loras_keeps_its_place(adapters):
+    """max_loras=1, adapter 1 running: a request of adapter 2 waits; a later one of
+    adapter 1 waits behind it (it cannot be starved by them), one without an adapter
+    runs at once; when adapter 1's request ends, adapter 2's goes first."""
+    _, requests = adapters
+    core = EngineCore(
+        load_model(default_model_path(), dtype="float32", progress=False),
+        EngineConfig(**ENGINE, max_loras=1, max_cpu_loras=2),
+    )
+
+    def request(rid, lora, n):
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        return Request(rid, PROMPTS[0], sampling_params=params, max_tokens=n, lora_request=lora)
+
+    core.add_request(request("a", requests[0], 3))
+    core.step()
+    for r in (request("x", requests[1], 2), request("y", requests[0], 2), request("z", None, 2)):
+        core.add_request(r)
+    core.step()
+    running = lambda: [r.request_id for r in core.scheduler.running]  # noqa: E731
+    assert running() == ["a", "z"]
+    assert [r.request_id for r in core.scheduler.waiting] == ["x", "y"]
+    core.step()  # a's last token
+    core.step()
+    assert running()[0] == "x" and "y" not in running()
