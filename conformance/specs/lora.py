@@ -5,9 +5,9 @@ each, values in [-2, 2] with exact small values (0, 1, -1, 0.5), float16, float3
 float64 inputs (float32 y and scaling beside float16 weights as an engine has them),
 indices in [-1, num_loras) with -1 common. An `out` of each float dtype.
 
-Tolerances: |got - want| <= T * M, M the float64 result with every operand replaced by
-its magnitude (|A| |x| for the shrink, |s| |B| |y| for the expand), T = 2e-6 for
-float32 compute (1e-14 float64). In place, out[t] is (out[t] + delta) rounded once to
+Tolerances: |got - want| <= T * M + tiny, M the float64 result with every operand
+replaced by its magnitude (|A| |x| for the shrink, |s| |B| |y| for the expand), T = 2e-6
+for float32 compute (1e-14 float64), tiny a few subnormals (2e-44, 1e-321). In place, out[t] is (out[t] + delta) rounded once to
 out's dtype: the result may also differ by that rounding (2^-11 |want| for float16,
 2^-24 for float32, 2^-53 for float64, plus the smallest subnormal).
 """
@@ -35,6 +35,7 @@ from ._common import (
 
 OPS = contract.names("lora")
 T = {"float32": 2e-6, "float64": 1e-14}
+TINY = {"float32": 2e-44, "float64": 1e-321}  # products and sums among subnormals
 ROUNDING = {"float16": (2.0**-11, 6e-8), "float32": (2.0**-24, 1.5e-45), "float64": (2.0**-53, 0)}
 DTYPES = (np.float16, np.float32, np.float64)
 
@@ -143,7 +144,7 @@ def expand_oracle(case: Case) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sum_tol(dtype_name: str, mag: np.ndarray) -> np.ndarray:
-    return T[dtype_name] * mag
+    return T[dtype_name] * mag + TINY[dtype_name]
 
 
 def in_place_tol(case: Case, out: np.ndarray, want: np.ndarray, mag: np.ndarray) -> np.ndarray:
