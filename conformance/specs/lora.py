@@ -7,9 +7,10 @@ indices in [-1, num_loras) with -1 common. An `out` of each float dtype.
 
 Tolerances: |got - want| <= T * M + tiny, M the float64 result with every operand
 replaced by its magnitude (|A| |x| for the shrink, |s| |B| |y| for the expand), T = 2e-6
-for float32 compute (1e-14 float64), tiny a few subnormals (2e-44, 1e-321). In place, out[t] is (out[t] + delta) rounded once to
-out's dtype: the result may also differ by that rounding (2^-11 |want| for float16,
-2^-24 for float32, 2^-53 for float64, plus the smallest subnormal).
+for float32 compute (1e-14 float64), tiny a few subnormals (2e-44, 1e-321). In place,
+out[t] is (out[t] + delta) rounded once to out's dtype: the result may also differ by
+that rounding (2^-11 |want| for float16, 2^-24 for float32, 2^-53 for float64, plus the
+smallest subnormal).
 """
 
 from __future__ import annotations
