@@ -8,7 +8,8 @@ adapter slots), with LoRA enabled but no request using an adapter, and with the 
 requests spread round-robin over 1, 4 and 16 adapters (rank 16 on q/k/v/o and
 gate/up/down, max_loras 16). It prints decode tokens/s of each and the ratio to no
 LoRA (the target: >= 0.75 at 16 adapters). The adapters are written in PEFT's format
-with random factors, so the run needs no PEFT. Median of 3 runs after a warm-up.
+with random factors, so the run needs no PEFT. Median of 5 runs after a warm-up, the
+cases interleaved run by run.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def main() -> None:
     parser.add_argument("--ops", default="auto", choices=["ref", "accel", "auto"])
     parser.add_argument("--rank", type=int, default=16)
     args = parser.parse_args()
-    steps, runs = (4, 1) if args.quick else (32, 3)
+    steps, runs = (4, 1) if args.quick else (32, 5)
     batch = 64
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -137,10 +138,11 @@ def main() -> None:
         ]
         for _, core, loras in cases:  # warm-up: loads the adapters, fills the slots
             decode_seconds(core, loras, 2)
-        results = {}
-        for name, core, loras in cases:
-            times = [decode_seconds(core, loras, steps) for _ in range(runs)]
-            results[name] = batch * steps / statistics.median(times)
+        times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+        for _ in range(runs):  # the cases interleaved, so that a load change hits them all
+            for name, core, loras in cases:
+                times[name].append(decode_seconds(core, loras, steps))
+        results = {name: batch * steps / statistics.median(t) for name, t in times.items()}
         print(f"{'case':<18} {'decode tok/s':>12} {'vs no LoRA':>10}")
         for name, tps in results.items():
             print(f"{name:<18} {tps:12.1f} {tps / results['no LoRA']:10.2f}")

@@ -31,6 +31,17 @@ const LANES: usize = 16;
 /// handing less to the thread pool costs more than it saves, so decode batches stay).
 const PARALLEL: usize = 1 << 20;
 
+/// The tokens of each slot, in token order (tokens without a slot in none).
+fn group_by_slot(slots: &[i64], num_loras: usize) -> Vec<Vec<usize>> {
+    let mut groups = vec![Vec::new(); num_loras];
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot >= 0 {
+            groups[slot as usize].push(t);
+        }
+    }
+    groups
+}
+
 /// The sum of LANES partial sums, pairwise (a tree the compiler vectorises).
 #[inline(always)]
 fn fold<C: Compute>(mut acc: [C; LANES]) -> C {
@@ -44,146 +55,162 @@ fn fold<C: Compute>(mut acc: [C; LANES]) -> C {
     acc[0]
 }
 
-/// The dots of four rows of `a` (storage type, each `x.len()` long) with `x` (compute
-/// type): LANES partial sums per row, x read once for the four.
+/// The dots of one row `a` (storage type) with four vectors `x` (compute type, as long
+/// as `a`): LANES partial sums each, the row read once for the four.
 #[inline(always)]
-fn dot4<E: Elem>(a: [&[E]; 4], x: &[E::C]) -> [E::C; 4] {
-    let n = x.len();
+fn dot4<E: Elem>(a: &[E], x: [&[E::C]; 4]) -> [E::C; 4] {
+    let n = a.len();
     let body = n - n % LANES;
     let mut acc = [[E::C::ZERO; LANES]; 4];
     for c in (0..body).step_by(LANES) {
-        let v: &[E::C; LANES] = x[c..c + LANES].try_into().unwrap();
-        for (row, sums) in a.iter().zip(acc.iter_mut()) {
-            let w: &[E; LANES] = row[c..c + LANES].try_into().unwrap();
+        let w: &[E; LANES] = a[c..c + LANES].try_into().unwrap();
+        let mut wide = [E::C::ZERO; LANES];
+        for l in 0..LANES {
+            wide[l] = w[l].load();
+        }
+        for (v, sums) in x.iter().zip(acc.iter_mut()) {
+            let v: &[E::C; LANES] = v[c..c + LANES].try_into().unwrap();
             for l in 0..LANES {
-                sums[l] = sums[l] + w[l].load() * v[l];
+                sums[l] = sums[l] + wide[l] * v[l];
             }
         }
     }
     let mut out = [E::C::ZERO; 4];
-    for (r, (row, sums)) in a.iter().zip(acc).enumerate() {
+    for (j, (v, sums)) in x.iter().zip(acc).enumerate() {
         let mut sum = fold(sums);
         for i in body..n {
-            sum = sum + row[i].load() * x[i];
+            sum = sum + a[i].load() * v[i];
         }
-        out[r] = sum;
+        out[j] = sum;
     }
     out
 }
 
-/// One token of `lora_shrink`: y[r] = a[r] . x over the rows r of its slot's A (`a`:
-/// rank rows of `x.len()`), x widened into `scratch`; rows four at a time.
+/// The tokens of one slot through its A (`a`: rank rows of `width`): `y[j * rank + r] =
+/// a[r] . x[j]` for the widened inputs `x` (one row of `width` per token), each row of A
+/// read once for four tokens.
 #[inline(always)]
-fn shrink_token_impl<E: Elem>(a: &[E], x: &[E], scratch: &mut [E::C], y: &mut [E::C]) {
-    let width = x.len();
-    E::C::widen(x, scratch);
-    let row = |r: usize| &a[r * width..(r + 1) * width];
-    let rank = y.len();
-    let mut r = 0;
-    while r + 4 <= rank {
-        let sums = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], scratch);
-        y[r..r + 4].copy_from_slice(&sums);
-        r += 4;
-    }
-    while r < rank {
-        // the last rows, with a row repeated (its sums discarded)
-        y[r] = dot4([row(r), row(r), row(r), row(r)], scratch)[0];
-        r += 1;
+fn shrink_slot_impl<E: Elem>(a: &[E], x: &[E::C], width: usize, y: &mut [E::C]) {
+    let n = x.len() / width.max(1);
+    let rank = a.len() / width.max(1);
+    let token = |j: usize| &x[j * width..(j + 1) * width];
+    for r in 0..rank {
+        let row = &a[r * width..(r + 1) * width];
+        let mut j = 0;
+        while j < n {
+            // four tokens at a time; past the last, the last one again (discarded)
+            let pick = |i: usize| token((j + i).min(n - 1));
+            let sums = dot4(row, [pick(0), pick(1), pick(2), pick(3)]);
+            for (i, &sum) in sums.iter().enumerate().take(n - j) {
+                y[(j + i) * rank + r] = sum;
+            }
+            j += 4;
+        }
     }
 }
 
 multiversion! {
-    fn shrink_token<E: Elem>(a: &[E], x: &[E], scratch: &mut [E::C], y: &mut [E::C]) -> ()
-        = shrink_token_impl;
+    fn shrink_slot<E: Elem>(a: &[E], x: &[E::C], width: usize, y: &mut [E::C]) -> ()
+        = shrink_slot_impl;
 }
 
 /// The whole shrink on slices: x (tokens, in), lora_a (num_loras, rank, in), slots in
-/// [-1, num_loras) per token; y (tokens, rank) is written, zeros for slot -1.
+/// [-1, num_loras) per token; y (tokens, rank) is written, zeros for slot -1. The tokens
+/// are grouped by slot (SGMV's segments), each slot's A read once per group; slots in
+/// parallel for large batches.
 pub fn shrink_slices<E: Elem>(x: &[E], lora_a: &[E], slots: &[i64], rank: usize, y: &mut [E::C]) {
     let tokens = slots.len();
     let width = x.len() / tokens.max(1);
-    if rank == 0 {
+    y.fill(E::C::ZERO);
+    if rank == 0 || tokens == 0 {
         return;
     }
-    let run = |(t, row): (usize, &mut [E::C])| {
-        let slot = slots[t];
-        if slot < 0 {
-            row.fill(E::C::ZERO);
-            return;
+    let per_slot = rank * width;
+    let groups = group_by_slot(slots, lora_a.len() / per_slot.max(1));
+    let run = |(slot, members): (usize, &Vec<usize>)| -> Vec<E::C> {
+        let mut xs = vec![E::C::ZERO; members.len() * width];
+        for (j, &t) in members.iter().enumerate() {
+            E::C::widen(
+                &x[t * width..(t + 1) * width],
+                &mut xs[j * width..(j + 1) * width],
+            );
         }
-        let per_slot = rank * width;
-        let a = &lora_a[slot as usize * per_slot..(slot as usize + 1) * per_slot];
-        let mut scratch = vec![E::C::ZERO; width];
-        shrink_token(a, &x[t * width..(t + 1) * width], &mut scratch, row);
+        let mut out = vec![E::C::ZERO; members.len() * rank];
+        if !members.is_empty() {
+            let a = &lora_a[slot * per_slot..(slot + 1) * per_slot];
+            shrink_slot(a, &xs, width, &mut out);
+        }
+        out
     };
-    if tokens * rank * width >= PARALLEL {
-        y.par_chunks_mut(rank).enumerate().for_each(run);
+    let results: Vec<Vec<E::C>> = if tokens * per_slot >= PARALLEL {
+        groups.par_iter().enumerate().map(run).collect()
     } else {
-        y.chunks_mut(rank).enumerate().for_each(run);
+        groups.iter().enumerate().map(run).collect()
+    };
+    for (members, result) in groups.iter().zip(&results) {
+        for (j, &t) in members.iter().enumerate() {
+            y[t * rank..(t + 1) * rank].copy_from_slice(&result[j * rank..(j + 1) * rank]);
+        }
     }
 }
 
-/// How `lora_expand` lays out one slot: the output slices' sizes and the rank.
+/// How `lora_expand` lays out one slot: the output slices' sizes, the rank, and whether
+/// B is stored rank-major ((rank, out) per slot: the transposed view an engine keeps, read
+/// in place) or as the contract states it ((out, rank) per slot: transposed first).
 #[derive(Clone, Copy)]
 pub struct Slices<'a> {
     pub sizes: &'a [usize],
     pub rank: usize,
+    pub rank_major: bool,
 }
 
-/// The tokens of one slot: their deltas, `delta[j]` = scaling * B y[tokens[j]] over the
-/// output rows (each slice reading its rank columns of y). B (out, rank) is first
-/// transposed into `bt` (rank, out) in the compute type, so that each token's delta is
-/// `rank` contiguous multiply-adds along the output rows per slice.
+/// The tokens of one slot through its B: `delta[j]` = scaling * B y[tokens[j]] over the
+/// output rows (each slice reading its rank columns of y), from `bt`, B as (rank, out)
+/// in the compute type: for each rank column k, its row of bt is added, times y's entry,
+/// to every token's delta (contiguous multiply-adds, bt's row read once for the group).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn expand_slot_impl<E: Elem>(
-    b: &[E],
+    bt: &[E],
     y: &[E::C],
     width: usize,
     tokens: &[usize],
     scaling: E::C,
     layout: Slices<'_>,
-    bt: &mut [E::C],
     delta: &mut [E::C],
 ) {
-    let (rank, out) = (layout.rank, bt.len() / layout.rank.max(1));
-    for o in 0..out {
+    let rank = layout.rank;
+    let out = bt.len() / rank.max(1);
+    let mut start = 0;
+    let mut wide = vec![E::C::ZERO; out];
+    for (s, &size) in layout.sizes.iter().enumerate() {
         for k in 0..rank {
-            bt[k * out + o] = b[o * rank + k].load();
-        }
-    }
-    for (j, &t) in tokens.iter().enumerate() {
-        let d = &mut delta[j * out..(j + 1) * out];
-        d.fill(E::C::ZERO);
-        let v = &y[t * width..(t + 1) * width];
-        let mut start = 0;
-        for (s, &size) in layout.sizes.iter().enumerate() {
-            let rows = start..start + size;
-            for k in 0..rank {
-                let vk = v[s * rank + k];
-                let col = &bt[k * out + rows.start..k * out + rows.end];
-                for (dst, &w) in d[rows.clone()].iter_mut().zip(col) {
+            let col = &bt[k * out + start..k * out + start + size];
+            E::C::widen(col, &mut wide[..size]);
+            for (j, &t) in tokens.iter().enumerate() {
+                let vk = y[t * width + s * rank + k];
+                let d = &mut delta[j * out + start..j * out + start + size];
+                for (dst, &w) in d.iter_mut().zip(&wide[..size]) {
                     *dst = *dst + w * vk;
                 }
             }
-            start += size;
         }
-        for dst in d.iter_mut() {
-            *dst = *dst * scaling;
-        }
+        start += size;
+    }
+    for dst in delta.iter_mut() {
+        *dst = *dst * scaling;
     }
 }
 
 multiversion! {
     #[allow(clippy::too_many_arguments)]
     fn expand_slot<E: Elem>(
-        b: &[E],
+        bt: &[E],
         y: &[E::C],
         width: usize,
         tokens: &[usize],
         scaling: E::C,
         layout: Slices<'_>,
-        bt: &mut [E::C],
         delta: &mut [E::C],
     ) -> () = expand_slot_impl;
 }
@@ -201,11 +228,11 @@ fn add_rounded<O: Elem, C: Compute>(out: O, delta: C) -> O {
 }
 
 /// The whole expand on slices: y (tokens, num_slices * rank), lora_b (num_loras, out,
-/// rank), scaling (num_loras,), slots per token. Into `out` (tokens, out_features) of
-/// any type O: with `add`, out + delta rounded to O for the tokens with a slot (the
-/// other rows untouched); without, delta itself (O is the compute type, zeros for -1).
-/// The tokens are grouped by slot (in token order), the slots in parallel for large
-/// batches.
+/// rank), or (num_loras, rank, out) when `layout.rank_major`, scaling (num_loras,), slots
+/// per token. Into `out` (tokens, out_features) of any type O: with `add`, out + delta
+/// rounded to O for the tokens with a slot (the other rows untouched); without, delta
+/// itself (O is the compute type, zeros for -1). The tokens are grouped by slot (in
+/// token order), the slots in parallel for large batches.
 #[allow(clippy::too_many_arguments)]
 pub fn expand_slices<E: Elem, O: Elem>(
     y: &[E::C],
@@ -218,46 +245,37 @@ pub fn expand_slices<E: Elem, O: Elem>(
 ) {
     let tokens = slots.len();
     let out_features: usize = layout.sizes.iter().sum();
-    if out_features == 0 {
+    if !add {
+        out.fill(O::store(O::C::ZERO));
+    }
+    if out_features == 0 || layout.rank == 0 || tokens == 0 {
         return;
     }
-    let width = y.len() / tokens.max(1);
-    let num_loras = scaling.len();
-    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); num_loras];
-    for (t, &slot) in slots.iter().enumerate() {
-        if slot >= 0 {
-            groups[slot as usize].push(t);
-        }
-    }
+    let width = y.len() / tokens;
+    let groups = group_by_slot(slots, scaling.len());
     let per_slot = out_features * layout.rank;
     let run = |(slot, members): (usize, &Vec<usize>)| -> Vec<E::C> {
         let mut delta = vec![E::C::ZERO; members.len() * out_features];
-        if members.is_empty() || layout.rank == 0 {
+        if members.is_empty() {
             return delta;
         }
-        let mut bt = vec![E::C::ZERO; per_slot];
         let b = &lora_b[slot * per_slot..(slot + 1) * per_slot];
-        expand_slot(
-            b,
-            y,
-            width,
-            members,
-            scaling[slot],
-            layout,
-            &mut bt,
-            &mut delta,
-        );
+        if layout.rank_major {
+            expand_slot(b, y, width, members, scaling[slot], layout, &mut delta);
+        } else {
+            let mut bt = Vec::with_capacity(per_slot);
+            for k in 0..layout.rank {
+                bt.extend((0..out_features).map(|o| b[o * layout.rank + k]));
+            }
+            expand_slot(&bt, y, width, members, scaling[slot], layout, &mut delta);
+        }
         delta
     };
-    let work = tokens * per_slot + num_loras * per_slot;
-    let deltas: Vec<Vec<E::C>> = if work >= PARALLEL {
+    let deltas: Vec<Vec<E::C>> = if tokens * per_slot >= PARALLEL {
         groups.par_iter().enumerate().map(run).collect()
     } else {
         groups.iter().enumerate().map(run).collect()
     };
-    if !add {
-        out.fill(O::store(O::C::ZERO));
-    }
     for (members, delta) in groups.iter().zip(&deltas) {
         for (j, &t) in members.iter().enumerate() {
             let row = &mut out[t * out_features..(t + 1) * out_features];
@@ -313,15 +331,17 @@ fn lora_shrink<'py>(
     })
 }
 
-/// lora_expand(y, lora_b, indices, scaling, out, output_slices)
+/// lora_expand(y, lora_b, indices, scaling, out, output_slices, rank_major)
 /// --
 ///
 /// C-contiguous arrays: `y` (tokens, num_slices * rank) and `scaling` (num_loras,) in
-/// lora_b's compute type, `lora_b` (num_loras, out_features, rank) of any float dtype,
+/// lora_b's compute type, `lora_b` (num_loras, out_features, rank) of any float dtype
+/// ((num_loras, rank, out_features) with `rank_major`),
 /// `indices` int64 (tokens,) in [-1, num_loras), `out` None or (tokens, out_features)
 /// of any float dtype (written in place), `output_slices` the sizes summing to
 /// out_features. Returns out, or the delta in the compute type.
 #[pyfunction]
+#[allow(clippy::too_many_arguments)]
 fn lora_expand<'py>(
     py: Python<'py>,
     y: &Bound<'py, PyAny>,
@@ -330,6 +350,7 @@ fn lora_expand<'py>(
     scaling: &Bound<'py, PyAny>,
     out: Option<&Bound<'py, PyAny>>,
     output_slices: Vec<usize>,
+    rank_major: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     with_elem!(dtype_of(lora_b, "lora_b")?, E => {
         let ba = float_array::<E>(lora_b, "lora_b")?;
@@ -341,7 +362,10 @@ fn lora_expand<'py>(
             .cast::<numpy::PyArray1<<E as Elem>::C>>()
             .map_err(|_| value_error("scaling must be a 1-D array of lora_b's compute type"))?;
         let sa = readonly(sa, "scaling")?;
-        let (bs, ys) = (ba.shape().to_vec(), ya.shape().to_vec());
+        let (mut bs, ys) = (ba.shape().to_vec(), ya.shape().to_vec());
+        if rank_major && bs.len() == 3 {
+            bs.swap(1, 2); // (num_loras, out, rank) from here on
+        }
         let slots = slice(&indices, "indices")?;
         let ok = bs.len() == 3
             && output_slices.iter().sum::<usize>() == bs[1]
@@ -361,7 +385,7 @@ fn lora_expand<'py>(
             return Err(value_error(format!("indices holds {bad}, outside [-1, {num_loras})")));
         }
         let (yd, bd, sd) = (slice(&ya, "y")?, slice(&ba, "lora_b")?, slice(&sa, "scaling")?);
-        let layout = Slices { sizes: &output_slices, rank: bs[2] };
+        let layout = Slices { sizes: &output_slices, rank: bs[2], rank_major };
         match out {
             None => {
                 // SAFETY: every element is written below (zeros for the tokens without a slot).
@@ -428,6 +452,7 @@ mod tests {
         let layout = Slices {
             sizes: &[1, 2],
             rank: 1,
+            rank_major: false,
         };
         let mut out = [10.0f32; 9];
         expand_slices::<f64, f32>(&y, &b, &scaling, &slots, layout, true, &mut out);
@@ -435,6 +460,47 @@ mod tests {
         let want0 = 10.0 + 0.5 * b[3] * y[0]; // token 0, slot 1, row 0 reads slice 0
         let want2 = 10.0 + 0.5 * b[5] * y[1]; // row 2 is in slice 1
         assert!((out[0] as f64 - want0).abs() < 1e-4 && (out[2] as f64 - want2).abs() < 1e-4);
+        // rank 1: the rank-major layout is the same memory
+        let mut again = [10.0f32; 9];
+        let rank_major = Slices {
+            rank_major: true,
+            ..layout
+        };
+        expand_slices::<f64, f32>(&y, &b, &scaling, &slots, rank_major, true, &mut again);
+        assert_eq!(again, out);
+    }
+
+    #[test]
+    fn rank_major_b_is_read_as_its_transpose() {
+        // one slot, rank 2, 3 output rows; two tokens
+        let b: Vec<f32> = (0..6).map(|i| i as f32 - 2.5).collect(); // (out 3, rank 2)
+        let bt: Vec<f32> = (0..2)
+            .flat_map(|k| (0..3).map(move |o| (o * 2 + k) as f32 - 2.5))
+            .collect();
+        let y = [1.0f32, -2.0, 0.5, 3.0];
+        let (slots, scaling) = ([0i64, 0], [1.5f32]);
+        let layout = Slices {
+            sizes: &[3],
+            rank: 2,
+            rank_major: false,
+        };
+        let (mut row_major, mut rank_major) = ([0.0f32; 6], [0.0f32; 6]);
+        expand_slices::<f32, f32>(&y, &b, &scaling, &slots, layout, false, &mut row_major);
+        let transposed = Slices {
+            rank_major: true,
+            ..layout
+        };
+        expand_slices::<f32, f32>(
+            &y,
+            &bt,
+            &scaling,
+            &slots,
+            transposed,
+            false,
+            &mut rank_major,
+        );
+        assert_eq!(row_major, rank_major);
+        assert_eq!(row_major[0], 1.5 * (b[0] * y[0] + b[1] * y[1]));
     }
 
     #[test]

@@ -3,7 +3,10 @@
 `LoRALinear` takes the place of one of the decoder's projections (qkv_proj, o_proj,
 gate_up_proj or up_proj, down_proj) and keeps its parameters (same names, so nothing
 else changes). It holds the adapters in slots: buffers of max_loras stacked factors
-padded to max_lora_rank, which `LoRAManager` fills. Per step the runner sets
+padded to max_lora_rank, which `LoRAManager` fills; B is stored rank-major, (max_loras,
+max_lora_rank, out), and handed to the ops as its transposed view (the contract's
+(max_loras, out, rank)): the expand then reads each rank column of a slot's B as one
+contiguous row (the accelerator's fast path). Per step the runner sets
 `LoRAState.indices`, each token's slot (-1: no adapter); the layer then adds
 
     out[t] += s_i * B_i (A_i x[t])      (`ops.lora.lora_shrink`, then `lora_expand`)
@@ -78,7 +81,7 @@ class LoRALinear(nn.Linear):
             "lora_a", buffer(max_loras, len(slices) * max_rank, self.in_features), persistent=False
         )
         self.register_buffer(
-            "lora_b", buffer(max_loras, self.out_features, max_rank), persistent=False
+            "lora_b_rank_major", buffer(max_loras, max_rank, self.out_features), persistent=False
         )
         self.register_buffer("scaling", buffer(max_loras, dtype=torch.float32), persistent=False)
         self.register_buffer(
@@ -101,14 +104,19 @@ class LoRALinear(nn.Linear):
         r = 0 if a is None else a.shape[1]
         per_slice = self.lora_a[slot].view(len(self.slices), self.max_rank, self.in_features)
         per_slice.zero_()
-        self.lora_b[slot].zero_()
+        self.lora_b_rank_major[slot].zero_()
         if a is not None:
             per_slice[:, :r].copy_(a)
-            self.lora_b[slot, :, :r].copy_(b)
+            self.lora_b_rank_major[slot, :r].copy_(b.T)
         self.scaling[slot] = scaling
         self.dora_scale[slot].fill_(1.0)
         if dora_scale is not None:
             self.dora_scale[slot].copy_(dora_scale)
+
+    @property
+    def lora_b(self) -> torch.Tensor:
+        """The slots' B as the ops take it, (max_loras, out, max_rank): a view."""
+        return self.lora_b_rank_major.transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight, self.bias)
@@ -125,5 +133,5 @@ class LoRALinear(nn.Linear):
         return (out.float() + (g - 1) * base + g * delta.float()).to(out.dtype)
 
     def extra_repr(self) -> str:
-        slots, rank = self.lora_b.shape[0], self.max_rank
+        slots, rank = self.lora_a.shape[0], self.max_rank
         return f"{super().extra_repr()}, slices={self.slices}, slots={slots}, max_rank={rank}"

@@ -103,6 +103,14 @@ def test_accel_equals_the_reference_at_engine_shapes(dtype, tokens):
     strided.copy_(out)
     accel.lora_expand(y_ref, b, indices, scaling, strided, (256, 64, 64))
     torch.testing.assert_close(strided, want, **tol)
+    rank_major = b.transpose(1, 2).contiguous().transpose(1, 2)  # LoRALinear's layout
+    assert not rank_major.is_contiguous()
+    got = out.clone()
+    accel.lora_expand(y_ref, rank_major, indices, scaling, got, (256, 64, 64))
+    torch.testing.assert_close(got, want, **tol)
+    delta = lora.lora_expand(y_ref, b, indices, scaling, None, (256, 64, 64))
+    got_delta = accel.lora_expand(y_ref, rank_major, indices, scaling, None, (256, 64, 64))
+    torch.testing.assert_close(got_delta, delta, rtol=1e-4, atol=1e-4)
 
 
 def test_accel_refuses_device_tensors_and_names_bad_indices():

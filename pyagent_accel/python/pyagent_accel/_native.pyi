@@ -276,4 +276,5 @@ def lora_expand(
     scaling: np.ndarray,
     out: np.ndarray | None,
     output_slices: list[int],
+    rank_major: bool,
 ) -> np.ndarray: ...

@@ -15,9 +15,11 @@ Differences from the reference:
 
 - Only numpy arrays and torch CPU tensors: a tensor on another device raises TypeError
   (it is never copied silently), as does another array library.
-- Non-contiguous inputs are copied to a contiguous array first; a non-contiguous `out`
-  is updated through a contiguous copy written back (the reference reads and writes
-  any layout).
+- Non-contiguous inputs are copied to a contiguous array first, but for a `lora_b`
+  stored rank-major (the transposed view of a C-contiguous (num_loras, rank,
+  out_features) array, as `lora.layers.LoRALinear` keeps it), which is read in place;
+  a non-contiguous `out` is updated through a contiguous copy written back (the
+  reference reads and writes any layout).
 - y, scaling (and lora_b when its compute type is not y's) are converted to the compute
   dtype before the call; slots are read in place.
 """
@@ -112,6 +114,15 @@ def lora_shrink(x: Any, lora_a: Any, indices: Any) -> Any:
     return _c.wrap(out, torch_in)
 
 
+def _rank_major(view: np.ndarray) -> np.ndarray | None:
+    """The C-contiguous (num_loras, rank, out) array whose transposed view `view` (of
+    shape (num_loras, out, rank)) is, or None for another layout."""
+    swapped = view.transpose(0, 2, 1)
+    if swapped.flags.c_contiguous and swapped.flags.aligned and view.shape[2] > 1:
+        return swapped
+    return None
+
+
 def _slices(output_slices: Sequence[int] | None, out_features: int) -> list[int]:
     if output_slices is None:
         return [out_features]
@@ -167,17 +178,21 @@ def lora_expand(
     if not np.isfinite(scale).all():
         raise ValueError("scaling contains NaN or inf")
     v = _as_compute(y, compute, "y", torch_in)
+    rank_major = None
     if _compute(lora_b) == compute:
-        b = _contiguous(lora_b, "lora_b", b_torch)
+        b = _c.float_view(lora_b, "lora_b", b_torch)
+        rank_major = _rank_major(b)
+        b = np.ascontiguousarray(b) if rank_major is None else rank_major
     else:  # a lora_b whose compute type is not y's: converted (the reference's astype)
         b = _as_compute(lora_b, compute, "lora_b", b_torch)
+    flag = rank_major is not None
     if out is None:
-        return _c.wrap(_native.lora_expand(v, b, idx, scale, None, sizes), torch_in)
+        return _c.wrap(_native.lora_expand(v, b, idx, scale, None, sizes, flag), torch_in)
     view = _c.float_view(out, "out", out_torch)
     if view.flags.c_contiguous and view.flags.aligned and view.flags.writeable:
-        _native.lora_expand(v, b, idx, scale, view, sizes)
+        _native.lora_expand(v, b, idx, scale, view, sizes, flag)
     else:  # through a contiguous copy, written back
         tmp = np.ascontiguousarray(view)
-        _native.lora_expand(v, b, idx, scale, tmp, sizes)
+        _native.lora_expand(v, b, idx, scale, tmp, sizes, flag)
         view[...] = tmp
     return out
