@@ -33,7 +33,8 @@ hidden and expert sizes divided by 8 so a CPU run takes seconds), for a decode b
 a prefill chunk, the same way. Batched LoRA (`bench_lora`) times lora_shrink and
 lora_expand (in place, with the q/k/v output slices) of a fused qkv projection at a
 Llama-3-8B shape divided by 8 (hidden 512, 4 KV heads of 16), 16 adapter slots of rank
-16, tokens spread over the 16 adapters and none.
+16 (B stored rank-major, as the engine's layers keep it), tokens spread over the 16
+adapters and none.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -710,7 +711,9 @@ def lora_cases(tokens: int, rng: np.random.Generator) -> list[tuple[str, tuple]]
     hidden, q, kv, slots, rank = 512, 512, 64, 16, 16
     x = rng.normal(0.0, 1.0, (tokens, hidden)).astype(np.float32)
     lora_a = rng.normal(0.0, hidden**-0.5, (slots, 3 * rank, hidden)).astype(np.float32)
-    lora_b = rng.normal(0.0, rank**-0.5, (slots, q + 2 * kv, rank)).astype(np.float32)
+    # B kept rank-major, the view (slots, out, rank) handed to the ops, as LoRALinear does
+    lora_b = rng.normal(0.0, rank**-0.5, (slots, rank, q + 2 * kv)).astype(np.float32)
+    lora_b = lora_b.transpose(0, 2, 1)
     indices = rng.integers(-1, slots, tokens)
     scaling = np.full(slots, 2.0, np.float32)
     y = ref_lora.lora_shrink(x, lora_a, indices)
