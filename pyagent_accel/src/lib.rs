@@ -19,6 +19,7 @@ pub mod float;
 pub mod grammar;
 pub mod hashing;
 pub mod layers;
+pub mod lora;
 pub mod moe;
 pub mod ngram;
 pub mod philox;
@@ -36,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bpe::register(m)?;
     layers::register(m)?;
     moe::register(m)?;
+    lora::register(m)?;
     rope::register(m)?;
     attention::register(m)?;
     structured::register(m)?;

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .._files import read_json_object
+from ..lora import LoRARequest
 from ..model.pooling import PoolingParams
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
@@ -98,11 +99,14 @@ class _Frontend:
         request_id: str | None,
         stream: bool,
         pooling: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> _Admission:
         """Check one prompt and build its requests (pooling: one request that embeds the
-        prompt instead of generating); changes nothing."""
+        prompt instead of generating); changes nothing but loading its LoRA adapter."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(lora_request, LoRARequest | None):
+            raise TypeError(f"lora_request must be a LoRARequest or None, got {lora_request!r}")
         if not isinstance(pooling, PoolingParams | None):
             raise TypeError(f"pooling_params must be PoolingParams, got {pooling!r}")
         check_n(params)
@@ -145,11 +149,14 @@ class _Frontend:
                 if grammar is None or not isinstance(self.core, EngineCore)
                 else self.structured.matcher(grammar, end_ids),
                 pooling_params=pooling,
+                lora_request=lora_request,
             )
             for i in range(params.n)
         ]
         for child in children:
             self.core.check_request(child)
+        if lora_request is not None:  # read and validated once, before anything is queued
+            self.core.add_lora(lora_request)
         return _Admission(rid, text, ids, params, children, stream)
 
     def _dry_breaker_ids(self, params: SamplingParams) -> list[int]:
@@ -257,20 +264,25 @@ class LLM(_Frontend):
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; returns one final RequestOutput per prompt, in order.
 
-        Every prompt is validated before any is queued: one bad prompt raises
-        ValueError/TypeError and queues nothing. An interrupt (KeyboardInterrupt or
-        any exception out of the loop) aborts this call's requests before it propagates.
+        `lora_request`: the LoRA adapter of every prompt, or one per prompt (None: the
+        base model); needs enable_lora. Every prompt is validated (and its adapter
+        loaded) before any is queued: one bad prompt or adapter raises
+        ValueError/TypeError (FileNotFoundError for a missing adapter) and queues
+        nothing. An interrupt (KeyboardInterrupt or any exception out of the loop)
+        aborts this call's requests before it propagates.
         """
         prompts = _prompt_list(prompts)
         params_list = _per_prompt(params, len(prompts))
+        loras = _per_prompt_lora(lora_request, len(prompts))
         with self._lock:
             order = self._admit(
                 [
-                    self._validate(p, sp, None, False)
-                    for p, sp in zip(prompts, params_list, strict=True)
+                    self._validate(p, sp, None, False, lora_request=lr)
+                    for p, sp, lr in zip(prompts, params_list, loras, strict=True)
                 ]
             )
         return self._wait(order)
@@ -379,9 +391,11 @@ class LLM(_Frontend):
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         tools: list[dict] | None = None,
         add_generation_prompt: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         **template_kwargs,
     ) -> list[RequestOutput]:
-        """Render each conversation with the chat template, then generate."""
+        """Render each conversation with the chat template, then generate (with the
+        LoRA adapter(s) of `lora_request`, as `generate`)."""
         if not isinstance(messages, list) or not messages:
             raise TypeError(
                 f"messages must be a non-empty list of messages or of conversations, "
@@ -398,13 +412,33 @@ class LLM(_Frontend):
             )
             for conv in conversations
         ]
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, lora_request)
 
     def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests by id (from another thread while `generate` runs): they end
         with finish_reason "abort" and their KV blocks are freed. Unknown ids are ignored."""
         with self._lock:
             self._keep(self._end(_ids(request_id)))
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a LoRA adapter ahead of its requests (see `EngineCore.add_lora`)."""
+        with self._lock:
+            return self.core.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload a LoRA adapter; False if it is not loaded."""
+        with self._lock:
+            return self.core.remove_lora(lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Never evict a loaded adapter from the host cache."""
+        with self._lock:
+            return self.core.pin_lora(lora_id)
+
+    def list_loras(self) -> list[int]:
+        """The ids of the loaded LoRA adapters."""
+        with self._lock:
+            return self.core.list_loras()
 
     def sleep(self) -> None:
         """Release the KV cache while idle (see `EngineCore.sleep`)."""
@@ -449,10 +483,15 @@ class AsyncLLM(_Frontend):
         self._lock = asyncio.Lock()
 
     async def generate(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream the deltas of one request. Raises ValueError/TypeError at the first
-        iteration for a request that admission rejects (nothing is queued then)."""
+        """Stream the deltas of one request (with the LoRA adapter of `lora_request`).
+        Raises ValueError/TypeError at the first iteration for a request that admission
+        rejects (nothing is queued then)."""
         params = SamplingParams() if params is None else params
         constraint = getattr(params, "structured_outputs", None)
         if constraint is not None:
@@ -464,7 +503,7 @@ class AsyncLLM(_Frontend):
             )
             if not future.done():
                 raise self.structured.timeout_error(constraint)
-        stream = self._stream(prompt, params, request_id)
+        stream = self._stream(prompt, params, request_id, lora_request=lora_request)
         try:
             async for out in stream:
                 yield out
@@ -477,10 +516,12 @@ class AsyncLLM(_Frontend):
         params: SamplingParams,
         request_id: str | None,
         pooling: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Admit one request and yield its deltas until the finished one."""
         async with self._lock:  # the engine is not touched while a step runs
-            rid = self._admit([self._validate(prompt, params, request_id, True, pooling)])[0]
+            admission = self._validate(prompt, params, request_id, True, pooling, lora_request)
+            rid = self._admit([admission])[0]
             queue: asyncio.Queue = asyncio.Queue()
             self._queues[rid] = queue
         self._ensure_loop()
@@ -500,11 +541,13 @@ class AsyncLLM(_Frontend):
         prompt: Prompt,
         pooling_params: PoolingParams | None = None,
         request_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> EmbeddingOutput:
-        """The embedding of one prompt (see `LLM.embed`), computed with the other requests
-        in flight. Raises ValueError/TypeError for a prompt that admission rejects."""
+        """The embedding of one prompt (see `LLM.embed`; with the LoRA adapter of
+        `lora_request`), computed with the other requests in flight. Raises
+        ValueError/TypeError for a prompt that admission rejects."""
         pooling = PoolingParams() if pooling_params is None else pooling_params
-        stream = self._stream(prompt, _POOLING_SAMPLING, request_id, pooling)
+        stream = self._stream(prompt, _POOLING_SAMPLING, request_id, pooling, lora_request)
         try:
             deltas = [out async for out in stream]
         finally:
@@ -516,6 +559,24 @@ class AsyncLLM(_Frontend):
         async with self._lock:
             self._end(_ids(request_id))
             self._deliver()
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a LoRA adapter ahead of its requests (see `EngineCore.add_lora`)."""
+        async with self._lock:
+            return self.core.add_lora(lora_request)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        """Unload a LoRA adapter; False if it is not loaded."""
+        async with self._lock:
+            return self.core.remove_lora(lora_id)
+
+    async def pin_lora(self, lora_id: int) -> bool:
+        async with self._lock:
+            return self.core.pin_lora(lora_id)
+
+    async def list_loras(self) -> list[int]:
+        async with self._lock:
+            return self.core.list_loras()
 
     async def sleep(self) -> None:
         async with self._lock:
@@ -656,6 +717,20 @@ def _per_prompt(params, n: int) -> list[SamplingParams]:
             f"params must be one SamplingParams or one per prompt ({n}), got {len(params)}"
         )
     return params
+
+
+def _per_prompt_lora(lora_request, n: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    if isinstance(lora_request, str) or not isinstance(lora_request, Sequence):
+        raise TypeError(
+            f"lora_request must be a LoRARequest, None or a list of them, got {lora_request!r}"
+        )
+    if len(lora_request) != n:
+        raise ValueError(
+            f"lora_request must be one LoRARequest or one per prompt ({n}), got {len(lora_request)}"
+        )
+    return list(lora_request)
 
 
 def _ids(request_id: str | Iterable[str]) -> list[str]:

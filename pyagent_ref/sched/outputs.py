@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..lora.request import LoRARequest
 from ..model.pooling import PoolingParams
 from ..sample.logprobs import Logprobs
 from ..sample.params import SamplingParams
@@ -19,8 +20,8 @@ from ..sample.params import SamplingParams
 @dataclass(frozen=True)
 class NewRequestData:
     """A request the runner has not seen (or that lost its state to preemption): all
-    its tokens so far, its blocks, how many of its tokens are already computed, and its
-    mirostat mu (None before its first token)."""
+    its tokens so far, its blocks, how many of its tokens are already computed, its
+    mirostat mu (None before its first token) and its LoRA adapter."""
 
     req_id: str
     prompt_token_ids: tuple[int, ...]
@@ -32,6 +33,7 @@ class NewRequestData:
     num_computed_tokens: int
     pooling_params: PoolingParams | None = None
     mirostat_mu: float | None = None
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(slots=True)

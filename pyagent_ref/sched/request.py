@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..lora.request import LoRARequest
 from ..model.pooling import PoolingParams
 from ..sample.params import SamplingParams
 
@@ -84,7 +85,8 @@ class Request:
         output_token_ids: tokens generated so far.
         num_computed_tokens: tokens whose KV is in the cache (or being computed in the
             scheduled step).
-        lora_name: the LoRA adapter, if any (part of the prefix-cache key).
+        lora_request: the LoRA adapter it is served with, if any; its id (`lora_id`) is
+            part of the prefix-cache key of every block.
         mm_features: multimodal items in the prompt (part of the key of the blocks
             they overlap).
         cache_salt: isolates this request's prefix cache from requests with another
@@ -123,7 +125,7 @@ class Request:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    lora_name: str | None = None
+    lora_request: LoRARequest | None = None
     mm_features: tuple[MultiModalFeature, ...] = ()
     cache_salt: str | None = None
     num_encoder_tokens: int = 0
@@ -160,6 +162,11 @@ class Request:
                 f"request {self.request_id!r} cannot go from {self.status.name} to {status.name}"
             )
         self.status = status
+
+    @property
+    def lora_id(self) -> int | None:
+        """The id of its LoRA adapter (the prefix cache's key), or None."""
+        return None if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
     def is_finished(self) -> bool:

@@ -26,6 +26,12 @@ compute those tokens in this step. `update_from_output` appends each sampled tok
 applies the stop conditions: EOS (unless ignore_eos), stop token ids, both only from
 min_tokens on, and max_tokens / the model's context length.
 
+LoRA: with `max_loras` set, the running requests use at most that many distinct
+adapters, so no step needs more adapter slots than the model has. A waiting request
+whose adapter would be one too many waits at its place: later requests with an adapter
+wait behind it (so it cannot starve), requests without one are admitted past it; it is
+admitted once a running adapter's last request ends. Never refused for that.
+
 Speculative decoding: a decoding request with drafts (`Request.spec_token_ids`) is
 scheduled 1 + k tokens, its last token and the k drafts (fewer if the budget is short),
 and the runner emits 1 to k + 1 tokens for it. Drafts may form a tree
@@ -69,11 +75,14 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
     num_lookahead_tokens: int = 0
+    max_loras: int = 0  # distinct LoRA adapters among the running requests; 0: no bound
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_loras < 0:
+            raise ValueError(f"max_loras must be >= 0, got {self.max_loras}")
         if self.num_lookahead_tokens < 0:
             raise ValueError(f"num_lookahead_tokens must be >= 0, got {self.num_lookahead_tokens}")
 
@@ -192,6 +201,8 @@ class Scheduler:
             budget -= num_new
 
         admitted: list[Request] = []
+        loras = {r.lora_id for r in self.running if r.lora_id is not None}
+        held_back: list[Request] = []  # waiting behind an adapter with no slot, in order
         while (
             not preempted
             and budget > 0
@@ -199,6 +210,11 @@ class Scheduler:
             and len(self.running) < cfg.max_num_seqs
         ):
             request = self.waiting.peek()
+            if request.lora_id is not None and (
+                held_back or (cfg.max_loras and len(loras | {request.lora_id}) > cfg.max_loras)
+            ):
+                held_back.append(self.waiting.pop())  # waits, behind the first held back
+                continue
             computed, num_computed = self.kv.get_computed_blocks(
                 request, use_cache=not _needs_every_token(request)
             )
@@ -226,8 +242,11 @@ class Scheduler:
                 request.times.first_scheduled = self.clock()
             self.running.append(request)
             admitted.append(request)
+            if request.lora_id is not None:
+                loras.add(request.lora_id)
             scheduled[request.request_id] = num_new
             budget -= num_new
+        self.waiting.requeue(held_back)
 
         out = self._build_output(scheduled, new_blocks, admitted, preempted)
         out.scheduled_spec_decode_tokens = {r: d for r, d in drafts.items() if d and r in scheduled}
@@ -259,6 +278,7 @@ class Scheduler:
                     num_computed_tokens=request.num_computed_tokens,
                     pooling_params=request.pooling_params,
                     mirostat_mu=request.mirostat_mu,
+                    lora_request=request.lora_request,
                 )
             )
             self._known_to_runner.add(request.request_id)

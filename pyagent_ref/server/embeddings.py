@@ -26,7 +26,7 @@ from .streaming import until_disconnected
 async def create_embedding(
     req: EmbeddingRequest, state: ServerState, request: Request
 ) -> EmbeddingResponse:
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     state.check_serving()
     if req.dimensions is not None:
         raise APIError(
@@ -42,7 +42,7 @@ async def create_embedding(
     rid = f"embd-{uuid.uuid4().hex}"
     state.seats.take(len(inputs))
     try:
-        outs = await until_disconnected(request, _embed_all(state, inputs, pooling, rid))
+        outs = await until_disconnected(request, _embed_all(state, inputs, pooling, rid, lora))
     except (ValueError, TypeError) as exc:
         raise bad_request(exc, {"prompt": "input"}) from None
     finally:
@@ -56,14 +56,14 @@ async def create_embedding(
     ]
     tokens = sum(len(o.prompt_token_ids) for o in outs)
     usage = EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens)
-    return EmbeddingResponse(data=data, model=state.config.served_model_name, usage=usage)
+    return EmbeddingResponse(data=data, model=state.model_name(req.model), usage=usage)
 
 
-async def _embed_all(state: ServerState, inputs: list, pooling: PoolingParams, rid: str):
+async def _embed_all(state: ServerState, inputs: list, pooling: PoolingParams, rid: str, lora):
     """Every input's `EmbeddingOutput`, in order; the first admission error cancels (and
     so aborts) the others."""
     tasks = [
-        asyncio.ensure_future(state.engine.embed(p, pooling, f"{rid}-{i}"))
+        asyncio.ensure_future(state.engine.embed(p, pooling, f"{rid}-{i}", lora))
         for i, p in enumerate(inputs)
     ]
     try:

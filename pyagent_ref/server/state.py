@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 
+from ..lora import LoRARequest
 from ..model.pooling import PoolingParams
 from ..parsers import ReasoningParser, ToolParser, detect_tool_parser, get_reasoning_parser
 from ..parsers import get_tool_parser as _tool_parser_class
@@ -26,6 +28,8 @@ class ServerConfig:
     max_queue: completions that may wait for a seat beyond the engine's max_num_seqs;
         more in flight is a 429. None: no limit.
     pooling_type: how /v1/embeddings pools a prompt's hidden states (`PoolingParams`).
+    lora_modules: LoRA adapters served from the start, name -> directory (PEFT's
+        format); each is a model clients name (`model`). Needs the engine's enable_lora.
     """
 
     served_model_name: str = "pyagent-default"
@@ -34,6 +38,7 @@ class ServerConfig:
     reasoning_parser: str | None = None
     max_queue: int | None = None
     pooling_type: str = "last"
+    lora_modules: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         PoolingParams(self.pooling_type)  # raises for an unknown type
@@ -45,6 +50,11 @@ class ServerConfig:
             _tool_parser_class(self.tool_call_parser)  # raises for an unknown name
         if self.reasoning_parser is not None:
             get_reasoning_parser(self.reasoning_parser)
+        for name in self.lora_modules:
+            if name == self.served_model_name:
+                raise ValueError(
+                    f"lora_modules: the adapter name {name!r} is the served model's name"
+                )
 
 
 @dataclass
@@ -55,6 +65,7 @@ class ServerState:
     reasoning_parser: type[ReasoningParser] | None = None
     seats: Seats = field(init=False)
     metrics: ServerMetrics = field(init=False)
+    loras: dict[str, LoRARequest] = field(init=False)  # the served adapters, by name
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -71,21 +82,40 @@ class ServerState:
         self.tool_parser = _tool_parser_class(name) if name else None
         if cfg.reasoning_parser:
             self.reasoning_parser = get_reasoning_parser(cfg.reasoning_parser)
+        if cfg.lora_modules and not self.engine.config.enable_lora:
+            raise ValueError("lora_modules (--lora-modules) needs the engine's --enable-lora")
+        self.loras = {}
+        self._lora_ids = itertools.count(1)
+        for name, path in cfg.lora_modules.items():
+            self.loras[name] = LoRARequest(name, next(self._lora_ids), str(path))
+
+    def new_lora(self, name: str, path: str) -> LoRARequest:
+        """A request for a new adapter (a fresh id: one id never names two adapters)."""
+        return LoRARequest(name, next(self._lora_ids), path)
 
     @property
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def check_model(self, model: str | None) -> None:
-        """404 unless ``model`` is the served model (None means it)."""
-        if model is not None and model != self.config.served_model_name:
-            raise APIError(
-                404,
-                f"the model {model!r} does not exist; this server serves "
-                f"{self.config.served_model_name!r}",
-                "model",
-                "model_not_found",
-            )
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter ``model`` names, None for the served model (None means it),
+        or a 404 for any other name (as OpenAI and vLLM answer)."""
+        if model is None or model == self.config.served_model_name:
+            return None
+        if model in self.loras:
+            return self.loras[model]
+        adapters = f" and the LoRA adapters {sorted(self.loras)}" if self.loras else ""
+        raise APIError(
+            404,
+            f"the model {model!r} does not exist; this server serves "
+            f"{self.config.served_model_name!r}{adapters}",
+            "model",
+            "model_not_found",
+        )
+
+    def model_name(self, model: str | None) -> str:
+        """The name responses carry: the adapter's when one was asked for."""
+        return model if model in self.loras else self.config.served_model_name
 
     def check_serving(self) -> None:
         """503 while the engine is asleep or shutting down."""

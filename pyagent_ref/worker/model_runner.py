@@ -74,6 +74,10 @@ class ModelRunner:
         rows_per_request: the decode rows one request may have in a step: 1, or 1 + k
             with linear speculative drafts of k tokens (graphs are recorded for up to
             max_num_reqs * rows_per_request rows).
+        lora: the `lora.manager.LoRAManager` of a model with adapter slots, or None.
+            Each step puts its requests' adapters into slots and gives every token its
+            slot; a step with adapters runs eagerly (no CUDA graph: a graph records
+            the layers without their adapters, see `_forward`).
     Raises:
         ValueError: an unknown graph_mode or compile backend; kv_groups that name an
             unknown layer or do not hold every layer exactly once.
@@ -96,6 +100,7 @@ class ModelRunner:
         logits_processors: Sequence[LogitsProcessor] = (),
         keep_hidden_states: bool = False,
         rows_per_request: int = 1,
+        lora=None,
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
@@ -120,6 +125,7 @@ class ModelRunner:
         self.ops = ops
         self.logits_processors = list(logits_processors)
         self.keep_hidden_states = keep_hidden_states
+        self.lora = lora
         self.sampler = Sampler(ops, logprobs_mode, self.logits_processors)
         self.forward = model.forward
         if compile:
@@ -191,7 +197,6 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput({})
         prep = self.batch.prepare(sched)
-        num_reqs = len(prep.req_ids)
         # addresses are computed on the host arrays by the chosen ops, per KV cache group
         slots = np.stack(
             [
@@ -203,48 +208,18 @@ class ModelRunner:
         )
         # the block-table columns the longest sequence uses (all attention reads)
         width = -(-int(prep.seq_lens.max()) // self.block_size)
-        tables, seq_lens = prep.block_tables[:, :, :width], prep.seq_lens
-        # a step where each request computes one known token and maybe linear drafts
-        # (decodes, verifications) attends as one decode row per token: the token's
-        # request's block table, and its own sequence length (its index + 1), which is
-        # the causal mask; a decode kernel and a captured graph then serve it
-        decode_rows = all(p is None for p in prep.draft_parents) and all(
-            prep.query_start_loc[1:] - prep.query_start_loc[:-1] - prep.num_drafts == 1
-        )
-        if decode_rows and prep.num_tokens > num_reqs:
-            owner = np.repeat(np.arange(num_reqs), 1 + np.asarray(prep.num_drafts))
-            tables, seq_lens = tables[:, owner], prep.slot_positions + 1
-        rows = prep.num_tokens if decode_rows else num_reqs
-        graph = self.dispatcher.dispatch(prep.num_tokens, rows, width)
-        if graph is not None:
-            hidden = self.graphs.run(graph, prep.input_ids, prep.positions, slots, tables, seq_lens)
-        else:
-            dev = self.device
-            query_start_loc = torch.from_numpy(prep.query_start_loc).to(dev)
-            seq_lens = torch.from_numpy(seq_lens).to(dev)
-            masks = self._tree_masks(prep)
-            metas = [
-                AttentionMetadata(
-                    slot_mapping=torch.from_numpy(group_slots).to(dev),
-                    block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev),
-                    query_start_loc=query_start_loc,
-                    seq_lens=seq_lens,
-                    decode_only=decode_rows,
-                    custom_masks=masks,
-                )
-                for group_slots, table in zip(slots, tables, strict=True)
-            ]
-            hidden = self.forward(
-                torch.from_numpy(prep.input_ids).to(dev),
-                torch.from_numpy(prep.positions).to(dev),
-                [metas[g] for g in self.group_of_layer],
-                self.kv_caches,
-            )
+        tables = prep.block_tables[:, :, :width]
+        lora_errors = self._prepare_lora(prep)
+        try:
+            hidden = self._forward(prep, slots, tables, width)
+        finally:
+            if self.lora is not None:
+                self.lora.state.clear()
         pooled = self._pool(prep, hidden)
         prompt_logprobs = self._prompt_logprobs(prep, hidden)
         rows = [i for i, s in enumerate(prep.samples) if s and prep.req_ids[i] not in pooled]
         sampled: dict[str, list[int]] = {rid: [] for rid in prep.req_ids}
-        logprobs, errors, mirostat_mu = {}, {}, {}
+        logprobs, errors, mirostat_mu = {}, dict(lora_errors), {}
         if rows:
             picks = rows
             if sched.scheduled_spec_decode_tokens:  # request i's 1 + k logits rows
@@ -271,6 +246,64 @@ class ModelRunner:
         self.batch.after_step(sched, sampled, mirostat_mu)
         return ModelRunnerOutput(
             sampled, logprobs, errors, pooled, prompt_logprobs, mirostat_mu, hidden_states
+        )
+
+    def _prepare_lora(self, prep) -> dict[str, str]:
+        """Put the step's adapters into slots and set each token's slot (`LoRAManager.
+        prepare_step`); request -> error for those whose adapter failed to load (they
+        run without it and fail)."""
+        if self.lora is None:
+            return {}
+        requests = [self.batch.states[rid].data.lora_request for rid in prep.req_ids]
+        counts = np.diff(prep.query_start_loc)
+        failed = self.lora.prepare_step(requests, counts)
+        return {prep.req_ids[i]: error for i, error in failed.items()}
+
+    def _forward(self, prep, slots: np.ndarray, tables: np.ndarray, width: int) -> torch.Tensor:
+        """The final hidden states of the step's tokens: a recorded CUDA graph's replay
+        for a batch of decode rows it serves, else the eager forward.
+
+        A step where each request computes one known token and maybe linear drafts
+        (decodes, verifications) attends as one decode row per token: the block table
+        of the token's request and a sequence length of its own (its index + 1), which
+        is the causal mask; the decode kernel and a captured graph then serve it. A step
+        whose tokens use LoRA adapters always runs eagerly: the graphs were recorded
+        with no adapter active (the layers' per-step indices are host state, set anew
+        each step)."""
+        num_reqs, seq_lens = len(prep.req_ids), prep.seq_lens
+        decode_rows = all(p is None for p in prep.draft_parents) and all(
+            prep.query_start_loc[1:] - prep.query_start_loc[:-1] - prep.num_drafts == 1
+        )
+        if decode_rows and prep.num_tokens > num_reqs:
+            owner = np.repeat(np.arange(num_reqs), 1 + np.asarray(prep.num_drafts))
+            tables, seq_lens = tables[:, owner], prep.slot_positions + 1
+        lora_active = self.lora is not None and self.lora.state.indices is not None
+        graph = None
+        if not lora_active:
+            rows = prep.num_tokens if decode_rows else num_reqs
+            graph = self.dispatcher.dispatch(prep.num_tokens, rows, width)
+        if graph is not None:
+            return self.graphs.run(graph, prep.input_ids, prep.positions, slots, tables, seq_lens)
+        dev = self.device
+        query_start_loc = torch.from_numpy(prep.query_start_loc).to(dev)
+        seq_lens = torch.from_numpy(seq_lens).to(dev)
+        masks = self._tree_masks(prep)
+        metas = [
+            AttentionMetadata(
+                slot_mapping=torch.from_numpy(group_slots).to(dev),
+                block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev),
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens,
+                decode_only=decode_rows,
+                custom_masks=masks,
+            )
+            for group_slots, table in zip(slots, tables, strict=True)
+        ]
+        return self.forward(
+            torch.from_numpy(prep.input_ids).to(dev),
+            torch.from_numpy(prep.positions).to(dev),
+            [metas[g] for g in self.group_of_layer],
+            self.kv_caches,
         )
 
     def _tree_masks(self, prep) -> list[torch.Tensor | None] | None:

@@ -6,7 +6,18 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import attention, block_table, hashing, layers, moe, rope, sampling, spec_decode, structured
+from . import (
+    attention,
+    block_table,
+    hashing,
+    layers,
+    lora,
+    moe,
+    rope,
+    sampling,
+    spec_decode,
+    structured,
+)
 
 MODULES = (
     "sampling",
@@ -18,6 +29,7 @@ MODULES = (
     "structured",
     "spec_decode",
     "moe",
+    "lora",
 )
 
 __all__ = [
@@ -26,6 +38,7 @@ __all__ = [
     "block_table",
     "hashing",
     "layers",
+    "lora",
     "moe",
     "rope",
     "sampling",

@@ -2,6 +2,7 @@ from . import attention as attention
 from . import block_table as block_table
 from . import hashing as hashing
 from . import layers as layers
+from . import lora as lora
 from . import moe as moe
 from . import rope as rope
 from . import sampling as sampling
@@ -16,6 +17,7 @@ __all__ = [
     "block_table",
     "hashing",
     "layers",
+    "lora",
     "moe",
     "rope",
     "sampling",
