@@ -1616,7 +1616,7 @@ def attention_ignores_window(*args: Any) -> Any:
 @mutant("attention", "paged_attention", "ignores the custom masks (tree attention)")
 def attention_ignores_custom_masks(*args: Any) -> Any:
     A.paged_attention(*args)  # the reference's errors for bad masks
-    return A.paged_attention(*args[:10])
+    return A.paged_attention(*args[:10], None, *args[11:])
 
 
 @mutant("attention", "paged_attention", "reads each mask's query rows in reverse order")
@@ -1626,7 +1626,13 @@ def attention_reverses_custom_masks(*args: Any) -> Any:
     if masks is None:
         return A.paged_attention(*args)
     flipped = [None if m is None else _back(m, _np(m)[::-1].copy()) for m in masks]
-    return A.paged_attention(*args[:10], flipped)
+    return A.paged_attention(*args[:10], flipped, *args[11:])
+
+
+@mutant("attention", "paged_attention", "always causal (an encoder sees only earlier keys)")
+def attention_always_causal(*args: Any) -> Any:
+    A.paged_attention(*args)  # the reference's errors
+    return A.paged_attention(*args[:11], True)
 
 
 @mutant("attention", "reshape_and_cache", "writes padding tokens too (slot -1: the last slot)")

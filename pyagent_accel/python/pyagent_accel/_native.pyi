@@ -111,6 +111,7 @@ def paged_attention(
     soft_cap: float | None = None,
     alibi_slopes: np.ndarray | None = None,
     custom_masks: list[np.ndarray | None] | None = None,
+    causal: bool = True,
 ) -> np.ndarray: ...
 def paged_decode_attention(
     query: np.ndarray,
