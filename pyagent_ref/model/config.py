@@ -120,6 +120,10 @@ class ModelConfig:
     embeddings (Gemma: sqrt(hidden_size)); `position_embedding` is "rope" or "learned"
     (GPT-2: a table of positions added to the embeddings). `moe` describes the sparse MLP of a
     mixture-of-experts family (None for a dense model).
+    An encoder (BERT, `model.bert`) has `is_causal` False (every token attends to every
+    token of its sequence), `type_vocab_size` token types (segment A / B of a pair)
+    added to the embeddings, and `num_labels` outputs of its classification head (0: no
+    head).
     """
 
     architecture: str
@@ -158,6 +162,9 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     embedding_multiplier: float | None = None
     position_embedding: str = "rope"
+    is_causal: bool = True
+    type_vocab_size: int = 0
+    num_labels: int = 0
 
     @property
     def rotary_dim(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .bert import BertForSequenceClassification, BertModel
 from .llama import LlamaForCausalLM
 from .moe import MixtralForCausalLM, QwenMoeForCausalLM
 
@@ -24,6 +25,9 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": QwenMoeForCausalLM,
     "Qwen3MoeForCausalLM": QwenMoeForCausalLM,
+    # encoders (`bert`): bidirectional, prompts pooled instead of continued
+    "BertModel": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
 }
 
 
