@@ -22,6 +22,7 @@ pub mod layers;
 pub mod moe;
 pub mod ngram;
 pub mod philox;
+pub mod pooling;
 pub mod py_util;
 pub mod rope;
 pub mod sampling;
@@ -36,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bpe::register(m)?;
     layers::register(m)?;
     moe::register(m)?;
+    pooling::register(m)?;
     rope::register(m)?;
     attention::register(m)?;
     structured::register(m)?;

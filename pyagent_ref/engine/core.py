@@ -40,6 +40,7 @@ from ..kv_cache import (
 from ..kv_cache.eviction import EVICTION_POLICIES
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
+from ..model.pooling import RUNNERS, TASKS, Pooler, PoolerConfig, supported_tasks
 from ..ops import load as load_ops
 from ..sample.logits_processor import load_logits_processors
 from ..sample.sampler import LOGPROBS_MODES
@@ -171,6 +172,12 @@ class EngineConfig:
         suffix_decoding_*, model (the draft checkpoint or the Medusa heads)). Greedy
         outputs stay the same token for token,
         sampled ones the same in distribution.
+    runner: what the engine serves (vLLM's names): "generate" (text generation),
+        "pooling" (embed, classify, score: `model.pooling`) or "auto" (what the model
+        can: a decoder both, an encoder (BERT) pooling only). Requests of the other kind
+        are refused at admission, naming the runner.
+    task: "auto", or the one task the engine is for ("generate", "embed", "classify",
+        "score"; its runner follows): refused at start if the model cannot do it.
     """
 
     model: str | Path | None = None
@@ -198,6 +205,8 @@ class EngineConfig:
     disable_hybrid_kv_cache_manager: bool = False
     logits_processors: tuple[type | str, ...] = ()
     speculative_config: SpeculativeConfig | dict | None = None
+    runner: str = "auto"
+    task: str = "auto"
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -268,6 +277,8 @@ _CONFIG_RULES = {
         _ANY,
         "None, a SpeculativeConfig or a dict of its fields",
     ),
+    "runner": (str, lambda v: v in RUNNERS, f"one of {RUNNERS}"),
+    "task": (str, lambda v: v in TASKS, f"one of {TASKS}"),
 }
 
 
@@ -301,6 +312,13 @@ class EngineCore:
         self.ops = load_ops(config.ops)
         model.use_ops(self.ops)  # the model's layers run on the engine's ops
         mcfg = model.config
+        self.tasks = supported_tasks(mcfg, config.runner, config.task)
+        self.encoder = not mcfg.is_causal
+        if config.speculative_config is not None and "generate" not in self.tasks:
+            raise ValueError(
+                f"speculative_config drafts tokens, but this engine does not generate "
+                f"(runner={config.runner!r}, task={config.task!r}, {mcfg.architecture})"
+            )
         if config.max_model_len is not None and config.max_model_len > mcfg.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={config.max_model_len} exceeds the model's context "
@@ -321,7 +339,8 @@ class EngineCore:
         self.kv = KVCacheManager(
             kv_config,
             ops=self.ops,
-            enable_caching=config.enable_prefix_caching,
+            # an encoder's KV of a block depends on its whole prompt: never shared
+            enable_caching=config.enable_prefix_caching and not self.encoder,
             eviction=config.eviction,
         )
         max_model_len = self._fit_max_model_len(mcfg.max_position_embeddings)
@@ -331,6 +350,7 @@ class EngineCore:
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.policy,
+            bidirectional=self.encoder,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.kv, clock)
         self.runner = ModelRunner(
@@ -347,6 +367,7 @@ class EngineCore:
             kv_groups=groups,
             logprobs_mode=config.logprobs_mode,
             logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
+            pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
         )
         if config.kv_offload is not None:
             self.kv.enable_offload(
@@ -357,7 +378,15 @@ class EngineCore:
                 )
             )
         self.max_model_len = max_model_len
-        self.limits = Limits(mcfg.vocab_size, max_model_len, config.max_logprobs)
+        self.limits = Limits(
+            mcfg.vocab_size,
+            max_model_len,
+            config.max_logprobs,
+            tasks=self.tasks,
+            runner=config.runner,
+            architecture=mcfg.architecture,
+            whole_prompt_tokens=config.max_num_batched_tokens if self.encoder else None,
+        )
         self.asleep = False
         self.accepting = True
         self.stats = EngineStats()
@@ -381,12 +410,16 @@ class EngineCore:
                 "give it more blocks (num_kv_blocks, kv_cache_memory_bytes)",
             )
         ]
-        if not config.enable_chunked_prefill:
+        if not config.enable_chunked_prefill or self.encoder:
             bounds.append(
                 (
                     config.max_num_batched_tokens,
-                    "max_num_batched_tokens allows without chunked prefill",
-                    "raise max_num_batched_tokens or enable chunked prefill",
+                    "max_num_batched_tokens allows in one step (an encoder's prompt runs whole)"
+                    if self.encoder
+                    else "max_num_batched_tokens allows without chunked prefill",
+                    "raise max_num_batched_tokens"
+                    if self.encoder
+                    else "raise max_num_batched_tokens or enable chunked prefill",
                 )
             )
         for bound, what, fix in bounds:

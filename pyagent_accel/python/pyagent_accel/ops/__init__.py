@@ -6,7 +6,18 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import attention, block_table, hashing, layers, moe, rope, sampling, spec_decode, structured
+from . import (
+    attention,
+    block_table,
+    hashing,
+    layers,
+    moe,
+    pooling,
+    rope,
+    sampling,
+    spec_decode,
+    structured,
+)
 
 MODULES = (
     "sampling",
@@ -18,6 +29,7 @@ MODULES = (
     "structured",
     "spec_decode",
     "moe",
+    "pooling",
 )
 
 __all__ = [
@@ -27,6 +39,7 @@ __all__ = [
     "hashing",
     "layers",
     "moe",
+    "pooling",
     "rope",
     "sampling",
     "spec_decode",

@@ -3,6 +3,7 @@ from . import block_table as block_table
 from . import hashing as hashing
 from . import layers as layers
 from . import moe as moe
+from . import pooling as pooling
 from . import rope as rope
 from . import sampling as sampling
 from . import spec_decode as spec_decode
@@ -17,6 +18,7 @@ __all__ = [
     "hashing",
     "layers",
     "moe",
+    "pooling",
     "rope",
     "sampling",
     "spec_decode",
