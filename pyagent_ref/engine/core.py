@@ -314,6 +314,11 @@ class EngineCore:
         mcfg = model.config
         self.tasks = supported_tasks(mcfg, config.runner, config.task)
         self.encoder = not mcfg.is_causal
+        if config.kv_offload is not None and self.encoder:
+            raise ValueError(
+                f"kv_offload keeps KV blocks for later requests, but {mcfg.architecture} is an "
+                "encoder: its KV serves one prompt's step and is never reused"
+            )
         if config.speculative_config is not None and "generate" not in self.tasks:
             raise ValueError(
                 f"speculative_config drafts tokens, but this engine does not generate "
