@@ -20,7 +20,7 @@ import uuid
 
 from fastapi import Request
 
-from ..engine.llm import _gather_all
+from ..engine.llm import _gather_all, score_pairs
 from ..model.pooling import PoolingParams
 from .completions import _prompts
 from .errors import APIError, bad_request
@@ -45,7 +45,9 @@ from .streaming import until_disconnected
 async def create_score(req: ScoreRequest, state: ServerState, request: Request) -> ScoreResponse:
     state.check_model(req.model)
     state.check_serving()
-    outs = await _score(state, request, req.text_1, req.text_2, req.activation, "text_2")
+    outs = await _score(
+        state, request, req.text_1, req.text_2, req.activation, ("text_1", "text_2")
+    )
     data = [ScoreData(index=i, score=o.score) for i, o in enumerate(outs)]
     tokens = sum(len(o.prompt_token_ids) for o in outs)
     return ScoreResponse(
@@ -61,7 +63,8 @@ async def create_rerank(req: RerankRequest, state: ServerState, request: Request
     state.check_serving()
     if req.top_n is not None and req.top_n < 1:
         raise APIError(400, f"top_n must be >= 1, got {req.top_n}", "top_n")
-    outs = await _score(state, request, req.query, req.documents, req.activation, "documents")
+    fields = ("query", "documents")
+    outs = await _score(state, request, req.query, req.documents, req.activation, fields)
     order = sorted(range(len(outs)), key=lambda i: -outs[i].score)[: req.top_n]
     results = [
         RerankResult(
@@ -116,8 +119,15 @@ async def create_classification(
     )
 
 
-async def _score(state, request, data_1, data_2, activation, second: str):
-    """`AsyncLLM.score` of the pairs, its errors as 400s (`second`: the field of data_2)."""
+async def _score(state, request, data_1, data_2, activation, fields: tuple[str, str]):
+    """`AsyncLLM.score` of the pairs, its errors as 400s naming the request's fields
+    (`fields`: those of data_1 and data_2)."""
+    first, second = fields
+    try:
+        score_pairs(data_1, data_2)
+    except (ValueError, TypeError) as exc:
+        message = str(exc).replace("data_1", first).replace("data_2", second)
+        raise APIError(400, message, first if message.startswith(first) else second) from None
     seats = len(data_2) if isinstance(data_2, list) else 1
     state.seats.take(seats)
     try:
@@ -126,7 +136,7 @@ async def _score(state, request, data_1, data_2, activation, second: str):
             request, state.engine.score(data_1, data_2, pooling, f"score-{uuid.uuid4().hex}")
         )
     except (ValueError, TypeError) as exc:
-        raise bad_request(exc, {"data_1": "text_1", "data_2": second, "prompt": second}) from None
+        raise bad_request(exc, {"prompt": second}) from None
     finally:
         state.seats.give(seats)
     _raise_failed(outs, [o.score for o in outs])
