@@ -314,6 +314,12 @@ class EngineCore:
         mcfg = model.config
         self.tasks = supported_tasks(mcfg, config.runner, config.task)
         self.encoder = not mcfg.is_causal
+        if set(self.tasks) - {"generate"} and not hasattr(self.ops, "pooling"):
+            raise ValueError(
+                f"the ops namespace {getattr(self.ops, '__name__', self.ops)!r} lacks the "
+                "pooling module this engine's pooling requests need; use ops='auto' or 'ref' "
+                "(or runner='generate')"
+            )
         if config.kv_offload is not None and self.encoder:
             raise ValueError(
                 f"kv_offload keeps KV blocks for later requests, but {mcfg.architecture} is an "
