@@ -87,10 +87,9 @@ def main() -> None:
     want = st.encode(check, batch_size=16)
     for ops, llm in engines.items():
         got = np.array([o.embedding for o in llm.embed(check)])
-        print(f"ours ({ops} ops) vs sentence-transformers: max |diff| {np.abs(got - want).max():.2e}")
-    print(
-        f"\n{'batch':>5} {'sentences':>9} {'contender':<28} {'sentences/s':>12} {'vs ST':>7}"
-    )
+        diff = np.abs(got - want).max()
+        print(f"ours ({ops} ops) vs sentence-transformers: max |diff| {diff:.2e}")
+    print(f"\n{'batch':>5} {'sentences':>9} {'contender':<28} {'sentences/s':>12} {'vs ST':>7}")
     for batch, n in sizes.items():
         sentences = corpus(n)
         contenders = {"sentence-transformers": lambda s, b=batch: st.encode(s, batch_size=b)}
