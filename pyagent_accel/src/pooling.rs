@@ -116,7 +116,7 @@ fn sqrt<C: Compute>(x: C) -> C {
 /// The first `dims` values of each row (rows of `width`), each truncated row divided by
 /// max(its L2 norm, 1e-12): rows of `dims`.
 pub fn normalize<E: Elem>(x: &[E], width: usize, dims: usize) -> Vec<E::C> {
-    let rows = if width == 0 { 0 } else { x.len() / width };
+    let rows = x.len().checked_div(width).unwrap_or(0);
     let mut out = vec![E::C::ZERO; rows * dims];
     let floor = E::C::from_f64(NORM_EPS);
     let one = |(r, dst): (usize, &mut [E::C])| {
@@ -189,10 +189,9 @@ pub fn classify<E: Elem>(logits: &[E], width: usize, how: Activation) -> Vec<E::
     out
 }
 
-/// The cosine of row i of `a` and of `b` (rows of `width`, both in the compute type C):
-/// a . b / (max(|a|, 1e-8) max(|b|, 1e-8)).
-pub fn cosine<C: Compute>(a: &[C], b: &[C], width: usize) -> Vec<C> {
-    let rows = if width == 0 { a.len() } else { a.len() / width };
+/// The cosine of row i of `a` and of `b` (`rows` rows of `width`, both in the compute
+/// type C): a . b / (max(|a|, 1e-8) max(|b|, 1e-8)).
+pub fn cosine<C: Compute>(a: &[C], b: &[C], rows: usize, width: usize) -> Vec<C> {
     let floor = C::from_f64(COSINE_EPS);
     let one = |r: usize| {
         if width == 0 {
@@ -277,8 +276,11 @@ fn pool_rows<'py>(
         }
         let data = slice(&arr, "hidden")?;
         let out = detached(py, || pool(data, width, &starts, how))?;
-        let n = if width == 0 { 0 } else { out.len() / width };
-        let n = if how == Pooling::All { n } else { starts.len().saturating_sub(1) };
+        let n = match how {
+            // the spans are contiguous: every row from the first start to the last
+            Pooling::All => starts.last().unwrap_or(&0) - starts.first().unwrap_or(&0),
+            _ => starts.len().saturating_sub(1),
+        };
         array2(py, out, n, width)
     })
 }
@@ -354,7 +356,7 @@ fn cosine_rows<'py>(
             )));
         }
         let (x, y) = (slice(&x, "a")?, slice(&y, "b")?);
-        let out = detached(py, || cosine(x, y, width))?;
+        let out = detached(py, || cosine(x, y, rows, width))?;
         Ok(PyArray1::from_vec(py, out).into_any())
     }
     match (
@@ -418,7 +420,7 @@ mod tests {
     fn cosine_of_parallel_and_zero_rows() {
         let a = [1.0f32, 2.0, 0.0, 0.0];
         let b = [-2.0f32, -4.0, 1.0, 1.0];
-        let c = cosine(&a, &b, 2);
+        let c = cosine(&a, &b, 2, 2);
         assert!((c[0] + 1.0).abs() < 1e-6 && c[1] == 0.0);
     }
 }
