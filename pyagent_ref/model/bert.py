@@ -146,6 +146,7 @@ class BertModel(nn.Module):
         ]
 
     use_ops = LlamaForCausalLM.use_ops
+    new_kv_cache = LlamaForCausalLM.new_kv_cache  # (key_cache, value_cache)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         cfg = self.config
