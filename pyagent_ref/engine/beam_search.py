@@ -1,9 +1,9 @@
 """Beam search (`LLM.beam_search`): HF transformers' `num_beams` search, greedy.
 
-The search itself (`beam_search`) only needs a function that gives, for token
-sequences, the top log-probabilities of each one's next token; `LLM.beam_search` passes
-one that runs the live beams through the engine as one-token requests, so the prefix
-cache shares the prompt and the beams' common prefixes.
+The search itself (`BeamSearch`) only needs, for token sequences, the top
+log-probabilities of each one's next token; `LLM.beam_search` and `AsyncLLM.beam_search`
+get them by running the live beams through the engine as one-token requests, so the
+prefix cache shares the prompt and the beams' common prefixes.
 """
 
 from __future__ import annotations
@@ -97,21 +97,22 @@ def candidates_per_step(beam_width: int, num_eos: int) -> int:
     return max(2, 1 + num_eos) * beam_width
 
 
-def beam_search(
-    prompts: Sequence[Sequence[int]],
-    params: BeamSearchParams,
-    eos_ids: frozenset[int],
-    top_logprobs: Callable[[list[list[int]]], list[dict[int, float]]],
-) -> list[BeamSearchOutput]:
-    """Beam search from each prompt; one output per prompt, in order.
+class BeamSearch:
+    """Beam search from each prompt, one step at a time, driven by its caller:
 
-    `top_logprobs(seqs)` gives, for each token sequence, token id -> log-probability of
+        search = BeamSearch(prompts, params, eos_ids)
+        while seqs := search.pending():
+            search.advance(top_logprobs(seqs))
+        search.outputs()
+
+    `pending()` gives the live beams of every prompt (prompt + generated ids), which the
+    caller scores all together: `advance` takes, for each, token id -> log-probability of
     its next token (the model's log-softmax) for at least its k most likely tokens, where
-    k = candidates_per_step(beam_width, number of EOS ids in effect); the live beams of
-    all prompts go to it together, once per step. eos_ids: the ids that end a sequence
-    (ignored with ignore_eos). Let W = beam_width and n = the tokens generated so far,
-    the step's token included. Each step, for each prompt, exactly as HF's
-    `num_beams=W` search with `do_sample=False` and its default `early_stopping=False`:
+    k = candidates_per_step(beam_width, number of EOS ids in effect). eos_ids: the ids
+    that end a sequence (ignored with ignore_eos). Let W = beam_width and n = the tokens
+    generated so far, the step's token included. Each step, for each prompt, exactly as
+    HF's `num_beams=W` search with `do_sample=False` and its default
+    `early_stopping=False`:
 
     1. Candidates: every live beam extended by every token, valued by cum_logprob (the
        sum of its generated tokens' log-probabilities). The k best are kept, ties by
@@ -125,33 +126,45 @@ def beam_search(
        beat the worst of them, by HF's estimate: its cum_logprob / n ** length_penalty
        <= the worst finished score; or at max_tokens.
 
-    Returns the W finished sequences of each prompt, best score first (text left empty).
+    `outputs()` gives the W finished sequences of each prompt, best score first (text
+    left empty). The search holds no model: the sync `LLM` and the async `AsyncLLM` drive
+    the same steps.
     """
-    width, eos = params.beam_width, frozenset() if params.ignore_eos else eos_ids
-    keep = candidates_per_step(width, len(eos))
-    searches = [_Search(list(p)) for p in prompts]
-    for n in range(1, params.max_tokens + 1):
-        live = [s for s in searches if s.running]
-        if not live:
-            break
-        dists = iter(top_logprobs([s.prompt + list(t) for s in live for t, _ in s.running]))
-        for s in live:
+
+    def __init__(
+        self, prompts: Sequence[Sequence[int]], params: BeamSearchParams, eos_ids: frozenset[int]
+    ) -> None:
+        self.params = params
+        self.eos = frozenset() if params.ignore_eos else eos_ids
+        self.keep = candidates_per_step(params.beam_width, len(self.eos))
+        self.searches = [_Search(list(p)) for p in prompts]
+        self.n = 0  # tokens generated so far
+
+    def pending(self) -> list[list[int]]:
+        """The live beams to score next, prompt by prompt, best first; [] when done."""
+        return [s.prompt + list(t) for s in self.searches for t, _ in s.running]
+
+    def advance(self, next_logprobs: Sequence[dict[int, float]]) -> None:
+        """One step: `next_logprobs[i]` scores the continuations of `pending()[i]`."""
+        self.n += 1
+        n, width, lp_of = self.n, self.params.beam_width, iter(next_logprobs)
+        for s in self.searches:
             beams, s.running = s.running, []
-            next_logprobs = [next(dists) for _ in beams]
+            dists = [next(lp_of) for _ in beams]
             candidates = sorted(
                 (
                     (cum + lp, rank, token)
                     for rank, (_, cum) in enumerate(beams)
-                    for token, lp in next_logprobs[rank].items()
+                    for token, lp in dists[rank].items()
                 ),
                 key=lambda c: (-c[0], c[1], c[2]),
-            )[:keep]
+            )[: self.keep]
             for i, (cum, rank, token) in enumerate(candidates):
                 tokens = (*beams[rank][0], token)
-                if token in eos or n == params.max_tokens:
+                if token in self.eos or n == self.params.max_tokens:
                     if i < width:
-                        reason = "stop" if token in eos else "length"
-                        score = cum / n**params.length_penalty
+                        reason = "stop" if token in self.eos else "length"
+                        score = cum / n**self.params.length_penalty
                         s.finished.append(
                             BeamSearchSequence(s.prompt + list(tokens), cum, score, reason)
                         )
@@ -161,7 +174,24 @@ def beam_search(
             if (
                 s.running
                 and len(s.finished) == width
-                and (s.running[0][1] / n**params.length_penalty <= s.finished[-1].score)
+                and (s.running[0][1] / n**self.params.length_penalty <= s.finished[-1].score)
             ):
                 s.running = []
-    return [BeamSearchOutput(s.finished) for s in searches]
+
+    def outputs(self) -> list[BeamSearchOutput]:
+        """Each prompt's finished sequences, best score first."""
+        return [BeamSearchOutput(s.finished) for s in self.searches]
+
+
+def beam_search(
+    prompts: Sequence[Sequence[int]],
+    params: BeamSearchParams,
+    eos_ids: frozenset[int],
+    top_logprobs: Callable[[list[list[int]]], list[dict[int, float]]],
+) -> list[BeamSearchOutput]:
+    """`BeamSearch` run to the end with `top_logprobs(seqs)` scoring each step's live
+    beams (see there); one output per prompt, in order."""
+    search = BeamSearch(prompts, params, eos_ids)
+    while seqs := search.pending():
+        search.advance(top_logprobs(seqs))
+    return search.outputs()

@@ -23,6 +23,7 @@ outputs as they would have been without it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -43,7 +44,7 @@ from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
 from ..sched.request import Request, RequestStatus
 from .admission import check_n, prompt_token_ids
-from .beam_search import BeamSearchOutput, BeamSearchParams, beam_search, candidates_per_step
+from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from .core import EngineConfig, EngineCore
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
@@ -276,6 +277,53 @@ class _Frontend:
         )
         return self._end(orphans)
 
+    def _start_beam_search(
+        self, prompts: list[Prompt], params: BeamSearchParams
+    ) -> tuple[list[list[int]], BeamSearch, SamplingParams]:
+        """Check a beam search (its params, and each prompt as `generate` would for
+        max_tokens): the prompts' ids, the search, and the parameters of its one-token
+        step requests (greedy, with the k top log-probabilities the search needs)."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be BeamSearchParams, got {params!r}")
+        if self.config.logprobs_mode != "raw_logprobs":
+            raise ValueError(
+                "beam search ranks by the model's log-probabilities: it needs "
+                f"logprobs_mode='raw_logprobs', got {self.config.logprobs_mode!r}"
+            )
+        length = SamplingParams(temperature=0.0, max_tokens=params.max_tokens)
+        prompt_ids = [self._validate(p, length, None, False).prompt_token_ids for p in prompts]
+        eos = frozenset(
+            () if params.ignore_eos else {self.tokenizer.eos_token_id, *self._extra_eos} - {None}
+        )
+        search = BeamSearch(prompt_ids, params, eos)
+        k = min(search.keep, self.core.limits.vocab_size)
+        return prompt_ids, search, SamplingParams(temperature=0.0, max_tokens=1, logprobs=k)
+
+    @contextlib.contextmanager
+    def _logprobs_limit(self, k: int):
+        """Admit requests for k log-probabilities while inside: the engine's own step
+        requests of a beam search, where k may exceed max_logprobs (a bound on what
+        users ask for)."""
+        limits = self.core.limits
+        self.core.limits = dataclasses.replace(limits, max_logprobs=max(k, limits.max_logprobs))
+        try:
+            yield
+        finally:
+            self.core.limits = limits
+
+    def _beam_texts(
+        self, prompt_ids: list[list[int]], outputs: list[BeamSearchOutput], params: BeamSearchParams
+    ) -> list[BeamSearchOutput]:
+        """`outputs` with each sequence's generated text (its EOS dropped unless
+        include_stop_str_in_output)."""
+        for ids, out in zip(prompt_ids, outputs, strict=True):
+            for seq in out.sequences:
+                generated = seq.tokens[len(ids) :]
+                if seq.finish_reason == "stop" and not params.include_stop_str_in_output:
+                    generated = generated[:-1]
+                seq.text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        return outputs
+
 
 class LLM(_Frontend):
     """Offline batched generation. Arguments: see `EngineConfig` (model=None runs the
@@ -348,51 +396,13 @@ class LLM(_Frontend):
         the model's own log-probabilities: logprobs_mode "raw_logprobs" (the default).
         Every prompt is validated (as `generate` would, for max_tokens) before any runs.
         """
-        if not isinstance(params, BeamSearchParams):
-            raise TypeError(f"params must be BeamSearchParams, got {params!r}")
-        if self.config.logprobs_mode != "raw_logprobs":
-            raise ValueError(
-                "beam search ranks by the model's log-probabilities: it needs "
-                f"logprobs_mode='raw_logprobs', got {self.config.logprobs_mode!r}"
-            )
-        length = SamplingParams(temperature=0.0, max_tokens=params.max_tokens)
         with self._lock:
-            prompt_ids = [
-                self._validate(p, length, None, False).prompt_token_ids
-                for p in _prompt_list(prompts)
-            ]
-        eos = frozenset(
-            () if params.ignore_eos else {self.tokenizer.eos_token_id, *self._extra_eos} - {None}
-        )
-        k = min(candidates_per_step(params.beam_width, len(eos)), self.core.limits.vocab_size)
-        step = SamplingParams(temperature=0.0, max_tokens=1, logprobs=k)
-
-        def top_logprobs(seqs: list[list[int]]) -> list[dict[int, float]]:
-            outs = self._generate_unbounded_logprobs(seqs, step)
-            return [{t: e.logprob for t, e in o.outputs[0].logprobs[0].items()} for o in outs]
-
-        outputs = beam_search(prompt_ids, params, eos, top_logprobs)
-        for ids, out in zip(prompt_ids, outputs, strict=True):
-            for seq in out.sequences:
-                generated = seq.tokens[len(ids) :]
-                if seq.finish_reason == "stop" and not params.include_stop_str_in_output:
-                    generated = generated[:-1]
-                seq.text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return outputs
-
-    def _generate_unbounded_logprobs(
-        self, prompts: list[list[int]], params: SamplingParams
-    ) -> list[RequestOutput]:
-        """`generate` for the engine's own use, where params.logprobs may exceed the
-        engine's max_logprobs (a bound on what users ask for)."""
-        with self._lock:
-            limits = self.core.limits
-            self.core.limits = dataclasses.replace(limits, max_logprobs=params.logprobs)
-            try:
-                order = self._admit([self._validate(p, params, None, False) for p in prompts])
-            finally:
-                self.core.limits = limits
-        return self._wait(order)
+            prompt_ids, search, step = self._start_beam_search(_prompt_list(prompts), params)
+        while seqs := search.pending():
+            with self._lock, self._logprobs_limit(step.logprobs):
+                order = self._admit([self._validate(seq, step, None, False) for seq in seqs])
+            search.advance([_top_logprobs(out) for out in self._wait(order)])
+        return self._beam_texts(prompt_ids, search.outputs(), params)
 
     def embed(
         self,
@@ -586,6 +596,37 @@ class AsyncLLM(_Frontend):
         finally:
             await stream.aclose()  # at once: a consumer that leaves aborts the request
 
+    async def beam_search(
+        self, prompt: Prompt, params: BeamSearchParams, request_id: str | None = None
+    ) -> BeamSearchOutput:
+        """Beam search from one prompt (see `LLM.beam_search`), its steps batched with the
+        other requests in flight: each step's live beams are one-token requests
+        ``request_id-step-i`` (a fresh id without one). Raises ValueError/TypeError for
+        params or a prompt that admission rejects; cancelled, it aborts its step."""
+        async with self._lock:
+            prompt_ids, search, step = self._start_beam_search([prompt], params)
+        rid = request_id or f"beam-{next(self._ids)}"
+        for n in itertools.count():
+            seqs = search.pending()
+            if not seqs:
+                break
+            jobs = [
+                self._last(self._stream(seq, step, f"{rid}-{n}-{i}", max_logprobs=step.logprobs))
+                for i, seq in enumerate(seqs)
+            ]
+            search.advance([_top_logprobs(out) for out in await _gather_all(jobs)])
+        return self._beam_texts(prompt_ids, search.outputs(), params)[0]
+
+    @staticmethod
+    async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+        """The final output of a stream (closed at once if cancelled: its request is
+        aborted)."""
+        try:
+            deltas = [out async for out in stream]
+        finally:
+            await stream.aclose()
+        return deltas[-1]
+
     async def _stream(
         self,
         prompt: Prompt,
@@ -594,12 +635,16 @@ class AsyncLLM(_Frontend):
         pooling: PoolingParams | None = None,
         lora_request: LoRARequest | None = None,
         token_type_ids: list[int] | None = None,
+        max_logprobs: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        """Admit one request and yield its deltas until the finished one."""
+        """Admit one request (allowed up to max_logprobs log-probabilities past the
+        engine's bound: the engine's own requests) and yield its deltas until the
+        finished one."""
         async with self._lock:  # the engine is not touched while a step runs
-            admission = self._validate(
-                prompt, params, request_id, True, pooling, lora_request, token_type_ids
-            )
+            with self._logprobs_limit(max_logprobs):
+                admission = self._validate(
+                    prompt, params, request_id, True, pooling, lora_request, token_type_ids
+                )
             rid = self._admit([admission])[0]
             queue: asyncio.Queue = asyncio.Queue()
             self._queues[rid] = queue
@@ -675,14 +720,11 @@ class AsyncLLM(_Frontend):
     ) -> RequestOutput:
         """Admit one pooling request and wait for its final output (cancelled: it is
         aborted at once)."""
-        stream = self._stream(
-            prompt, _POOLING_SAMPLING, request_id, pooling, lora_request, token_type_ids
+        return await self._last(
+            self._stream(
+                prompt, _POOLING_SAMPLING, request_id, pooling, lora_request, token_type_ids
+            )
         )
-        try:
-            deltas = [out async for out in stream]
-        finally:
-            await stream.aclose()
-        return deltas[-1]
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests by id: their streams end with finish_reason "abort"."""
@@ -911,6 +953,11 @@ def _bi_encoder_params(params: PoolingParams | None) -> PoolingParams:
             "cosine of embeddings"
         )
     return _with_task(params, "embed")
+
+
+def _top_logprobs(out: RequestOutput) -> dict[int, float]:
+    """token id -> log-probability at the one position of a one-token request."""
+    return {t: e.logprob for t, e in out.outputs[0].logprobs[0].items()}
 
 
 async def _gather_all(jobs: list) -> list:

@@ -36,6 +36,7 @@ from ..parsers.tools.forced import (
     named_call_schema,
     required_calls_schema,
 )
+from .beam import beam_params, run_beam_searches
 from .engine import merge, open_streams
 from .errors import APIError, bad_request
 from .protocol import (
@@ -328,10 +329,46 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
 async def create_chat_completion(
     req: ChatCompletionRequest, state: ServerState, request: Request
 ) -> ChatCompletionResponse | StreamingResponse:
+    if req.use_beam_search:
+        return await _beam_chat(req, state, request)
     run = await start_chat(req, state, request)
     if req.stream:
         return StreamingResponse(_sse(run), media_type="text/event-stream")
     return await chat_response(run, request)
+
+
+async def _beam_chat(
+    req: ChatCompletionRequest, state: ServerState, request: Request
+) -> ChatCompletionResponse:
+    """``use_beam_search`` (server/beam.py): choice j is the j-th best sequence, read by
+    the reasoning and tool parsers like any answer."""
+    lora = state.check_model(req.model)
+    state.check_serving()
+    constraint = structured_outputs(req)
+    make_parsing, _ = _parsing_factory(state, req)
+    prompt = _render(state, req)
+    refused = {"logprobs": req.logprobs, "model (a LoRA adapter)": lora is not None}
+    if constraint is not None:
+        refused[constraint[0]] = True
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    if limit is None:
+        limit = max(state.engine.core.max_model_len - len(prompt), 1)
+    params = beam_params(req, limit, refused, field)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    [out] = await run_beam_searches(state, request, [prompt], params, rid)
+    choices = []
+    for j, seq in enumerate(out.sequences):
+        parsing = make_parsing()
+        message = parsing.extract(seq.text)
+        reason = _finish_reason(seq.finish_reason, parsing)
+        choices.append(ChatChoice(index=j, message=message, finish_reason=reason))
+    generated = sum(len(seq.tokens) - len(prompt) for seq in out.sequences)
+    usage = Usage(
+        prompt_tokens=len(prompt), completion_tokens=generated, total_tokens=len(prompt) + generated
+    )
+    model = state.model_name(req.model)
+    return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage)
 
 
 async def chat_response(run: ChatRun, request: Request) -> ChatCompletionResponse:

@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
+from .beam import beam_params, run_beam_searches
 from .engine import merge, open_streams
 from .errors import APIError, bad_request
 from .protocol import (
@@ -70,6 +71,8 @@ async def create_completion(
     if not prompts:
         raise APIError(400, "prompt must not be empty, got []", "prompt")
     rid = f"cmpl-{uuid.uuid4().hex}"
+    if req.use_beam_search:
+        return await _beam_completion(req, state, request, prompts, rid, lora is not None)
     try:
         streams = await until_disconnected(
             request,
@@ -115,6 +118,48 @@ async def create_completion(
         total_tokens=sum(prompt_tokens) + generated,
     )
     return CompletionResponse(id=rid, model=model, choices=response, usage=usage)
+
+
+async def _beam_completion(
+    req: CompletionRequest,
+    state: ServerState,
+    request: Request,
+    prompts: list,
+    rid: str,
+    adapter: bool,
+) -> CompletionResponse:
+    """``use_beam_search``: choice ``i * n + j`` is prompt i's j-th best sequence."""
+    refused = {"logprobs": req.logprobs is not None, "model (a LoRA adapter)": adapter}
+    refused["structured_outputs"] = req.structured_outputs is not None
+    limit = req.max_tokens
+    if limit is None:  # the rest of the context of the longest prompt
+        longest = max(
+            len(p) if not isinstance(p, str) else len(state.tokenizer.encode(p)) for p in prompts
+        )
+        limit = max(state.engine.core.max_model_len - longest, 1)
+    params = beam_params(req, limit, refused)
+    outputs = await run_beam_searches(state, request, prompts, params, rid)
+    choices, prompt_tokens, generated = [], 0, 0
+    for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
+        ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        echo = (
+            (prompt if isinstance(prompt, str) else state.tokenizer.decode(ids)) if req.echo else ""
+        )
+        prompt_tokens += len(ids)
+        for j, seq in enumerate(out.sequences):
+            generated += len(seq.tokens) - len(ids)
+            choices.append(
+                CompletionChoice(
+                    index=i * req.n + j, text=echo + seq.text, finish_reason=seq.finish_reason
+                )
+            )
+    usage = Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=generated,
+        total_tokens=prompt_tokens + generated,
+    )
+    model = state.model_name(req.model)
+    return CompletionResponse(id=rid, model=model, choices=choices, usage=usage)
 
 
 async def _stream(

@@ -57,6 +57,8 @@ class SamplingFields(Request):
     prompt_logprobs: int | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    use_beam_search: bool = False  # n beams, best first (server/beam.py)
+    length_penalty: float = 1.0
     # HF transformers' filters, which vLLM's API does not have (this server's extensions)
     typical_p: float | None = None
     epsilon_cutoff: float | None = None

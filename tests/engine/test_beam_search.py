@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import math
@@ -12,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pyagent_ref.engine.beam_search import BeamSearchParams, beam_search  # noqa: E402
-from pyagent_ref.engine.llm import LLM  # noqa: E402
+from pyagent_ref.engine.llm import LLM, AsyncLLM  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
 
 PROMPTS = ["Hello world, this is", "def main():\n    print(", "Café, naïve 日本"]
@@ -179,3 +180,42 @@ def test_bad_calls(eos_model, tiny_llm_dir):
     other = LLM(tiny_llm_dir[1], ops="ref", logprobs_mode="processed_logprobs", **ENGINE)
     with pytest.raises(ValueError, match="needs logprobs_mode='raw_logprobs'"):
         other.beam_search(PROMPTS, BeamSearchParams(beam_width=2, max_tokens=2))
+
+
+def test_async_beam_search_equals_llm_while_other_requests_run(eos_model):
+    """AsyncLLM.beam_search gives LLM.beam_search's sequences, with three searches and a
+    sampled request in flight at once; a cancelled search aborts its step requests."""
+    _, _, llm = eos_model
+    params = BeamSearchParams(beam_width=3, max_tokens=MAX_TOKENS, length_penalty=0.5)
+    expected = llm.beam_search(PROMPTS, params)
+    engine = AsyncLLM(llm.config.model, ops="ref", **ENGINE)
+
+    async def run():
+        other = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)
+        searches = [
+            engine.beam_search(p, params, request_id=f"b{i}") for i, p in enumerate(PROMPTS)
+        ]
+        *outs, generated = await asyncio.gather(
+            *searches, _tokens(engine.generate(PROMPTS[0], other))
+        )
+        assert len(generated) == 12
+        cancelled = asyncio.ensure_future(engine.beam_search(PROMPTS[1], params))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        return outs
+
+    outs = asyncio.run(run())
+    assert [[vars(s) for s in o.sequences] for o in outs] == [
+        [vars(s) for s in o.sequences] for o in expected
+    ]
+    assert not engine.core.has_unfinished_requests()
+    assert engine.core.kv.pool.num_free_blocks == engine.core.kv.pool.num_blocks - 1
+    with pytest.raises(TypeError, match="params must be BeamSearchParams"):
+        asyncio.run(engine.beam_search(PROMPTS[0], SamplingParams()))
+
+
+async def _tokens(stream) -> list[int]:
+    """The token ids of a stream of deltas."""
+    return [t async for out in stream for t in out.outputs[0].token_ids]
