@@ -251,7 +251,8 @@ def _fit_module(
     base = model.get_submodule(layer)
     rows = sum(sizes[s] for s in slices)
     want = {"A": (rank, base.in_features), "B": (rows, rank), "m": (rows,)}
-    for part, tensor in parts.items():
+    for part in sorted(parts, key="ABm".index):  # A first, whatever the file's order
+        tensor = parts[part]
         if tuple(tensor.shape) != want[part]:
             raise ValueError(
                 f"LoRA tensor {PREFIX}{module}.{_SUFFIX[part]} has shape "

@@ -96,11 +96,17 @@ def test_the_same_outputs_with_the_core_in_a_process(engines, loop):
             for p, q in zip(logprobs, logprobs2, strict=True):
                 for t in p:
                     assert p[t].logprob == pytest.approx(q[t].logprob, abs=1e-4)
-    for mine, theirs in zip(got, expected, strict=True):  # the core's timestamps
+    cases = [params for params in CASES for _ in PROMPTS]
+    for params, mine, theirs in zip(cases, got, expected, strict=True):  # the core's times
         for m, m2 in zip(mine[-1].metrics, theirs[-1].metrics, strict=True):
-            assert m.ttft > 0 and len(m.itl) == len(m2.itl) == m.num_generated_tokens - 1
+            assert m.ttft > 0 and len(m.itl) == m.num_generated_tokens - 1
+            assert len(m2.itl) == m2.num_generated_tokens - 1
             assert (m.e2e is None, m.queued_s is None) == (m2.e2e is None, m2.queued_s is None)
-            assert m.num_generated_tokens == m2.num_generated_tokens
+            if params.stop:  # the frontend ends it; a frontend some steps behind the core
+                # process has received (and counts) the tokens the core made meanwhile
+                assert m.num_generated_tokens >= m2.num_generated_tokens
+            else:
+                assert m.num_generated_tokens == m2.num_generated_tokens
     assert there.core.stats.steps > 0 and there.core.kv.metrics().queries > 0
     wait_idle(there)
 

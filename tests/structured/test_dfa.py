@@ -174,10 +174,10 @@ def determinize_dfa(dfa: DFA) -> DFA:
     ],
 )
 def test_pathological_patterns_hit_the_limit_fast(pattern, limit):
-    start = time.perf_counter()
+    start = time.process_time()  # this process's CPU time: other processes' load aside
     with pytest.raises(RegexError, match=limit.replace("(", "\\(").replace(")", "\\)")):
         compile_regex(pattern)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def test_limits_are_parameters():
