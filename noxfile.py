@@ -50,13 +50,20 @@ def tests(session: nox.Session) -> None:
     install_llama3_vocabulary(session)
     session.run("cargo", "test", "--manifest-path", CARGO_MANIFEST, "--quiet", external=True)
     profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    # One worker per core, each test file whole on one worker (its module fixtures built
+    # once), one thread each for torch and BLAS.
     session.run(
         "pytest",
         "tests",
         f"{ACCEL}/tests",
         f"--hypothesis-profile={profile}",
+        "-n",
+        "auto",
+        "--dist",
+        "loadfile",
+        "--durations=25",
         *session.posargs,
-        env=ENV,
+        env=ENV | {"OMP_NUM_THREADS": "1"},
     )
     python = f"{session.bin}/python"
     conformance_runs = [
