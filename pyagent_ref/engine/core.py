@@ -39,6 +39,7 @@ from ..kv_cache import (
     group_layers,
 )
 from ..kv_cache.eviction import EVICTION_POLICIES
+from ..kv_cache.request_hashing import HASH_ALGORITHMS
 from ..lora import LoRAConfig, LoRARequest
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
@@ -143,6 +144,10 @@ class EngineConfig:
     enable_chunked_prefill: split long prompts across steps to fit the token budget.
     enable_prefix_caching: reuse the KV blocks of prompts' shared prefixes.
     eviction: which cached block to evict first: "lru" or "arc".
+    prefix_caching_hash_algo: the prefix cache's block hashes: "sha256" or "xxh3_128"
+        (pyagent's, `ops.hashing`) or "sha256_cbor" (vLLM's, byte for byte, rooted in
+        $PYTHONHASHSEED or "vllm-none-hash": `kv_cache.vllm_hashing`), so that routers
+        built for vLLM's KV events key this engine's blocks alike.
     policy: the order the waiting requests are admitted in (see `sched.policy`).
     ops: "ref", "accel" or "auto": the ops namespace of everything the engine computes
         (sampling, hashing, block tables and the model's layers, RoPE and attention);
@@ -208,6 +213,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     eviction: str = "lru"
+    prefix_caching_hash_algo: str = "sha256"
     policy: str = "fcfs"
     ops: str = "auto"
     enforce_eager: bool = False
@@ -275,6 +281,11 @@ _CONFIG_RULES = {
     "enable_chunked_prefill": (bool, _ANY, "a bool"),
     "enable_prefix_caching": (bool, _ANY, "a bool"),
     "eviction": (str, lambda v: v in EVICTION_POLICIES, f"one of {EVICTION_POLICIES}"),
+    "prefix_caching_hash_algo": (
+        str,
+        lambda v: v in HASH_ALGORITHMS,
+        f"one of {HASH_ALGORITHMS}",
+    ),
     "policy": (str, lambda v: v in POLICIES, f"one of {tuple(POLICIES)}"),
     "ops": (str, lambda v: v in ("ref", "accel", "auto"), "'ref', 'accel' or 'auto'"),
     "enforce_eager": (bool, _ANY, "a bool"),
@@ -398,6 +409,7 @@ class EngineCore:
             # an encoder's KV of a block depends on its whole prompt: never shared
             enable_caching=config.enable_prefix_caching and not self.encoder,
             eviction=config.eviction,
+            hash_algorithm=config.prefix_caching_hash_algo,
         )
         max_model_len = self._fit_max_model_len(mcfg.max_position_embeddings)
         self.scheduler_config = SchedulerConfig(
