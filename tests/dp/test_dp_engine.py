@@ -31,7 +31,9 @@ async def tokens(dp: DPAsyncLLM, prompt) -> list[int]:
 
 def test_shared_prefixes_meet_on_one_replica_with_a_colocated_engines_outputs(tiny_llm_dir):
     prompts = [SHARED + [20 + i] for i in range(4)] + [[40 + i] * 9 for i in range(2)]
-    want = [o.outputs[0].token_ids for o in LLM(tiny_llm_dir[1], **ENGINE).generate(prompts, GREEDY)]
+    want = [
+        o.outputs[0].token_ids for o in LLM(tiny_llm_dir[1], **ENGINE).generate(prompts, GREEDY)
+    ]
 
     async def main():
         dp = DPAsyncLLM(tiny_llm_dir[1], 2, policy="prefix", engine_process=False, **ENGINE)
