@@ -216,7 +216,7 @@ def _attach(name: str) -> shared_memory.SharedMemory:
         from multiprocessing import resource_tracker
 
         register = resource_tracker.register
-        resource_tracker.register = lambda *args: None
+        resource_tracker.register = lambda *_: None
         try:
             return shared_memory.SharedMemory(name=name)
         finally:

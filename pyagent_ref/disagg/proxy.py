@@ -25,8 +25,10 @@ import dataclasses
 import itertools
 import multiprocessing
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +45,6 @@ from .instance import (
     FROM_INSTANCE,
     Decode,
     Prefill,
-    Prefilled,
     Ready,
     Shutdown,
     StartupFailed,
@@ -53,6 +54,7 @@ from .instance import (
     run_instance,
 )
 
+_DEAD = object()  # what a waiter gets once its instance's process is gone
 _LAYOUT_FIELDS = ("model", "dtype", "block_size", "prefix_caching_hash_algo")
 
 
@@ -82,7 +84,10 @@ class DisaggOutput:
 
 
 class _InstanceHandle:
-    """One spawned instance and its two sockets."""
+    """One spawned instance, its two sockets, and a reader thread that sorts its
+    messages by request id (requests go through concurrently); control replies (Ready,
+    StartupFailed, StatsReply) go to `control`. When the process dies, every waiter
+    gets `_DEAD`."""
 
     def __init__(self, role, config, kv, directory: str, timeout_s: float) -> None:
         self.role, self.timeout_s = role, timeout_s
@@ -92,6 +97,11 @@ class _InstanceHandle:
         inbox, outbox = f"ipc://{directory}/{role}-in", f"ipc://{directory}/{role}-out"
         self.to.bind(inbox)
         self.back.bind(outbox)
+        self._send_lock, self._queues_lock = threading.Lock(), threading.Lock()
+        self.control: queue.SimpleQueue = queue.SimpleQueue()
+        self._queues: dict[str, queue.SimpleQueue] = {}
+        self._stop = threading.Event()
+        self.dead: str | None = None
         spawn = multiprocessing.get_context("spawn")
         self.process = spawn.Process(
             target=run_instance,
@@ -100,21 +110,50 @@ class _InstanceHandle:
             daemon=True,
         )
         self.process.start()
+        self._reader = threading.Thread(target=self._read, name=f"pyagent-{role}-reader")
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            if self.back.poll(100):
+                message = self.decoder.decode(self.back.recv())
+                rid = getattr(message, "request_id", None)
+                self.queue(rid).put(message) if rid is not None else self.control.put(message)
+            elif not self.process.is_alive():
+                self.dead = f"the {self.role} instance died (exit code {self.process.exitcode})"
+                with self._queues_lock:
+                    for q in [self.control, *self._queues.values()]:
+                        q.put(_DEAD)
+                return
+
+    def queue(self, request_id: str) -> queue.SimpleQueue:
+        with self._queues_lock:
+            q = self._queues.get(request_id)
+            if q is None:
+                q = self._queues[request_id] = queue.SimpleQueue()
+                if self.dead is not None:
+                    q.put(_DEAD)
+            return q
+
+    def forget(self, request_id: str) -> None:
+        with self._queues_lock:
+            self._queues.pop(request_id, None)
 
     def send(self, message) -> None:
-        self.to.send(self.encoder.encode(message))
+        with self._send_lock:
+            self.to.send(self.encoder.encode(message))
 
-    def receive(self, timeout_s: float | None = None) -> Any:
-        """The next message; RuntimeError if the process dies or nothing comes in time."""
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        while time.monotonic() < deadline:
-            if self.back.poll(100):
-                return self.decoder.decode(self.back.recv())
-            if not self.process.is_alive():
-                raise RuntimeError(
-                    f"the {self.role} instance died (exit code {self.process.exitcode})"
-                )
-        raise RuntimeError(f"the {self.role} instance sent nothing in {self.timeout_s:g} s")
+    def receive(self, q: queue.SimpleQueue) -> Any:
+        """The next message of `q`; RuntimeError if the process died or nothing came."""
+        try:
+            message = q.get(timeout=self.timeout_s)
+        except queue.Empty:
+            raise RuntimeError(
+                f"the {self.role} instance sent nothing in {self.timeout_s:g} s"
+            ) from None
+        if message is _DEAD:
+            raise RuntimeError(self.dead)
+        return message
 
     def close(self) -> None:
         if self.process.is_alive():
@@ -123,6 +162,8 @@ class _InstanceHandle:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(5)
+        self._stop.set()
+        self._reader.join(5)
         self.to.close(linger=0)
         self.back.close(linger=0)
         self.context.term()
@@ -188,7 +229,7 @@ class DisaggProxy:
     def _start(self, role: str, config: EngineConfig, kv: tuple) -> _InstanceHandle:
         handle = _InstanceHandle(role, config, kv, self._dir, self.timeout_s)
         self.instances.append(handle)
-        message = handle.receive()
+        message = handle.receive(handle.control)
         if isinstance(message, StartupFailed):
             raise ValueError(f"the {role} instance did not start: {message.error}")
         assert isinstance(message, Ready)
@@ -208,19 +249,17 @@ class DisaggProxy:
             rid, list(prompt_token_ids), sampling_params=params, max_tokens=params.max_tokens
         )
         start = time.monotonic()
+        from_prefill, from_decode = self.prefill.queue(rid), self.decode.queue(rid)
         try:
             self.prefill.send(Prefill(request))
-            reply = self.prefill.receive()
+            reply = self.prefill.receive(from_prefill)
             if isinstance(reply, Tokens):  # the prefill failed
                 return DisaggOutput(rid, [], "error", reply.error)
-            assert isinstance(reply, Prefilled) and reply.request_id == rid
             self.decode.send(Decode(request, rid))
             out = DisaggOutput(rid, [], "", transferred_blocks=reply.num_blocks)
             last = None
             while not out.finish_reason:
-                message = self.decode.receive()
-                if not isinstance(message, Tokens) or message.request_id != rid:
-                    continue
+                message = self.decode.receive(from_decode)
                 now = time.monotonic()
                 if message.token_ids:
                     if last is None:
@@ -233,13 +272,16 @@ class DisaggProxy:
             return out
         except RuntimeError as exc:  # an instance died or went silent
             return DisaggOutput(rid, [], "error", str(exc))
+        finally:
+            self.prefill.forget(rid)
+            self.decode.forget(rid)
 
     def stats(self, role: str) -> StatsReply:
         """The block counts and work of one instance ("prefill" or "decode")."""
         handle = self.prefill if role == "prefill" else self.decode
         handle.send(Stats())
         while True:
-            message = handle.receive()
+            message = handle.receive(handle.control)
             if isinstance(message, StatsReply):
                 return message
 

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -36,11 +37,15 @@ def test_pd_equals_colocated_then_survives_a_killed_decode(tiny_llm_dir):
             assert out.finish_reason == "length", out.error
             assert out.token_ids == want.outputs[0].token_ids
             assert out.transferred_blocks == len(prompt) // ENGINE["block_size"]
+        # concurrently, through the same instances (prefix hits on the decode side now)
+        with ThreadPoolExecutor(3) as pool:
+            outs = list(pool.map(lambda p: proxy.generate(p, GREEDY), PROMPTS))
+        assert [o.token_ids for o in outs] == [w.outputs[0].token_ids for w in colocated]
         decode = proxy.stats("decode")
         # every transferred block came into the decode side's cache instead of computed
         assert decode.onboarded_blocks == sum(len(p) // 4 for p in PROMPTS)
         # it computed the prompts' partial blocks and the 4 tokens fed back of the 5 made
-        assert decode.scheduled_tokens == sum(len(p) % 4 + 4 for p in PROMPTS)
+        assert decode.scheduled_tokens == 2 * sum(len(p) % 4 + 4 for p in PROMPTS)
         assert decode.num_free_blocks == decode.num_blocks - 1  # none held after the end
 
         # kill the decode instance while a request is on its way through
