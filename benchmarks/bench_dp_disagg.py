@@ -1,6 +1,9 @@
-"""Data-parallel routing on a shared-prefix workload: prefix affinity vs round robin.
+"""Data-parallel routing vs round robin, and disaggregated prefill/decode vs colocated.
 
-    python benchmarks/bench_dp_disagg.py [--quick] [--replicas N] [--ops ref|accel|auto]
+    python benchmarks/bench_dp_disagg.py [--quick] [--part dp|pd|all] [--replicas N]
+                                         [--ops ref|accel|auto]
+
+Part dp: routing on a shared-prefix workload.
 
 Requests come from groups that share a long prefix (a tenant's system prompt, a
 document asked about in turn), each with its own question, arriving a few per tick in
@@ -15,6 +18,14 @@ many cores this machine lends the benchmark). Prints, per policy: the prefix-cac
 rate over all replicas, the tokens the models computed, the queueing delay (arrival to
 first scheduled) and TTFT (arrival to first token), mean and p90, and whether every
 greedy output equals one engine's.
+
+Part pd: the embedded default model served colocated (one `AsyncLLM` with its engine
+core in a process) and disaggregated (`DisaggProxy`: a prefill and a decode process,
+KV over the zmq connector and over shared memory), on a mix that disaggregation is for:
+chat requests (short prompt, many tokens) decoding while long-document requests
+(long prompt, few tokens) arrive. Prints TTFT and ITL (gaps between token messages),
+mean and p90, of each kind, measured by the client, and the KV bytes per transferred
+block. Wall-clock times: they depend on the machine's load (print `uptime` with them).
 """
 
 from __future__ import annotations
@@ -141,12 +152,129 @@ def serve(net, prompts, replicas: int, policy: str, args, tmp: str) -> dict:
     }
 
 
+def stream_stats(samples: list[tuple[float | None, list[float]]]) -> str:
+    ttfts = [t for t, _ in samples if t is not None]
+    itls = [g for _, gaps in samples for g in gaps]
+    mean = lambda v: sum(v) / len(v) if v else float("nan")  # noqa: E731
+    return (
+        f"TTFT {mean(ttfts) * 1e3:7.1f}/{pct(ttfts, 0.9) * 1e3:<7.1f} ms  "
+        f"ITL {mean(itls) * 1e3:6.1f}/{pct(itls, 0.9) * 1e3:<6.1f} ms"
+    )
+
+
+def pd_workload(quick: bool) -> list[tuple[str, list[int], int, float]]:
+    """(kind, prompt, max_tokens, submit delay s): chats first, documents arriving."""
+    rng = random.Random(1)
+    chats, docs, doc_len = (2, 2, 256) if quick else (4, 4, 768)
+    out = [("chat", [rng.randrange(1, 200) for _ in range(24)], 48, 0.0) for _ in range(chats)]
+    out += [
+        ("document", [rng.randrange(1, 200) for _ in range(doc_len)], 4, 0.1 + 0.15 * i)
+        for i in range(docs)
+    ]
+    return out
+
+
+def run_colocated(work, engine: dict) -> dict:
+    import asyncio
+
+    from pyagent_ref.engine.llm import AsyncLLM
+
+    async def main():
+        llm = AsyncLLM(None, engine_process=True, **engine)
+        await asyncio.sleep(0)
+
+        async def one(kind, prompt, max_tokens, delay):
+            await asyncio.sleep(delay)
+            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+            start, last, ttft, gaps, tokens = time.monotonic(), None, None, [], []
+            async for delta in llm.generate(prompt, params):
+                if delta.outputs[0].token_ids:
+                    now = time.monotonic()
+                    ttft = ttft if last is not None else now - start
+                    gaps += [now - last] if last is not None else []
+                    last = now
+                    tokens += delta.outputs[0].token_ids
+            return kind, (ttft, gaps), tokens
+
+        try:
+            return await asyncio.gather(*(one(*w) for w in work))
+        finally:
+            await llm.shutdown()
+
+    return asyncio.run(main())
+
+
+def run_disaggregated(work, engine: dict, connector: str) -> tuple[list, int]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyagent_ref.disagg.proxy import DisaggProxy
+
+    proxy = DisaggProxy(None, connector, **engine)
+    try:
+
+        def one(item):
+            kind, prompt, max_tokens, delay = item
+            time.sleep(delay)
+            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+            out = proxy.generate(prompt, params)
+            if out.finish_reason == "error":
+                raise RuntimeError(out.error)
+            return kind, (out.ttft, out.itl), out.token_ids
+
+        with ThreadPoolExecutor(len(work)) as pool:
+            results = list(pool.map(one, work))
+        return results, proxy.stats("decode").onboarded_blocks
+    finally:
+        proxy.close()
+
+
+def main_pd(args) -> None:
+    from pyagent_ref.model import default_model_path
+    from pyagent_ref.model.config import ModelConfig as Config
+
+    engine = dict(block_size=BLOCK, num_kv_blocks=512, max_num_batched_tokens=256, ops=args.ops)
+    work = pd_workload(args.quick)
+    mcfg = Config.from_pretrained(default_model_path())
+    kv_heads, head_dim = mcfg.num_key_value_heads, mcfg.head_dim
+    per_block = mcfg.num_hidden_layers * 2 * BLOCK * kv_heads * head_dim * 4
+    print(
+        f"\nP/D: {sum(k == 'chat' for k, *_ in work)} chats (24-token prompts, 48 tokens) "
+        f"decoding while {sum(k == 'document' for k, *_ in work)} documents "
+        f"({len(work[-1][1])}-token prompts, 4 tokens) arrive; embedded default model, "
+        f"float32; KV per transferred block: {mcfg.num_hidden_layers} layers x K,V x "
+        f"{BLOCK} tokens x {kv_heads} heads x {head_dim} x 4 B = {per_block} B"
+    )
+    runs = {"colocated": (run_colocated(work, engine), None)}
+    for connector in ("zmq", "shm"):
+        results, onboarded = run_disaggregated(work, engine, connector)
+        runs[f"P/D {connector}"] = (results, onboarded)
+    base = [tokens for _, _, tokens in runs["colocated"][0]]
+    for name, (results, onboarded) in runs.items():
+        for kind in ("chat", "document"):
+            samples = [s for k, s, _ in results if k == kind]
+            print(f"{name:<13} {kind:<9} {stream_stats(samples)}")
+        if onboarded is not None:
+            print(f"{'':<13} blocks onboarded on the decode side: {onboarded}")
+    same = all([t for _, _, t in r] == base for r, _ in runs.values())
+    print(f"greedy outputs identical to colocated: {same}")
+    if not same:
+        raise SystemExit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests")
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--part", default="all", choices=["dp", "pd", "all"])
     parser.add_argument("--ops", default="auto", choices=["ref", "accel", "auto"])
     args = parser.parse_args()
+    if args.part in ("dp", "all"):
+        main_dp(args)
+    if args.part in ("pd", "all"):
+        main_pd(args)
+
+
+def main_dp(args) -> None:
     groups, prefix_tokens, per_group = (4, 128, 4) if args.quick else (8, 256, 6)
     args.kv_blocks = (groups * prefix_tokens // BLOCK) // 2 + 24
     args.max_tokens, args.rate = (4, 2) if args.quick else (8, 3)
