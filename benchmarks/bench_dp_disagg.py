@@ -36,33 +36,13 @@ import shutil
 import tempfile
 import time
 
-import torch
+from bench_kv_offload import BLOCK, model  # the same small random Llama
 
 from pyagent_ref.dp.kv_events import KVEventSubscriber, external_hash
 from pyagent_ref.dp.router import ReplicaLoad, Router
 from pyagent_ref.engine.core import EngineConfig, EngineCore
-from pyagent_ref.model.config import ModelConfig
-from pyagent_ref.model.llama import LlamaForCausalLM
 from pyagent_ref.sample.params import SamplingParams
 from pyagent_ref.sched import Request
-
-BLOCK = 16
-
-
-def model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = ModelConfig(
-        architecture="LlamaForCausalLM",
-        vocab_size=1024,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 def workload(groups: int, prefix_tokens: int, per_group: int) -> list[list[int]]:

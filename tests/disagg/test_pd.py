@@ -48,17 +48,20 @@ def test_pd_equals_colocated_then_survives_a_killed_decode(tiny_llm_dir):
         assert decode.scheduled_tokens == 2 * sum(len(p) % 4 + 4 for p in PROMPTS)
         assert decode.num_free_blocks == decode.num_blocks - 1  # none held after the end
 
-        # kill the decode instance while a request is on its way through
+        # kill the decode instance during a transfer: frozen first, it cannot acknowledge
+        # the blocks the prefill instance sends (which waits up to 2 s), then killed
         results = []
+        decode_pid = proxy.decode.process.pid
+        os.kill(decode_pid, signal.SIGSTOP)
         worker = threading.Thread(
             target=lambda: results.append(proxy.generate(list(range(50, 90)), GREEDY))
         )
         worker.start()
-        time.sleep(0.05)
-        os.kill(proxy.decode.process.pid, signal.SIGKILL)
+        time.sleep(1.0)
+        os.kill(decode_pid, signal.SIGKILL)
         worker.join(60)
         assert not worker.is_alive(), "the request hung"
-        assert results[0].finish_reason in ("length", "error")
+        assert results[0].finish_reason == "error" and results[0].error  # it cannot complete
         after = proxy.generate([1, 2, 3, 4, 5], GREEDY)  # no decode side: an error, promptly
         assert after.finish_reason == "error" and after.error
         prefill = proxy.stats("prefill")
