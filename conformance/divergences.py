@@ -257,6 +257,25 @@ def _v(op: str, prop: str, *reasons: str) -> Divergence:
     return Divergence(VLLM, op, prop, "; ".join(reasons))
 
 
+# Reasons that an engine option removes. The ops keep pyagent's scheme (the properties are
+# never loosened), but an engine started with prefix_caching_hash_algo="sha256_cbor" hashes
+# its blocks as vLLM's sha256_cbor does (pyagent_ref/kv_cache/vllm_hashing.py: vLLM's
+# seed as root, CBOR null for a block without keys, vLLM's untagged key shapes), checked
+# byte for byte in tests/kv_cache/test_vllm_hashing.py, so for its block hashes and KV
+# events these divergences do not exist.
+REMOVED_BY_OPTION = {
+    _V_ROOT: 'EngineConfig(prefix_caching_hash_algo="sha256_cbor")',
+    _V_NULL_KEYS: 'EngineConfig(prefix_caching_hash_algo="sha256_cbor")',
+}
+
+
+def removed_by(divergence: Divergence) -> list[str]:
+    """The options that remove (each reason of) `divergence`, if any."""
+    return sorted(
+        {REMOVED_BY_OPTION[r] for r in divergence.reason.split("; ") if r in REMOVED_BY_OPTION}
+    )
+
+
 _VLLM_DIVERGENCES = (
     *(
         _v("sampling.apply_temperature", prop, _V_TEMPERATURE)

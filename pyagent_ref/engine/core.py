@@ -39,6 +39,7 @@ from ..kv_cache import (
     group_layers,
 )
 from ..kv_cache.eviction import EVICTION_POLICIES
+from ..kv_cache.request_hashing import HASH_ALGORITHMS
 from ..lora import LoRAConfig, LoRARequest
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
@@ -143,6 +144,13 @@ class EngineConfig:
     enable_chunked_prefill: split long prompts across steps to fit the token budget.
     enable_prefix_caching: reuse the KV blocks of prompts' shared prefixes.
     eviction: which cached block to evict first: "lru" or "arc".
+    prefix_caching_hash_algo: the prefix cache's block hashes: "sha256" or "xxh3_128"
+        (pyagent's, `ops.hashing`) or "sha256_cbor" (vLLM's, byte for byte, rooted in
+        $PYTHONHASHSEED or "vllm-none-hash": `kv_cache.vllm_hashing`), so that routers
+        built for vLLM's KV events key this engine's blocks alike.
+    kv_events_endpoint: None, or where the engine publishes its prefix cache's changes
+        after every step, in vLLM's KV event format over ZeroMQ (`dp.kv_events`), e.g.
+        "tcp://127.0.0.1:5557" or "ipc:///tmp/kv-events".
     policy: the order the waiting requests are admitted in (see `sched.policy`).
     ops: "ref", "accel" or "auto": the ops namespace of everything the engine computes
         (sampling, hashing, block tables and the model's layers, RoPE and attention);
@@ -208,6 +216,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     eviction: str = "lru"
+    prefix_caching_hash_algo: str = "sha256"
+    kv_events_endpoint: str | None = None
     policy: str = "fcfs"
     ops: str = "auto"
     enforce_eager: bool = False
@@ -275,6 +285,16 @@ _CONFIG_RULES = {
     "enable_chunked_prefill": (bool, _ANY, "a bool"),
     "enable_prefix_caching": (bool, _ANY, "a bool"),
     "eviction": (str, lambda v: v in EVICTION_POLICIES, f"one of {EVICTION_POLICIES}"),
+    "prefix_caching_hash_algo": (
+        str,
+        lambda v: v in HASH_ALGORITHMS,
+        f"one of {HASH_ALGORITHMS}",
+    ),
+    "kv_events_endpoint": (
+        (str, type(None)),
+        lambda v: v is None or "://" in v,
+        "None or a ZeroMQ endpoint like 'tcp://127.0.0.1:5557'",
+    ),
     "policy": (str, lambda v: v in POLICIES, f"one of {tuple(POLICIES)}"),
     "ops": (str, lambda v: v in ("ref", "accel", "auto"), "'ref', 'accel' or 'auto'"),
     "enforce_eager": (bool, _ANY, "a bool"),
@@ -398,7 +418,14 @@ class EngineCore:
             # an encoder's KV of a block depends on its whole prompt: never shared
             enable_caching=config.enable_prefix_caching and not self.encoder,
             eviction=config.eviction,
+            hash_algorithm=config.prefix_caching_hash_algo,
+            enable_events=config.kv_events_endpoint is not None,
         )
+        self.kv_events = None
+        if config.kv_events_endpoint is not None:
+            from ..dp.kv_events import KVEventPublisher
+
+            self.kv_events = KVEventPublisher(config.kv_events_endpoint, root=self.kv.hasher.root)
         max_model_len = self._fit_max_model_len(mcfg.max_position_embeddings)
         self.scheduler_config = SchedulerConfig(
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -625,6 +652,8 @@ class EngineCore:
                 self._finish_proposals(outputs.outputs, known)
                 self._propose_drafts()
             self._forget_when_idle()
+            if self.kv_events is not None:
+                self.kv_events.publish(self.kv.take_events())
             return outputs
 
     def _forget_when_idle(self) -> None:

@@ -59,7 +59,7 @@ class KVCacheManager:
             (`pyagent_ref.ops.load("ref" | "accel" | "auto")`).
         enable_caching: reuse KV across requests through the prefix cache.
         eviction: "lru" or "arc" (see `BlockPool`).
-        hash_algorithm: "sha256" or "xxh3_128".
+        hash_algorithm: "sha256", "xxh3_128" or "sha256_cbor" (vLLM's, `vllm_hashing`).
         enable_events: record `KVCacheEvent`s for `take_events`.
     """
 

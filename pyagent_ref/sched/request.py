@@ -178,6 +178,11 @@ class Request:
         return None if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
+    def lora_name(self) -> str | None:
+        """The name of its LoRA adapter (what vLLM's sha256_cbor block hashes key), or None."""
+        return None if self.lora_request is None else self.lora_request.lora_name
+
+    @property
     def is_finished(self) -> bool:
         return self.status in _FINISHED
 

@@ -50,3 +50,21 @@ def test_vllm_divergences_are_unique_and_explained():
     for d in divergences.for_implementation(VLLM):
         # "; " joins independent reasons (conformance.matrix lists each reason once)
         assert all(len(reason) > 40 for reason in d.reason.split("; ")), d.reason
+
+
+def test_the_hash_divergences_an_option_removes_are_registered_as_removed():
+    """Root and null-keys divergences are the ones prefix_caching_hash_algo="sha256_cbor"
+    removes (tests/kv_cache/test_vllm_hashing.py checks the bytes); the option exists."""
+    from pyagent_ref.engine.core import EngineConfig
+    from pyagent_ref.kv_cache.request_hashing import HASH_ALGORITHMS
+
+    removed = [d for d in divergences.for_implementation(VLLM) if divergences.removed_by(d)]
+    assert {d.op for d in removed} == {
+        "hashing.root_hash",
+        "hashing.hash_block",
+        "hashing.hash_blocks",
+    }
+    assert "sha256_cbor" in HASH_ALGORITHMS
+    assert EngineConfig(prefix_caching_hash_algo="sha256_cbor").prefix_caching_hash_algo
+    for d in removed:
+        assert divergences.removed_by(d) == ['EngineConfig(prefix_caching_hash_algo="sha256_cbor")']
