@@ -101,6 +101,10 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
 
     @app.get("/health")
     async def health() -> Response:
+        """200 while the engine can serve; 503 (and why) once its core process died."""
+        failure = getattr(engine.core, "failure", None)
+        if failure is not None:
+            raise APIError(503, failure)
         return Response(status_code=200)
 
     @app.get("/version")
