@@ -239,7 +239,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = ServingEngine(
         args.model, ops=args.ops, engine_process=args.engine_process, **_engine_args(args)
     )
-    serve(engine, config, args.host, args.port, args.log_level, args.shutdown_timeout)
+    serve(
+        engine,
+        config,
+        args.host,
+        args.port,
+        args.log_level,
+        args.shutdown_timeout,
+        args.log_format,
+    )
     return 0
 
 
@@ -294,6 +302,13 @@ def _add_serve_parser(sub) -> None:
         "(default: %(default)s)",
     )
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="log lines as text, or as one JSON object per line; each carries its "
+        "request id (default: %(default)s)",
+    )
     serve.add_argument(
         "--shutdown-timeout",
         type=float,

@@ -164,6 +164,8 @@ _CALLS = frozenset(
         "remove_lora",
         "pin_lora",
         "list_loras",
+        "start_profile",
+        "stop_profile",
     }
 )
 # the argument types of calls whose arguments are not plain values (decoded as such)
@@ -566,6 +568,14 @@ class EngineCoreClient:
         self.accepting = False
         if self.failure is None and not self._closing:
             self._call("stop_accepting")
+
+    def start_profile(self) -> None:
+        """torch.profiler in the core process (`EngineCore.start_profile`)."""
+        self._call("start_profile")
+
+    def stop_profile(self) -> str:
+        """Stop it there; the trace's path (written by the core process)."""
+        return self._call("stop_profile")
 
     def call(self, method: str, *args) -> Any:
         """Run ``EngineCore.<method>(*args)`` in the core process between two steps

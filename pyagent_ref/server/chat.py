@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
+from ..observe.logs import base_request_id
 from ..parsers import DeltaMessage, ReasoningParser, ToolParser
 from ..parsers.tools import check_tools
 from ..parsers.tools.forced import (
@@ -312,7 +312,7 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
     params = chat_params(req, not parsing_active, constraint and constraint[1])
     fields = CHAT_FIELDS | {"structured_outputs": constraint[0] if constraint else ""}
     prompt = _render(state, req)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    rid = f"chatcmpl-{base_request_id()}"  # X-Request-Id's, if sent
     try:
         streams = await until_disconnected(
             request,

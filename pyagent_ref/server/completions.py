@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
+from ..observe.logs import base_request_id
 from .engine import merge, open_streams
 from .errors import APIError, bad_request
 from .protocol import (
@@ -69,7 +69,7 @@ async def create_completion(
     prompts = _prompts(req.prompt)
     if not prompts:
         raise APIError(400, "prompt must not be empty, got []", "prompt")
-    rid = f"cmpl-{uuid.uuid4().hex}"
+    rid = f"cmpl-{base_request_id()}"  # X-Request-Id's, if sent
     try:
         streams = await until_disconnected(
             request,
