@@ -39,7 +39,8 @@ def by_request(spans) -> dict:
     out = {}
     for root in roots.values():
         key = (root.attributes["gen_ai.request.id"], root.attributes["pyagent.completion.index"])
-        children = {s.name: s for s in spans if s.parent and s.parent.span_id == root.context.span_id}
+        mine = [s for s in spans if s.parent and s.parent.span_id == root.context.span_id]
+        children = {s.name: s for s in mine}
         out[key] = (root, children)
     return out
 
@@ -155,6 +156,7 @@ def test_spans_reach_an_otlp_collector():
             for scope in resource_spans.scope_spans:
                 for span in scope.spans:
                     names.append(span.name)
-                    ids |= {a.value.string_value for a in span.attributes if a.key == "gen_ai.request.id"}
+                    attributes = {a.key: a.value.string_value for a in span.attributes}
+                    ids.add(attributes.get("gen_ai.request.id"))
     assert sorted(names) == sorted(["llm_request", *PHASES])
-    assert ids == {out.request_id}
+    assert ids == {out.request_id, None}  # the phases carry no request id of their own
