@@ -2,13 +2,13 @@
 (or engine request) a line is about.
 
     {"time": "2026-11-29T02:10:00.123Z", "level": "INFO", "logger": "pyagent_ref.engine.llm",
-     "message": "request cmpl-4f..-0 finished: length, 5 prompt + 16 output tokens",
-     "request_id": "cmpl-4f..-0", "finish_reasons": ["length"], "ttft_s": 0.012, ...}
+     "message": "request cmpl-4f..-9a..-0 finished: length, 5 prompt + 16 output tokens",
+     "request_id": "cmpl-4f..-9a..-0", "finish_reasons": ["length"], "ttft_s": 0.012, ...}
 
 `request_id` is a context variable: the server's middleware sets it for each HTTP
 request (to the client's X-Request-Id, or a fresh one) and echoes it in the response's
-X-Request-Id; the engine's request ids are built from it (``cmpl-<id>-0``), so the
-access line and the engine's lines of one request share it. A log call may also pass
+X-Request-Id; the engine's request ids are built from it (``cmpl-<id>-<8 hex>-0``),
+so the lines of one request and its spans name it. A log call may also pass
 ``extra={"request_id": ...}`` (the engine's own lines, logged outside any HTTP request).
 Any other ``extra`` field lands in the object as is (JSON-encoded with ``str`` as the
 fallback).
@@ -36,9 +36,14 @@ _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))
 }
 
 
-def base_request_id() -> str:
-    """The id of the HTTP request being served (`request_id`), or a fresh one."""
-    return request_id.get() or uuid.uuid4().hex
+def new_request_id(prefix: str) -> str:
+    """A fresh engine request id: ``<prefix>-<request_id>-<8 hex>`` while an HTTP
+    request is served (its id, made unique: a client may send one X-Request-Id twice,
+    a retry while the first attempt still runs), else ``<prefix>-<32 hex>``."""
+    rid = request_id.get()
+    return (
+        f"{prefix}-{uuid.uuid4().hex}" if rid is None else f"{prefix}-{rid}-{uuid.uuid4().hex[:8]}"
+    )
 
 
 class JsonFormatter(logging.Formatter):

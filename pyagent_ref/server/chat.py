@@ -27,7 +27,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
-from ..observe.logs import base_request_id
+from ..observe.logs import new_request_id
 from ..parsers import DeltaMessage, ReasoningParser, ToolParser
 from ..parsers.tools import check_tools
 from ..parsers.tools.forced import (
@@ -312,7 +312,7 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
     params = chat_params(req, not parsing_active, constraint and constraint[1])
     fields = CHAT_FIELDS | {"structured_outputs": constraint[0] if constraint else ""}
     prompt = _render(state, req)
-    rid = f"chatcmpl-{base_request_id()}"  # X-Request-Id's, if sent
+    rid = new_request_id("chatcmpl")  # with X-Request-Id's, if sent
     try:
         streams = await until_disconnected(
             request,

@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
-from ..observe.logs import base_request_id
+from ..observe.logs import new_request_id
 from .engine import merge, open_streams
 from .errors import APIError, bad_request
 from .protocol import (
@@ -69,7 +69,7 @@ async def create_completion(
     prompts = _prompts(req.prompt)
     if not prompts:
         raise APIError(400, "prompt must not be empty, got []", "prompt")
-    rid = f"cmpl-{base_request_id()}"  # X-Request-Id's, if sent
+    rid = new_request_id("cmpl")  # with X-Request-Id's, if sent
     try:
         streams = await until_disconnected(
             request,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 
 import pytest
 
 from pyagent_ref.observe.logs import (
     JsonFormatter,
-    base_request_id,
     configure_logging,
+    new_request_id,
     request_id,
 )
 
@@ -32,14 +33,14 @@ def test_a_line_is_one_json_object_with_the_request_id():
     token = request_id.set("abc")
     try:
         assert json.loads(fmt.format(record()))["request_id"] == "abc"
-        assert base_request_id() == "abc"
+        assert re.fullmatch(r"cmpl-abc-[0-9a-f]{8}", new_request_id("cmpl"))
         # the record's own id wins; extras land as fields (not JSON-able ones as str)
         line = json.loads(fmt.format(record(request_id="cmpl-1", ttft_s=0.5, obj=object())))
         assert line["request_id"] == "cmpl-1" and line["ttft_s"] == 0.5
         assert line["obj"].startswith("<object object")
     finally:
         request_id.reset(token)
-    assert len(base_request_id()) == 32  # fresh outside a request
+    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", new_request_id("cmpl"))  # outside a request
     try:
         raise ValueError("boom")
     except ValueError:

@@ -4,10 +4,12 @@ endpoints writing a trace from the core process."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
 import os
+import re
 
 import httpx
 import pytest
@@ -51,14 +53,33 @@ def test_one_request_id_from_the_header_to_the_spans_and_the_logs(operated):
         root.removeHandler(handler)
         root.setLevel(level)
     assert r.status_code == 200 and r.headers["x-request-id"] == "op-1"
-    assert r.json()["id"] == "cmpl-op-1"
-    (root_span, children) = by_request(exporter.get_finished_spans())[("cmpl-op-1-0", 0)]
+    rid = r.json()["id"]
+    assert re.fullmatch(r"cmpl-op-1-[0-9a-f]{8}", rid)
+    (root_span, children) = by_request(exporter.get_finished_spans())[(f"{rid}-0", 0)]
     assert set(children) == set(PHASES)
     assert root_span.attributes["gen_ai.usage.output_tokens"] == 5
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    (done,) = [x for x in lines if x["message"].startswith("request cmpl-op-1-0 finished")]
-    assert done["request_id"] == "cmpl-op-1-0" and done["finish_reasons"] == ["length"]
+    (done,) = [x for x in lines if x["message"].startswith(f"request {rid}-0 finished")]
+    assert done["request_id"] == f"{rid}-0" and done["finish_reasons"] == ["length"]
     assert done["logger"] == "pyagent_ref.engine.llm" and done["ttft_s"] > 0
+
+
+def test_one_request_id_sent_twice_at_once_serves_both(operated):
+    """A client's retry may reuse its X-Request-Id while the first attempt runs."""
+    srv, _, _ = operated
+    body = BODY | {"max_tokens": 40, "temperature": 0}
+
+    async def both():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+            headers = {"X-Request-Id": "again"}
+            return await asyncio.gather(
+                *(client.post("/v1/completions", json=body, headers=headers) for _ in range(2))
+            )
+
+    first, second = asyncio.run(both())
+    assert first.status_code == second.status_code == 200
+    assert first.json()["id"] != second.json()["id"]
+    assert first.json()["choices"][0]["text"] == second.json()["choices"][0]["text"]
 
 
 def test_a_request_id_that_is_not_a_plain_token_is_replaced(operated):
