@@ -37,7 +37,12 @@ class Profiler:
         if self.cuda:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.trace_dir.mkdir(parents=True, exist_ok=True)
-        profile = torch.profiler.profile(activities=activities, record_shapes=True)
+        profile = torch.profiler.profile(
+            activities=activities,
+            record_shapes=True,
+            # every thread: AsyncLLM steps the engine in worker threads
+            experimental_config=_all_threads(),
+        )
         profile.start()
         self._profile = profile
 
@@ -52,3 +57,14 @@ class Profiler:
         path = self.trace_dir / f"{name}.pt.trace.json"
         profile.export_chrome_trace(str(path))
         return str(path)
+
+
+def _all_threads():
+    """Kineto's profile_all_threads where this torch has it (2.6 on), else None (then
+    only the thread that started the profiler is recorded)."""
+    import torch.profiler
+
+    try:
+        return torch.profiler._ExperimentalConfig(profile_all_threads=True)
+    except (AttributeError, TypeError):
+        return None

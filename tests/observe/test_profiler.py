@@ -43,3 +43,22 @@ def test_profiling_needs_a_directory():
         llm.start_profile()
     with pytest.raises(RuntimeError, match="the profiler is not running"):
         Profiler("/nonexistent").stop()
+
+
+def test_async_llm_steps_in_worker_threads_and_they_are_recorded(tmp_path):
+    """AsyncLLM (in this process) steps in asyncio.to_thread's workers, not the thread
+    that started the profiler: every thread is recorded."""
+    import asyncio
+
+    from pyagent_ref.engine.llm import AsyncLLM
+
+    async def main() -> str:
+        llm = AsyncLLM(num_kv_blocks=64, max_num_seqs=4, profiler_dir=str(tmp_path))
+        await llm.start_profile()
+        async for _ in llm.generate("x", SamplingParams(max_tokens=3, ignore_eos=True)):
+            pass
+        path = await llm.stop_profile()
+        await llm.shutdown()
+        return path
+
+    assert "aten::embedding" in aten_ops(asyncio.run(main()))
