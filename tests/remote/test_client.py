@@ -18,6 +18,7 @@ pytest.importorskip("tenacity")
 
 from pyagent_ref.remote import (  # noqa: E402
     CircuitBreaker,
+    RateLimiter,
     RemoteLLM,
     RemoteRequestError,
     RetryPolicy,
@@ -144,6 +145,26 @@ def test_the_circuit_opens_fails_fast_and_closes_after_a_good_probe(backend):
         assert breaker.state == "half_open"
         (probe,) = llm.generate("e", GREEDY)
         assert probe.outputs[0].finish_reason == "length" and breaker.state == "closed"
+
+
+def test_the_rate_limit_spaces_the_attempts_of_concurrent_prompts(backend):
+    srv, faults = backend
+    sent = []
+
+    class Recorded(RateLimiter):
+        def acquire(self) -> float:
+            waited = super().acquire()
+            sent.append(time.monotonic())
+            return waited
+
+    limiter = Recorded(10, burst=1)
+    with remote(srv, model=MODEL, rate_limiter=limiter, max_concurrency=4) as llm:
+        faults.script.append(503)  # its retry waits for a token too
+        start = time.monotonic()
+        outs = llm.generate(["a", "b", "c", "d"], GREEDY)
+    assert [o.outputs[0].finish_reason for o in outs] == ["length"] * 4
+    assert len(sent) == 5  # the k-th attempt went out k/10 s after the start at the soonest
+    assert all(t >= start + k / 10 - 1e-3 for k, t in enumerate(sorted(sent)))
 
 
 def test_a_rejected_request_raises_once_and_is_not_retried(backend):
