@@ -225,7 +225,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .observe.logs import configure_logging
     from .server import ServerConfig, ServingEngine, serve
+
+    # first: the engine logs while it starts, and its core process logs alike
+    configure_logging(args.log_level, json_lines=args.log_format == "json")
 
     config = ServerConfig(
         served_model_name=args.served_model_name or args.model or "pyagent-default",

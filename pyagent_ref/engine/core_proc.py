@@ -59,6 +59,7 @@ import numpy as np
 
 from ..kv_cache.events import KVCacheMetrics
 from ..lora import LoRARequest
+from ..observe.logs import configure_logging_from_env
 from ..sample.logits_processor import load_logits_processors
 from ..sched.outputs import EngineCoreOutput, EngineCoreOutputs, EngineStats
 from ..sched.request import Request, RequestStatus, RequestTimes
@@ -201,6 +202,7 @@ def _codec(incoming) -> tuple[msgspec.msgpack.Encoder, msgspec.msgpack.Decoder]:
 def run_engine_core(config: EngineConfig, inbox: str, outbox: str, parent_pid: int) -> None:
     """The core process's entry point: build the engine, report, serve until shut down."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging_from_env()  # log as the frontend does (`pyagent serve --log-format`)
     context = zmq.Context()
     server = CoreServer(context, inbox, outbox, parent_pid)
     try:

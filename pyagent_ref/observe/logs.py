@@ -20,6 +20,7 @@ import contextvars
 import datetime
 import json
 import logging
+import os
 import sys
 import uuid
 
@@ -82,9 +83,16 @@ class _RequestIdFilter(logging.Filter):
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
+# how the processes this one spawns (the engine core's) log: "<json|text>:<level>"
+LOG_ENV = "PYAGENT_LOG_CONFIG"
+
+
 def configure_logging(level: str | int = "info", json_lines: bool = False, stream=None):
     """Send the root logger's records to ``stream`` (stderr) at ``level``, as JSON lines
-    or as text with the request id; returns the handler (remove it to undo)."""
+    or as text with the request id; returns the handler (remove it to undo). Logging
+    to stderr, it also tells the processes spawned from now on to log the same way
+    (`LOG_ENV`, read by `configure_logging_from_env`): the engine core's lines then
+    read as the server's."""
     if isinstance(level, str):
         if not isinstance(logging.getLevelName(level.upper()), int):
             raise ValueError(f"log level must be a logging level name, got {level!r}")
@@ -98,4 +106,17 @@ def configure_logging(level: str | int = "info", json_lines: bool = False, strea
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level)
+    if stream is None:
+        os.environ[LOG_ENV] = f"{'json' if json_lines else 'text'}:{level}"
     return handler
+
+
+def configure_logging_from_env() -> None:
+    """In a spawned process: log as the parent's `configure_logging` set up (nothing
+    if it did not, or if the value is not one it writes)."""
+    form, _, level = os.environ.get(LOG_ENV, "").partition(":")
+    if form in ("json", "text") and level:
+        try:
+            configure_logging(int(level) if level.isdigit() else level, json_lines=form == "json")
+        except ValueError:
+            pass

@@ -32,7 +32,11 @@ def serve(
 ) -> None:
     """Serve until SIGINT/SIGTERM, then drain (at most ``shutdown_timeout`` seconds).
     log_format: "text", or "json" for one JSON object per line, uvicorn's lines
-    included (`observe.logs`); either way every line carries its request id."""
+    included (`observe.logs`); either way every line carries its request id. Logging
+    is configured here unless the root logger has a handler already (`pyagent serve`
+    configures it before it builds the engine, whose core process logs alike)."""
+    import logging
+
     import uvicorn
     import uvicorn.config
 
@@ -40,7 +44,8 @@ def serve(
 
     if log_format not in ("text", "json"):
         raise ValueError(f"log_format must be 'text' or 'json', got {log_format!r}")
-    configure_logging(log_level, json_lines=log_format == "json")
+    if not logging.getLogger().handlers:
+        configure_logging(log_level, json_lines=log_format == "json")
     app = build_app(engine, config)
     uvicorn.run(
         app,

@@ -109,11 +109,10 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
         rid = request.headers.get("x-request-id", "")
         if not _REQUEST_ID.fullmatch(rid):
             rid = uuid.uuid4().hex
-        token = log_request_id.set(rid)
-        try:
-            response = await call_next(request)
-        finally:
-            log_request_id.reset(token)
+        # not reset: the answer is sent (and uvicorn logs its access line) after this
+        # returns, in this request's own task, whose context ends with it
+        log_request_id.set(rid)
+        response = await call_next(request)
         response.headers["X-Request-Id"] = rid
         return response
 
