@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -93,7 +94,8 @@ class RemoteLLM:
 
     base_url: the server's API root, as the openai client takes it
         ("http://host:8000/v1").
-    model: the model to ask for (None: the first one the server lists at /models).
+    model: the model to ask for (None: the first one the server lists at /models,
+        asked at the first call, which raises if that fails).
     api_key: sent as ``Authorization: Bearer <api_key>``.
     timeout_s: per attempt (connect, read, write), in seconds.
     retry: `RetryPolicy` (attempts, backoff, deadline).
@@ -101,7 +103,8 @@ class RemoteLLM:
         clients of the same server to share what they learn of it.
     rate_limiter: a `RateLimiter` every attempt waits for (None: no limit).
     max_concurrency: requests in flight at once within one call.
-    transport: an httpx transport (tests); None: httpx's own.
+    transport: an httpx transport (a Unix socket, a custom proxy); None: httpx's own.
+    sleep: how backoff waits (time.sleep; a test may pass a recorder).
     """
 
     def __init__(
@@ -223,15 +226,13 @@ class RemoteLLM:
         except RemoteRequestError as exc:
             return exc
         except (httpx.TransportError, RemoteHTTPError, CircuitOpenError) as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            outputs = [
-                CompletionOutput(i, "", [], finish_reason="error", error=reason)
-                for i in range(body["n"])
-            ]
-            return RequestOutput(f"remote-{id(body)}", text, ids or [], outputs, finished=True)
-        return RequestOutput(
-            answer.get("id", ""), text, ids or [], _completions(answer), finished=True
-        )
+            return _failed(body, text, ids, f"{type(exc).__name__}: {exc}")
+        try:
+            completions = _completions(answer)
+        except (KeyError, TypeError, AttributeError) as exc:
+            reason = f"the server's answer is not a completion ({exc!r}): {str(answer)[:200]}"
+            return _failed(body, text, ids, reason)
+        return RequestOutput(answer.get("id", ""), text, ids or [], completions, finished=True)
 
     def _call(self, method: str, path: str, body: dict | None) -> dict:
         """One call with retries (`RetryPolicy`); each attempt passes the rate limiter
@@ -249,7 +250,12 @@ class RemoteLLM:
             response = self._http.request(method, path, json=body)
             if response.status_code >= 400:
                 raise _http_error(response)
-            answer = response.json()
+            try:
+                answer = response.json()
+            except ValueError:  # a proxy's page, say: a bad gateway, as 502 means
+                raise RemoteHTTPError(
+                    502, f"the answer is not JSON: {response.text[:200]!r}"
+                ) from None
         except BaseException as exc:
             if is_server_failure(exc):
                 self.breaker.record_failure()
@@ -258,6 +264,14 @@ class RemoteLLM:
             raise
         self.breaker.record_success()
         return answer
+
+
+def _failed(body: dict, text: str | None, ids: list[int] | None, reason: str) -> RequestOutput:
+    """The final output of a request that failed: each completion ends with "error"."""
+    outputs = [
+        CompletionOutput(i, "", [], finish_reason="error", error=reason) for i in range(body["n"])
+    ]
+    return RequestOutput(f"remote-{uuid.uuid4().hex}", text, ids or [], outputs, finished=True)
 
 
 def _http_error(response: httpx.Response) -> RemoteHTTPError:

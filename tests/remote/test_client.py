@@ -38,7 +38,8 @@ class Faults:
     """ASGI middleware: each POST takes the next fault of ``script`` (none left: it is
     served as is). A fault is a status (answered with an OpenAI-shaped error body;
     429/503 with Retry-After: 0), "drop" (a 200 whose body stops halfway, then the
-    connection closes) or "delay" (served after DELAY_S)."""
+    connection closes), "delay" (served after DELAY_S), "html" (a 200 that is not JSON)
+    or "empty" (a 200 of ``{}``)."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -57,6 +58,10 @@ class Faults:
                 headers.append((b"retry-after", b"0"))
             await send({"type": "http.response.start", "status": fault, "headers": headers})
             await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+        elif fault in ("html", "empty"):  # a proxy's page; JSON that is no completion
+            page = b"<html>bad gateway</html>" if fault == "html" else b"{}"
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": page})
         elif fault == "drop":
             headers = [(b"content-type", b"application/json"), (b"content-length", b"500")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -93,7 +98,7 @@ def test_every_fault_is_retried_through_to_the_same_answer(backend):
         assert llm.model == MODEL  # asked of /v1/models
         expected = llm.generate(prompts, GREEDY)
         assert [o.outputs[0].finish_reason for o in expected] == ["length", "length"]
-        for fault in (503, 500, 502, 429, "drop", "delay"):
+        for fault in (503, 500, 502, 429, "drop", "delay", "html"):
             faults.script.extend([fault, fault])
             posts = faults.posts
             start = time.monotonic()
@@ -102,6 +107,15 @@ def test_every_fault_is_retried_through_to_the_same_answer(backend):
             assert faults.posts == posts + 3 and not faults.script, fault
             assert time.monotonic() - start < 2 * DELAY_S + 5
         assert llm.breaker.state == "closed"
+
+
+def test_an_answer_that_is_no_completion_ends_that_prompt_with_error(backend):
+    srv, faults = backend
+    with remote(srv, model=MODEL) as llm:
+        faults.script.append("empty")
+        (out,) = llm.generate("x", GREEDY)
+    assert out.outputs[0].finish_reason == "error"
+    assert out.outputs[0].error.startswith("the server's answer is not a completion (KeyError")
 
 
 def test_chat_and_token_id_prompts(backend):
