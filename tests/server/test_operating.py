@@ -112,3 +112,20 @@ def test_profiling_is_off_without_a_directory(server):
     r = httpx.post(server.url + "/start_profile", headers=headers)
     assert r.status_code == 400
     assert "profiling is not enabled" in r.json()["error"]["message"]
+
+
+def test_the_serve_flags():
+    import argparse
+
+    from pyagent_ref.cli import _add_serve_parser, _engine_args
+
+    parser = argparse.ArgumentParser()
+    _add_serve_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["serve", "--otlp-traces-endpoint", "console", "--profiler-dir", "/tmp/t"]
+        + ["--log-format", "json"]
+    )
+    assert _engine_args(args) == {"otlp_traces_endpoint": "console", "profiler_dir": "/tmp/t"}
+    assert args.log_format == "json" and parser.parse_args(["serve"]).log_format == "text"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--log-format", "xml"])
