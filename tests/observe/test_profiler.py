@@ -62,3 +62,16 @@ def test_async_llm_steps_in_worker_threads_and_they_are_recorded(tmp_path):
         return path
 
     assert "aten::embedding" in aten_ops(asyncio.run(main()))
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_trace_has_the_kernels(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    llm = LLM(num_kv_blocks=64, max_num_seqs=4, device="cuda", profiler_dir=str(tmp_path))
+    llm.start_profile()
+    llm.generate("def main():", SamplingParams(max_tokens=4, ignore_eos=True))
+    with open(llm.stop_profile()) as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)  # CUDA activity, not only CPU
