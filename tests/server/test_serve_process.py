@@ -1,6 +1,7 @@
 """`pyagent serve` as an operator runs it: its own process, JSON logs on stderr (uvicorn's
 lines too), an engine core process that gets SIGKILLed (/health turns 503), then
-SIGTERM: the server exits and leaves no process behind. Every wait is bounded."""
+SIGTERM: the server exits and leaves no process behind. And a frontend SIGKILLed while
+its core steps: the core notices and exits on its own. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -89,4 +90,44 @@ def test_serve_logs_json_survives_a_dead_core_and_stops_clean():
     deadline = time.monotonic() + 20
     while any(c.is_running() for c in children):  # nothing left running, not even a zombie
         assert time.monotonic() < deadline, [c for c in children if c.is_running()]
+        time.sleep(0.1)
+
+
+ORPHAN = """
+import asyncio, os, signal
+from pyagent_ref.engine.llm import AsyncLLM
+from pyagent_ref.sample.params import SamplingParams
+
+async def main():
+    llm = AsyncLLM(engine_process=True, num_kv_blocks=128, max_num_seqs=4)
+    stream = llm.generate("x", SamplingParams(max_tokens=1000, ignore_eos=True))
+    await stream.__anext__()  # the core is busy stepping
+    print(llm.core.process.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the frontend dies without a word
+
+asyncio.run(main())
+"""
+
+
+def test_a_core_whose_frontend_is_killed_exits_on_its_own():
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    frontend = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        out, _ = frontend.communicate(timeout=180)
+    finally:
+        if frontend.poll() is None:
+            frontend.kill()
+            frontend.wait(30)
+    assert frontend.returncode == -signal.SIGKILL
+    core_pid = int(out.split()[-1])
+    deadline = time.monotonic() + 30
+    while True:  # gone, or a zombie left for init to reap: it runs no more
+        try:
+            if psutil.Process(core_pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        assert time.monotonic() < deadline, "the orphaned engine core still runs"
         time.sleep(0.1)
