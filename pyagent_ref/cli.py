@@ -225,7 +225,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .observe.logs import configure_logging
     from .server import ServerConfig, ServingEngine, serve
+
+    # first: the engine logs while it starts, and its core process logs alike
+    configure_logging(args.log_level, json_lines=args.log_format == "json")
 
     config = ServerConfig(
         served_model_name=args.served_model_name or args.model or "pyagent-default",
@@ -239,7 +243,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = ServingEngine(
         args.model, ops=args.ops, engine_process=args.engine_process, **_engine_args(args)
     )
-    serve(engine, config, args.host, args.port, args.log_level, args.shutdown_timeout)
+    serve(
+        engine,
+        config,
+        args.host,
+        args.port,
+        args.log_level,
+        args.shutdown_timeout,
+        args.log_format,
+    )
     return 0
 
 
@@ -294,6 +306,13 @@ def _add_serve_parser(sub) -> None:
         "(default: %(default)s)",
     )
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="log lines as text, or as one JSON object per line; each carries its "
+        "request id (default: %(default)s)",
+    )
     serve.add_argument(
         "--shutdown-timeout",
         type=float,

@@ -43,3 +43,5 @@ relevance_score  # a rerank result field
 _.should_exit  # uvicorn's server loop reads it
 _.binary_location  # selenium hands it to chromedriver (tests/server/test_playground.py)
 _.json_object  # StructuredOutputsParams field, read through getattr (kind)
+_.do_POST  # http.server calls it (tests/observe/test_tracing.py's OTLP collector)
+_.log_message  # http.server calls it (the same collector, kept quiet)

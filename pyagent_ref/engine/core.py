@@ -202,6 +202,10 @@ class EngineConfig:
         are refused at admission, naming the runner.
     task: "auto", or the one task the engine is for ("generate", "embed", "classify",
         "score"; its runner follows): refused at start if the model cannot do it.
+    otlp_traces_endpoint: None, or where the frontend sends OpenTelemetry spans of each
+        request (`observe.tracing`): an OTLP/HTTP traces URL, or "console" (stdout).
+    profiler_dir: None, or the directory torch.profiler traces are written to between
+        start_profile and stop_profile (`observe.profiler`); None disables profiling.
     """
 
     model: str | Path | None = None
@@ -238,6 +242,8 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     runner: str = "auto"
     task: str = "auto"
+    otlp_traces_endpoint: str | None = None
+    profiler_dir: str | None = None
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -331,6 +337,8 @@ _CONFIG_RULES = {
     "max_cpu_loras": (_OPTIONAL_INT, lambda v: v is None or v >= 1, "None or an int >= 1"),
     "runner": (str, lambda v: v in RUNNERS, f"one of {RUNNERS}"),
     "task": (str, lambda v: v in TASKS, f"one of {TASKS}"),
+    "otlp_traces_endpoint": ((str, type(None)), lambda v: v != "", "None or a URL or 'console'"),
+    "profiler_dir": ((str, type(None)), lambda v: v != "", "None or a directory"),
 }
 
 
@@ -392,6 +400,7 @@ class EngineCore:
                 f"(max_position_embeddings={mcfg.max_position_embeddings}); lower it"
             )
         self.logits_processor_classes = load_logits_processors(config.logits_processors)
+        self.profiler = None  # built at the first start_profile
         self.lora = None
         if config.enable_lora:  # before the runner: CUDA graphs record the adapted layers
             from ..lora.manager import LoRAManager
@@ -789,6 +798,26 @@ class EngineCore:
     def stop_accepting(self) -> None:
         """From now on add_request raises RuntimeError."""
         self.accepting = False
+
+    def start_profile(self) -> None:
+        """Start torch.profiler (`observe.profiler`); RuntimeError without a
+        profiler_dir or while it runs."""
+        if self.config.profiler_dir is None:
+            raise RuntimeError("profiling is not enabled: set profiler_dir (--profiler-dir)")
+        if self.profiler is None:
+            from ..observe.profiler import Profiler
+
+            cuda = torch.device(self.config.device).type == "cuda"
+            self.profiler = Profiler(self.config.profiler_dir, cuda=cuda)
+        with self._lock:  # between two steps
+            self.profiler.start()
+
+    def stop_profile(self) -> str:
+        """Stop torch.profiler and write its trace; returns the trace's path."""
+        if self.profiler is None:
+            raise RuntimeError("the profiler is not running; start_profile first")
+        with self._lock:
+            return self.profiler.stop()
 
     def shutdown(self, drain: bool = True) -> list[EngineCoreOutputs]:
         """Stop accepting requests; finish the in-flight ones (drain) or abort them."""

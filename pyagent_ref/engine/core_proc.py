@@ -59,6 +59,7 @@ import numpy as np
 
 from ..kv_cache.events import KVCacheMetrics
 from ..lora import LoRARequest
+from ..observe.logs import configure_logging_from_env
 from ..sample.logits_processor import load_logits_processors
 from ..sched.outputs import EngineCoreOutput, EngineCoreOutputs, EngineStats
 from ..sched.request import Request, RequestStatus, RequestTimes
@@ -164,6 +165,8 @@ _CALLS = frozenset(
         "remove_lora",
         "pin_lora",
         "list_loras",
+        "start_profile",
+        "stop_profile",
     }
 )
 # the argument types of calls whose arguments are not plain values (decoded as such)
@@ -199,6 +202,7 @@ def _codec(incoming) -> tuple[msgspec.msgpack.Encoder, msgspec.msgpack.Decoder]:
 def run_engine_core(config: EngineConfig, inbox: str, outbox: str, parent_pid: int) -> None:
     """The core process's entry point: build the engine, report, serve until shut down."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging_from_env()  # log as the frontend does (`pyagent serve --log-format`)
     context = zmq.Context()
     server = CoreServer(context, inbox, outbox, parent_pid)
     try:
@@ -566,6 +570,14 @@ class EngineCoreClient:
         self.accepting = False
         if self.failure is None and not self._closing:
             self._call("stop_accepting")
+
+    def start_profile(self) -> None:
+        """torch.profiler in the core process (`EngineCore.start_profile`)."""
+        self._call("start_profile")
+
+    def stop_profile(self) -> str:
+        """Stop it there; the trace's path (written by the core process)."""
+        return self._call("stop_profile")
 
     def call(self, method: str, *args) -> Any:
         """Run ``EngineCore.<method>(*args)`` in the core process between two steps

@@ -39,6 +39,7 @@ from .._files import read_json_object
 from ..lora import LoRARequest
 from ..model.config import ModelConfig
 from ..model.pooling import PoolerConfig, PoolingParams
+from ..observe.logs import request_id as log_request_id
 from ..ops import load as load_ops
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
@@ -92,6 +93,11 @@ class _Frontend:
         self._extra_eos = self._generation_eos_ids(model_dir)
         self._ids = itertools.count()
         self._rng = random.Random()
+        self.tracer = None  # an observe.tracing.RequestTracer: spans of finished requests
+        if self.config.otlp_traces_endpoint is not None:
+            from ..observe.tracing import RequestTracer
+
+            self.tracer = RequestTracer.from_endpoint(self.config.otlp_traces_endpoint)
 
     def _generation_eos_ids(self, model_dir: Path) -> list[int]:
         """End-of-sequence ids that generation_config.json adds to the tokenizer's EOS (a chat
@@ -260,7 +266,36 @@ class _Frontend:
         to_abort, finished = self.processor.process(outputs)
         if to_abort:
             self.core.abort_requests(to_abort)
+        for out in finished:
+            self._observe(out)
         return finished
+
+    def _observe(self, out: RequestOutput) -> None:
+        """A finished request's log line (INFO, with its id and latencies as fields)
+        and, with a tracer, its spans."""
+        if logger.isEnabledFor(logging.INFO):
+            reasons = [c.finish_reason for c in out.outputs]
+            metrics = out.metrics[0] if out.metrics else None
+            logger.info(
+                "request %s finished: %s, %d prompt + %d output tokens",
+                out.request_id,
+                ", ".join(map(str, reasons)),
+                len(out.prompt_token_ids),
+                sum(m.num_generated_tokens for m in out.metrics),
+                extra={
+                    "request_id": out.request_id,
+                    "finish_reasons": reasons,
+                    "errors": [c.error for c in out.outputs if c.error] or None,
+                    "ttft_s": metrics and metrics.ttft,
+                    "e2e_s": metrics and metrics.e2e,
+                    "queued_s": metrics and metrics.queued_s,
+                },
+            )
+        if self.tracer is not None:
+            try:
+                self.tracer.trace(out)
+            except Exception:  # a tracing bug never fails a request
+                logger.exception("tracing request %s failed", out.request_id)
 
     def _step(self) -> list[RequestOutput]:
         return self._process(self.core.step().outputs)
@@ -535,10 +570,23 @@ class LLM(_Frontend):
         with self._lock:
             self.core.wake_up()
 
+    def start_profile(self) -> None:
+        """Start torch.profiler on the engine core (needs profiler_dir; see
+        `observe.profiler`)."""
+        with self._lock:
+            self.core.start_profile()
+
+    def stop_profile(self) -> str:
+        """Stop it; returns the path of the trace written."""
+        with self._lock:
+            return self.core.stop_profile()
+
     def shutdown(self) -> None:
         """Accept no more requests; generate() then raises RuntimeError."""
         with self._lock:
             self.core.shutdown(drain=True)
+        if self.tracer is not None:
+            self.tracer.shutdown()
 
 
 class AsyncLLM(_Frontend):
@@ -758,6 +806,17 @@ class AsyncLLM(_Frontend):
         async with self._lock:
             self.core.wake_up()
 
+    async def start_profile(self) -> None:
+        """Start torch.profiler on the engine core, in its process if it has one
+        (needs profiler_dir; see `observe.profiler`)."""
+        async with self._lock:
+            self.core.start_profile()
+
+    async def stop_profile(self) -> str:
+        """Stop it; returns the path of the trace written."""
+        async with self._lock:
+            return self.core.stop_profile()
+
     async def shutdown(self, drain: bool = True) -> None:
         """Accept no more requests; let the in-flight ones finish (drain) or end them
         now with finish_reason "abort"."""
@@ -770,6 +829,8 @@ class AsyncLLM(_Frontend):
             await self._loop_task
         if not isinstance(self.core, EngineCore):
             self.core.close()  # the engine core's process
+        if self.tracer is not None:
+            self.tracer.shutdown()
 
     def _deliver(self) -> None:
         for rid, delta in self.processor.take_deltas():
@@ -790,6 +851,7 @@ class AsyncLLM(_Frontend):
         loop: the consumers of the deltas just delivered (a server's streams) do their
         work while the model runs, instead of between steps. Requests waiting for the
         lock to be admitted or aborted still go first (asyncio.Lock is fair)."""
+        log_request_id.set(None)  # this task serves every request, not the one that started it
         while True:
             async with self._lock:
                 if not self.core.has_unfinished_requests():

@@ -9,6 +9,7 @@ n > 1 completions is one parent with n children; it finishes when they all have.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,10 @@ class _Child:
     new_text: str = ""  # since the last delta, like the two lists below
     new_ids: list[int] = field(default_factory=list)
     sent_logprobs: int = 0  # positions of completion.logprobs in deltas already
+    detokenize_s: float = 0.0  # spent in its detokenizer and stop checker
+
+    def metrics(self) -> RequestMetrics:
+        return RequestMetrics.of(self.request, self.detokenize_s)
 
 
 @dataclass
@@ -153,12 +158,14 @@ class OutputProcessor:
         ids = list(out.new_token_ids)
         if out.finish_reason == "stop" and not child.params.include_stop_str_in_output:
             ids = ids[:-1]  # the core stopped on EOS or a stop token id: not part of the text
+        start = time.perf_counter()
         text = child.detokenizer.add_tokens(ids)
         if core_done:
             text += child.detokenizer.finish()
         emit, stopped, stop_str = child.stop.update(text)
         if core_done and not stopped:
             emit += child.stop.finish()
+        child.detokenize_s += time.perf_counter() - start
         comp.text += emit
         child.new_text += emit
         if stopped:
@@ -201,7 +208,7 @@ class OutputProcessor:
             )
             c.new_text, c.new_ids = "", []
             c.sent_logprobs = 0 if logprobs is None else len(logprobs)
-        metrics = [RequestMetrics.of(c.request) for c in parent.children.values()] if done else []
+        metrics = [c.metrics() for c in parent.children.values()] if done else []
         prompt_logprobs = None
         if parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent:
             prompt_logprobs, parent.prompt_logprobs_sent = parent.prompt_logprobs, True
@@ -223,6 +230,6 @@ class OutputProcessor:
             parent.prompt_token_ids,
             [c.completion for c in children],
             finished=True,
-            metrics=[RequestMetrics.of(c.request) for c in children],
+            metrics=[c.metrics() for c in children],
             prompt_logprobs=parent.prompt_logprobs,
         )

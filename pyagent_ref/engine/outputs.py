@@ -15,7 +15,10 @@ class RequestMetrics:
     """Latencies of one request, in seconds (None until the event happened).
 
     ttft: first token time - arrival. itl: gaps between consecutive tokens.
-    e2e: finish - arrival. queued: first scheduled - queued.
+    e2e: finish - arrival. queued_s: first scheduled - queued.
+    scheduled_s: first scheduled - arrival. detokenize_s: the time the frontend spent
+    detokenizing the completion and matching its stop strings (summed over its steps).
+    `arrival` is on time.monotonic's clock (the others are durations).
     """
 
     arrival: float
@@ -26,9 +29,11 @@ class RequestMetrics:
     num_prompt_tokens: int
     num_generated_tokens: int
     num_preemptions: int
+    scheduled_s: float | None = None
+    detokenize_s: float = 0.0
 
     @classmethod
-    def of(cls, request: Request) -> RequestMetrics:
+    def of(cls, request: Request, detokenize_s: float = 0.0) -> RequestMetrics:
         t = request.times
         gaps = [b - a for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
         return cls(
@@ -42,6 +47,8 @@ class RequestMetrics:
             num_prompt_tokens=request.num_prompt_tokens,
             num_generated_tokens=request.num_output_tokens,
             num_preemptions=t.num_preemptions,
+            scheduled_s=None if t.first_scheduled is None else t.first_scheduled - t.arrival,
+            detokenize_s=detokenize_s,
         )
 
 

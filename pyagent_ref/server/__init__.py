@@ -28,15 +28,31 @@ def serve(
     port: int = 8000,
     log_level: str = "info",
     shutdown_timeout: float | None = 60.0,
+    log_format: str = "text",
 ) -> None:
-    """Serve until SIGINT/SIGTERM, then drain (at most ``shutdown_timeout`` seconds)."""
-    import uvicorn
+    """Serve until SIGINT/SIGTERM, then drain (at most ``shutdown_timeout`` seconds).
+    log_format: "text", or "json" for one JSON object per line, uvicorn's lines
+    included (`observe.logs`); either way every line carries its request id. Logging
+    is configured here unless the root logger has a handler already (`pyagent serve`
+    configures it before it builds the engine, whose core process logs alike)."""
+    import logging
 
+    import uvicorn
+    import uvicorn.config
+
+    from ..observe.logs import configure_logging
+
+    if log_format not in ("text", "json"):
+        raise ValueError(f"log_format must be 'text' or 'json', got {log_format!r}")
+    if not logging.getLogger().handlers:
+        configure_logging(log_level, json_lines=log_format == "json")
     app = build_app(engine, config)
     uvicorn.run(
         app,
         host=host,
         port=port,
         log_level=log_level,
+        # json: uvicorn's loggers propagate to the root handler, formatted as ours
+        log_config=uvicorn.config.LOGGING_CONFIG if log_format == "text" else None,
         timeout_graceful_shutdown=shutdown_timeout,
     )

@@ -4,6 +4,10 @@
     POST /v1/completions  /v1/chat/completions  /v1/responses  /v1/embeddings
          /v1/score (/score)  /rerank (/v1/rerank, /v2/rerank)  /classify
          /tokenize  /detokenize  /v1/load_lora_adapter  /v1/unload_lora_adapter
+         /start_profile  /stop_profile (torch.profiler, with --profiler-dir)
+
+Every answer carries an X-Request-Id (the client's, or a fresh one), which the log lines
+and engine request ids of that request share (`observe.logs`).
 
 LoRA adapters (the engine's enable_lora) are models of their own: ``model`` names one
 (a 404 for a name the server does not serve), /v1/models lists them with their base as
@@ -20,13 +24,16 @@ every request in flight finishes.
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
+import uuid
 from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from .. import __version__
+from ..observe.logs import request_id as log_request_id
 from .chat import create_chat_completion
 from .completions import create_completion
 from .embeddings import create_embedding
@@ -58,6 +65,7 @@ from .scoring import create_classification, create_rerank, create_score
 from .state import ServerConfig, ServerState
 
 _OPEN_PATHS = {"/", "/health", "/version", "/metrics"}
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # The playground loads nothing but itself and talks only to this server; the browser
 # enforces that.
 _PLAYGROUND_CSP = (
@@ -93,6 +101,38 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
                 ).response()
         return await call_next(request)
 
+    @app.middleware("http")
+    async def tag_request_id(request: Request, call_next):
+        """The request's id (the client's X-Request-Id if it is a plain token, else a
+        fresh one): in every log line while it is served, in its engine request ids,
+        and echoed in the answer's X-Request-Id."""
+        rid = request.headers.get("x-request-id", "")
+        if not _REQUEST_ID.fullmatch(rid):
+            rid = uuid.uuid4().hex
+        # not reset: the answer is sent (and uvicorn logs its access line) after this
+        # returns, in this request's own task, whose context ends with it
+        log_request_id.set(rid)
+        response = await call_next(request)
+        response.headers["X-Request-Id"] = rid
+        return response
+
+    @app.post("/start_profile")
+    async def start_profile() -> Response:
+        """Start torch.profiler on the engine core (needs --profiler-dir)."""
+        try:
+            await engine.start_profile()
+        except RuntimeError as exc:
+            raise APIError(400, str(exc)) from None
+        return Response(status_code=200)
+
+    @app.post("/stop_profile")
+    async def stop_profile() -> dict:
+        """Stop it and write the trace; answers its path."""
+        try:
+            return {"trace": await engine.stop_profile()}
+        except RuntimeError as exc:
+            raise APIError(400, str(exc)) from None
+
     playground = (resources.files(__package__) / "static" / "playground.html").read_text("utf-8")
 
     @app.get("/", include_in_schema=False)
@@ -101,6 +141,10 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
 
     @app.get("/health")
     async def health() -> Response:
+        """200 while the engine can serve; 503 (and why) once its core process died."""
+        failure = getattr(engine.core, "failure", None)
+        if failure is not None:
+            raise APIError(503, failure)
         return Response(status_code=200)
 
     @app.get("/version")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
+from ..observe.logs import new_request_id
 from ..parsers import DeltaMessage, ReasoningParser, ToolParser
 from ..parsers.tools import check_tools
 from ..parsers.tools.forced import (
@@ -313,7 +313,7 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
     params = chat_params(req, not parsing_active, constraint and constraint[1])
     fields = CHAT_FIELDS | {"structured_outputs": constraint[0] if constraint else ""}
     prompt = _render(state, req)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    rid = new_request_id("chatcmpl")  # with X-Request-Id's, if sent
     try:
         streams = await until_disconnected(
             request,
@@ -355,7 +355,7 @@ async def _beam_chat(
     if limit is None:
         limit = max(state.engine.core.max_model_len - len(prompt), 1)
     params = beam_params(req, limit, refused, field)
-    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    rid = new_request_id("chatcmpl")
     [out] = await run_beam_searches(state, request, [prompt], params, rid)
     choices = []
     for j, seq in enumerate(out.sequences):

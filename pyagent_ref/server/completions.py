@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
+from ..observe.logs import new_request_id
 from .beam import beam_params, run_beam_searches
 from .engine import merge, open_streams
 from .errors import APIError, bad_request
@@ -70,7 +70,7 @@ async def create_completion(
     prompts = _prompts(req.prompt)
     if not prompts:
         raise APIError(400, "prompt must not be empty, got []", "prompt")
-    rid = f"cmpl-{uuid.uuid4().hex}"
+    rid = new_request_id("cmpl")  # with X-Request-Id's, if sent
     if req.use_beam_search:
         return await _beam_completion(req, state, request, prompts, rid, lora is not None)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import threading
@@ -65,31 +66,53 @@ def _stream_lines(srv: ServerThread, started: threading.Event, lines: list) -> N
                 started.set()
 
 
+def _complete(srv: ServerThread, answers: list) -> None:
+    body = {"model": MODEL, "prompt": "z", "max_tokens": 500, "ignore_eos": True}
+    answers.append(httpx.post(srv.url + "/v1/completions", json=body, timeout=60))
+
+
 def test_a_dead_core_process_ends_streams_with_error_and_is_a_503():
+    """SIGKILL the core with a stream and a plain request in flight: both end with the
+    core's death as their reason, /health and new requests are 503, nothing hangs and
+    no process is left behind."""
     engine = ServingEngine(num_kv_blocks=256, max_num_seqs=4, engine_process=True)
     srv = ServerThread(build_app(engine, ServerConfig(served_model_name=MODEL))).start()
     try:
-        started, lines = threading.Event(), []
+        started, lines, answers = threading.Event(), [], []
         t = threading.Thread(target=_stream_lines, args=(srv, started, lines))
         t.start()
+        plain = threading.Thread(target=_complete, args=(srv, answers))
+        plain.start()
         assert started.wait(30)
+        wait_until(lambda: len(engine.processor.requests) == 2, what="both requests to run")
+        assert httpx.get(srv.url + "/health").status_code == 200
         os.kill(engine.core.process.pid, signal.SIGKILL)
         t.join(30)
-        assert not t.is_alive()
+        plain.join(30)
+        assert not t.is_alive() and not plain.is_alive()
         events = [json.loads(ln[6:]) for ln in lines if ln != "data: [DONE]"]
         error = events[-1]["error"]  # the stream ends with an error event
         assert error["message"].startswith("the request failed in the engine"), error
         assert "the engine core process died (exit code -9)" in error["message"]
+        (answer,) = answers  # the plain request: a 500 that says why
+        assert answer.status_code == 500
+        assert "the engine core process died (exit code -9)" in answer.json()["error"]["message"]
+        health = httpx.get(srv.url + "/health")
+        assert health.status_code == 503
+        assert "the engine core process died" in health.json()["error"]["message"]
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.InternalServerError) as info:
             client.completions.create(model=MODEL, prompt="y", max_tokens=2)
         assert info.value.status_code == 503
         assert "the engine core process died" in str(info.value)
-        wait_until(lambda: not engine.processor.requests, what="the stream to end")
+        assert httpx.get(srv.url + "/metrics").status_code == 200  # still scraped
+        wait_until(lambda: not engine.processor.requests, what="the requests to end")
     finally:
         srv.stop()
     assert not engine.core.process.is_alive()
     assert engine.core.process.exitcode == -signal.SIGKILL  # reaped: no zombie left
+    assert engine.core.process not in multiprocessing.active_children()
+    assert not os.path.exists(engine.core._dir)  # its sockets' directory is gone
 
 
 def test_pyagent_serve_runs_the_engine_core_in_its_own_process_by_default():
