@@ -194,6 +194,10 @@ class EngineConfig:
         are refused at admission, naming the runner.
     task: "auto", or the one task the engine is for ("generate", "embed", "classify",
         "score"; its runner follows): refused at start if the model cannot do it.
+    limit_mm_per_prompt: the most images one prompt of a vision-language model may carry.
+    encoder_cache_size: image positions (decoder rows) the encoder cache keeps for the
+        requests using them and later ones with the same image; None: the most image
+        positions one step may encode, max(max_num_batched_tokens, one image's).
     """
 
     model: str | Path | None = None
@@ -228,6 +232,8 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     runner: str = "auto"
     task: str = "auto"
+    limit_mm_per_prompt: int = 4
+    encoder_cache_size: int | None = None
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -311,6 +317,8 @@ _CONFIG_RULES = {
     "max_cpu_loras": (_OPTIONAL_INT, lambda v: v is None or v >= 1, "None or an int >= 1"),
     "runner": (str, lambda v: v in RUNNERS, f"one of {RUNNERS}"),
     "task": (str, lambda v: v in TASKS, f"one of {TASKS}"),
+    "limit_mm_per_prompt": (int, lambda v: v >= 1, "an int >= 1"),
+    "encoder_cache_size": (_OPTIONAL_INT, lambda v: v is None or v >= 1, "None or an int >= 1"),
 }
 
 
@@ -400,6 +408,7 @@ class EngineCore:
             eviction=config.eviction,
         )
         max_model_len = self._fit_max_model_len(mcfg.max_position_embeddings)
+        encoder_tokens, cache_size = self._encoder_sizes(model)
         self.scheduler_config = SchedulerConfig(
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
@@ -408,6 +417,8 @@ class EngineCore:
             policy=config.policy,
             max_loras=config.max_loras if config.enable_lora else 0,
             bidirectional=self.encoder,
+            max_num_encoder_tokens=encoder_tokens,
+            encoder_cache_size=cache_size,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.kv, clock)
         self.runner = ModelRunner(
@@ -456,6 +467,21 @@ class EngineCore:
         self._hidden_states: dict = {}
         self._lock = threading.RLock()
         self.eplb = ExpertBalancer(model, config.eplb) if config.eplb is not None else None
+
+    def _encoder_sizes(self, model: torch.nn.Module) -> tuple[int, int]:
+        """(image positions one step may encode, the encoder cache's size): both at least
+        one image's (0, 0 for a model without images: the scheduler's defaults)."""
+        vision = getattr(model, "vision", None)
+        if vision is None:
+            return 0, 0
+        per_step = max(self.config.max_num_batched_tokens, vision.num_image_tokens)
+        size = self.config.encoder_cache_size or per_step
+        if size < vision.num_image_tokens:
+            raise ValueError(
+                f"encoder_cache_size={size} cannot hold one image of "
+                f"{model.config.architecture} ({vision.num_image_tokens} positions)"
+            )
+        return per_step, size
 
     def _fit_max_model_len(self, model_len: int) -> int:
         """max_model_len within what one request can ever use: the tokens the whole KV

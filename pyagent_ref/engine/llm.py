@@ -38,6 +38,7 @@ from .._files import read_json_object
 from ..lora import LoRARequest
 from ..model.config import ModelConfig
 from ..model.pooling import PoolerConfig, PoolingParams
+from ..multimodal import MultiModalProcessor
 from ..ops import load as load_ops
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
@@ -82,8 +83,10 @@ class _Frontend:
         self.tokenizer = tokenizer or load_tokenizer(
             model_dir, self.config.tokenizer_backend, _bpe_encoding_class(self.config.ops)
         )
-        self.pooler_config = PoolerConfig.from_model(
-            ModelConfig.from_pretrained(model_dir), self.config.model
+        model_config = ModelConfig.from_pretrained(model_dir)
+        self.pooler_config = PoolerConfig.from_model(model_config, self.config.model)
+        self.mm_processor = MultiModalProcessor(
+            model_dir, model_config, self.config.limit_mm_per_prompt
         )
         self.ops = load_ops(self.config.ops)  # what the frontend computes (scores)
         self.processor = OutputProcessor(self.tokenizer)
@@ -128,6 +131,13 @@ class _Frontend:
             pooling = self.pooler_config.resolve(pooling)
         check_n(params)
         text, ids = prompt_token_ids(prompt, self.tokenizer.encode)
+        mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        ids, mm_features = self.mm_processor(ids, mm_data)
+        if mm_features and not isinstance(self.core, EngineCore):
+            raise ValueError(
+                "prompts with images are not supported with the engine core in its own "
+                "process (engine_process): run it in-process"
+            )
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
         rid = request_id or str(next(self._ids))
@@ -168,6 +178,7 @@ class _Frontend:
                 pooling_params=pooling,
                 lora_request=lora_request,
                 token_type_ids=token_type_ids,
+                mm_features=mm_features,
             )
             for i in range(params.n)
         ]
