@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 from fastapi import Request
@@ -214,36 +215,62 @@ def _tool_schemas(req: ChatCompletionRequest) -> dict[str, dict]:
         raise APIError(400, str(exc), "tools") from None
 
 
-def _text_messages(messages: list[dict]) -> list[dict]:
-    """Messages whose content is a list of text parts get the parts joined by newlines;
-    other parts (images, audio) are a 400."""
-    out = []
+def _split_messages(messages: list[dict]) -> tuple[list[dict], list[str]]:
+    """(messages for the chat template, the images' data URLs in order). A content list
+    of text parts becomes its texts joined by newlines; one with image parts
+    ({"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}) stays a
+    list for the template, each image as {"type": "image"} (the template renders the
+    model's image placeholder) and its URL collected. Other parts are a 400; a URL that
+    is not a data URL is refused when the image is decoded (no network)."""
+    out, images = [], []
     for i, message in enumerate(messages):
         content = message.get("content")
         if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if not (
-                    isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
-                    raise APIError(
-                        400,
-                        f"messages[{i}].content[{j}]: only text parts are supported, got {part!r}",
-                        f"messages.{i}.content.{j}",
-                    )
-                texts.append(part["text"])
-            message = {**message, "content": "\n".join(texts)}
+            parts = [_part(part, f"messages.{i}.content.{j}") for j, part in enumerate(content)]
+            if any(kind == "image" for kind, _ in parts):
+                images += [value for kind, value in parts if kind == "image"]
+                content = [
+                    {"type": "text", "text": value} if kind == "text" else {"type": "image"}
+                    for kind, value in parts
+                ]
+            else:
+                content = "\n".join(value for _, value in parts)
+            message = {**message, "content": content}
         out.append(message)
-    return out
+    return out, images
 
 
-def _render(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+def _part(part: Any, param: str) -> tuple[str, str]:
+    """("text", its text) or ("image", its URL) of one content part; 400 otherwise."""
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return "text", part["text"]
+    if isinstance(part, dict) and part.get("type") == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if isinstance(url, str):
+            return "image", url
+    raise APIError(
+        400,
+        f"{param}: a content part must be text or an image_url with a data URL, got "
+        f"{str(part)[:100]}",
+        param,
+    )
+
+
+def _render(state: ServerState, req: ChatCompletionRequest) -> dict:
+    """The prompt of a chat request: its rendered token ids, and its images if any."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    messages, images = _split_messages(req.messages)
+    processor = state.engine.mm_processor
+    if images and not processor.supports_images:
+        raise APIError(
+            400,
+            f"{processor.architecture} is a text-only model: it takes no image parts",
+            "messages",
+        )
     try:
-        return state.tokenizer.apply_chat_template(
-            _text_messages(req.messages),
+        ids = state.tokenizer.apply_chat_template(
+            messages,
             tools=tools,
             add_generation_prompt=req.add_generation_prompt,
             tokenize=True,
@@ -253,6 +280,10 @@ def _render(state: ServerState, req: ChatCompletionRequest) -> list[int]:
         raise APIError(
             400, f"messages could not be rendered by the chat template: {exc}", "messages"
         ) from None
+    prompt: dict = {"prompt_token_ids": ids}
+    if images:
+        prompt["multi_modal_data"] = {"image": images}
+    return prompt
 
 
 def _parsing_factory(state: ServerState, req: ChatCompletionRequest):
