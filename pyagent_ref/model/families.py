@@ -417,11 +417,11 @@ def llava_hf_keys(cfg: dict) -> dict:
 
 
 def llava_skipped(name: str, fields: Any) -> bool:
-    """The vision tower's layers past the last one LLaVA reads, and its final norm: they
-    feed CLIP's pooled output only (`llava.ClipVisionTower`)."""
+    """The vision tower's layers past the last one LLaVA reads, its final norm and
+    SigLIP's pooling head: they feed the pooled output only (`llava.VisionTower`)."""
     if "vision_tower." not in name:
         return False
-    if "post_layernorm." in name:
+    if "post_layernorm." in name or ".head." in name:  # SigLIP's pooling head too
         return True
     depth = fields.raw["vision_config"]["num_hidden_layers"]
     layers = fields.raw.get("vision_feature_layer", -2)

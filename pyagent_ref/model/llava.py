@@ -1,16 +1,19 @@
-"""LLaVA: a CLIP vision transformer, a projector, and the Llama decoder (images in prompts).
+"""LLaVA: a CLIP or SigLIP vision transformer, a projector, and the Llama decoder.
 
 An image becomes `num_image_tokens` rows of the decoder's embedding space:
 
-1. the CLIP vision tower cuts the preprocessed image (pixel_values, (3, S, S), from the
+1. the vision tower cuts the preprocessed image (pixel_values, (3, S, S), from the
    model's image processor: `multimodal`) into (S / P)^2 patches of P x P pixels, embeds
-   each with a strided convolution, prepends a learned class token, adds learned position
-   embeddings, applies a LayerNorm ("pre_layrnorm") and runs pre-LN encoder layers
-   (x += attn(LN1(x)); x += mlp(LN2(x)), full bidirectional attention, q/k/v/out biases,
-   quick-GELU MLP by default);
+   each with a strided convolution, adds learned position embeddings and runs pre-LN
+   encoder layers (x += attn(LN1(x)); x += mlp(LN2(x)), full bidirectional attention,
+   q/k/v/out biases). CLIP prepends a learned class token, applies a LayerNorm
+   ("pre_layrnorm") before the layers and has a quick-GELU MLP by default; SigLIP has no
+   class token, no norm before the layers, a bias on the patch convolution and a tanh-GELU
+   MLP;
 2. the states of `vision_feature_layer` (-2: the output of the next-to-last layer;
    hidden_states[0] is the embedding; a list concatenates several layers) are kept,
-   without the class token under the "default" strategy ("full" keeps it);
+   without their first row under the "default" strategy (CLIP's class token; for
+   SigLIP, which has none, HF drops the first patch all the same) ("full" keeps it);
 3. the projector maps them to the decoder's width: linear_2(act(linear_1(x))).
 
 The prompt holds `num_image_tokens` copies of the image token (`image_token_id`) per image;
@@ -23,7 +26,8 @@ may be consumed over several prefill chunks.
 Checkpoints: llava-hf's layout (language_model.model.*, language_model.lm_head.*,
 vision_tower.vision_model.*, multi_modal_projector.*) and transformers 5's
 (model.language_model.*, model.vision_tower.*, lm_head.*) both load. Only a CLIP vision
-tower is implemented; another `vision_config.model_type` is refused by name.
+and a SigLIP tower are implemented; another `vision_config.model_type` is refused by
+name.
 """
 
 from __future__ import annotations
@@ -49,13 +53,15 @@ def _bad(key: str, value: Any, expected: str) -> ValueError:
 
 @dataclass(frozen=True)
 class VisionConfig:
-    """The vision side of a LLaVA config.json: its CLIP tower (`vision_config`), which
+    """The vision side of a LLaVA config.json: its CLIP or SigLIP tower (`vision_config`;
+    `kind` "clip" or "siglip"), which
     layers' states are taken and how (`vision_feature_layer`, `..._select_strategy`),
     the projector's activation and biases, and the image token.
 
     Raises (from_hf): ValueError naming the key of a missing or unsupported value.
     """
 
+    kind: str
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -66,7 +72,7 @@ class VisionConfig:
     layer_norm_eps: float
     hidden_act: str
     feature_layers: tuple[int, ...]
-    keep_class_token: bool
+    full_features: bool  # "full" strategy: the first row (CLIP's class token) kept
     projector_act: str
     projector_bias: bool
     image_token_id: int
@@ -76,10 +82,15 @@ class VisionConfig:
         return (self.image_size // self.patch_size) ** 2
 
     @property
+    def num_positions(self) -> int:
+        """Rows of the tower's states: the patches, and CLIP's class token."""
+        return self.num_patches + int(self.kind == "clip")
+
+    @property
     def num_image_tokens(self) -> int:
-        """Decoder positions one image fills: its patches, plus the class token under
-        the "full" strategy."""
-        return self.num_patches + int(self.keep_class_token)
+        """Decoder positions one image fills: the tower's rows, less the first one under
+        the "default" strategy."""
+        return self.num_positions - int(not self.full_features)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> VisionConfig:
@@ -87,8 +98,10 @@ class VisionConfig:
         if not isinstance(vision, dict):
             raise _bad("vision_config", vision, "an object")
         model_type = vision.get("model_type", "clip_vision_model")
-        if model_type != "clip_vision_model":
-            raise _bad("vision_config.model_type", model_type, "'clip_vision_model'")
+        kinds = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
+        if model_type not in kinds:
+            raise _bad("vision_config.model_type", model_type, f"one of {sorted(kinds)}")
+        kind = kinds[model_type]
         sizes = {}
         for key, default in (
             ("hidden_size", None),
@@ -105,7 +118,7 @@ class VisionConfig:
             sizes[key] = value
         if sizes["image_size"] % sizes["patch_size"]:
             raise _bad("vision_config.patch_size", sizes["patch_size"], "a divisor of image_size")
-        act = vision.get("hidden_act", "quick_gelu")
+        act = vision.get("hidden_act", "quick_gelu" if kind == "clip" else "gelu_pytorch_tanh")
         if act not in VISION_ACTIVATIONS:
             raise _bad("vision_config.hidden_act", act, f"one of {VISION_ACTIVATIONS}")
         layers = cfg.get("vision_feature_layer", -2)
@@ -123,11 +136,12 @@ class VisionConfig:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise _bad("image_token_index", token, "a token id")
         return cls(
+            kind=kind,
             **sizes,
-            layer_norm_eps=float(vision.get("layer_norm_eps", 1e-5)),
+            layer_norm_eps=float(vision.get("layer_norm_eps", 1e-5 if kind == "clip" else 1e-6)),
             hidden_act=act,
             feature_layers=tuple(i % (depth + 1) for i in layers),
-            keep_class_token=strategy == "full",
+            full_features=strategy == "full",
             projector_act=projector_act,
             projector_bias=bool(cfg.get("multimodal_projector_bias", True)),
             image_token_id=token,
@@ -188,36 +202,40 @@ class VisionLayer(nn.Module):
         return x + self.mlp(self.layer_norm2(x))
 
 
-class ClipVisionTower(nn.Module):
-    """CLIP's vision transformer up to the last layer LLaVA reads (parameter names as
-    HF's, so the loader fills them as they are; the checkpoint's later layers and final
-    norm, which feed CLIP's pooled output, are skipped: `families.llava_skipped`)."""
+class VisionTower(nn.Module):
+    """CLIP's or SigLIP's vision transformer up to the last layer LLaVA reads (parameter
+    names as HF's, so the loader fills them as they are; the checkpoint's later layers,
+    final norm and SigLIP's pooling head, which feed the pooled output, are skipped:
+    `families.llava_skipped`)."""
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        size = cfg.hidden_size
+        size, clip = cfg.hidden_size, cfg.kind == "clip"
         self.embeddings = nn.Module()
-        self.embeddings.class_embedding = nn.Parameter(torch.zeros(size))
+        if clip:
+            self.embeddings.class_embedding = nn.Parameter(torch.zeros(size))
         self.embeddings.patch_embedding = nn.Conv2d(
-            cfg.num_channels, size, cfg.patch_size, stride=cfg.patch_size, bias=False
+            cfg.num_channels, size, cfg.patch_size, stride=cfg.patch_size, bias=not clip
         )
-        self.embeddings.position_embedding = nn.Embedding(cfg.num_patches + 1, size)
-        self.pre_layrnorm = nn.LayerNorm(size, eps=cfg.layer_norm_eps)  # HF's spelling
+        self.embeddings.position_embedding = nn.Embedding(cfg.num_positions, size)
+        # HF's spelling; SigLIP normalises nothing before its layers
+        self.pre_layrnorm = nn.LayerNorm(size, eps=cfg.layer_norm_eps) if clip else None
         self.encoder = nn.Module()
         self.encoder.layers = nn.ModuleList(
             VisionLayer(cfg) for _ in range(max(cfg.feature_layers))
         )
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(images, tokens, hidden * len(feature_layers)): the selected layers' states,
-        concatenated on the last axis, class token first."""
+        """(images, num_positions, hidden * len(feature_layers)): the selected layers'
+        states, concatenated on the last axis (CLIP's class token first)."""
         emb = self.embeddings
-        patches = emb.patch_embedding(pixel_values.to(emb.patch_embedding.weight.dtype))
-        patches = patches.flatten(2).transpose(1, 2)  # (images, patches, hidden), row-major
-        cls = emb.class_embedding.expand(patches.shape[0], 1, -1)
-        x = torch.cat([cls, patches], dim=1) + emb.position_embedding.weight
-        states = [self.pre_layrnorm(x)]
+        x = emb.patch_embedding(pixel_values.to(emb.patch_embedding.weight.dtype))
+        x = x.flatten(2).transpose(1, 2)  # (images, patches, hidden), row-major
+        if self.pre_layrnorm is not None:
+            x = torch.cat([emb.class_embedding.expand(x.shape[0], 1, -1), x], dim=1)
+        x = x + emb.position_embedding.weight
+        states = [x if self.pre_layrnorm is None else self.pre_layrnorm(x)]
         for layer in self.encoder.layers:
             states.append(layer(states[-1]))
         return torch.cat([states[i] for i in self.cfg.feature_layers], dim=-1)
@@ -250,7 +268,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def __init__(self, config: ModelConfig, ops: ModuleType = reference_ops) -> None:
         super().__init__(config, ops)
         self.vision = VisionConfig.from_hf(config.raw)
-        self.vision_tower = ClipVisionTower(self.vision)
+        self.vision_tower = VisionTower(self.vision)
         self.multi_modal_projector = Projector(self.vision, config.hidden_size)
 
     @property
@@ -277,6 +295,6 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
                 f"got {tuple(pixel_values.shape)}"
             )
         features = self.vision_tower(pixel_values)
-        if not cfg.keep_class_token:
+        if not cfg.full_features:
             features = features[:, 1:]
         return self.multi_modal_projector(features)

@@ -32,11 +32,18 @@ TINY_CLIP = dict(
 )
 
 
-def build_hf_llava(**overrides):
-    """A tiny random HF LLaVA (seeded), eval mode, eager attention."""
+def build_hf_llava(tower="clip", **overrides):
+    """A tiny random HF LLaVA (seeded), eval mode, eager attention; its vision tower
+    CLIP's or SigLIP's."""
     torch.manual_seed(0)
+    if tower == "clip":
+        vision = transformers.CLIPVisionConfig(**TINY_CLIP)
+    else:
+        vision = transformers.SiglipVisionConfig(
+            **{k: v for k, v in TINY_CLIP.items() if k != "projection_dim"}
+        )
     config = transformers.LlavaConfig(
-        vision_config=transformers.CLIPVisionConfig(**TINY_CLIP),
+        vision_config=vision,
         text_config=transformers.LlamaConfig(
             **TINY_LLAMA, pad_token_id=0, bos_token_id=1, eos_token_id=2
         ),
@@ -145,10 +152,24 @@ def test_unsupported_vision_towers_are_refused(tmp_path):
     import json
 
     cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["vision_config"]["model_type"] = "siglip_vision_model"
+    cfg["vision_config"]["model_type"] = "pixtral"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="vision_config.model_type"):
         load_model(tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("strategy, tokens", [("default", 15), ("full", 16)])
+def test_a_siglip_tower_matches(tmp_path, strategy, tokens):
+    """SigLIP: no class token (the default strategy drops the first patch, as HF does),
+    no norm before the layers, a biased patch convolution; its pooling head is skipped."""
+    hf = build_hf_llava("siglip", vision_feature_select_strategy=strategy)
+    hf.save_pretrained(tmp_path)
+    ours = load_model(tmp_path, dtype="float32", progress=False)
+    assert ours.vision.num_image_tokens == tokens
+    pixels = images(1)
+    ids = [1, 5] + [IMAGE_TOKEN] * tokens + [7, 3]
+    chunks = [6, len(ids) - 6]  # the first chunk ends inside the image
+    torch.testing.assert_close(run(ours, ids, pixels, chunks), hf_logits(hf, ids, pixels), **TOL)
 
 
 def test_pixel_values_of_the_wrong_size_are_refused(pair):
