@@ -170,3 +170,31 @@ def test_a_text_only_model_refuses_images(tiny_llm_dir):
     with pytest.raises(ValueError, match="text-only model: it takes no multi_modal_data"):
         llm.generate({"prompt": "hi", "multi_modal_data": {"image": random_image(0)}})
     llm.shutdown()
+
+
+def test_preempted_requests_recompute_their_images(tiny_llava_dir):
+    """A KV cache too small for both requests: one is preempted (its blocks and its
+    encoder-cache references dropped) and recomputes its prompt, image rows included
+    (from the encoder cache, which still holds them: no image is encoded twice)."""
+    hf, path = tiny_llava_dir
+    llm = make_llm(path, num_kv_blocks=17, enable_prefix_caching=False, max_model_len=48)
+    images = [random_image(9), random_image(10)]
+    prompts = [{"prompt": PROMPT, "multi_modal_data": {"image": im}} for im in images]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    assert llm.core.stats.preemptions > 0
+    for image, out in zip(images, outs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(hf, path, out.prompt_token_ids, [image], 12)
+    cache = llm.core.scheduler.encoder_cache
+    assert cache.misses == 2 and cache.hits >= 1 and not cache.held
+    llm.shutdown()
+
+
+def test_the_decoder_on_the_accelerator_matches_hf(tiny_llava_dir):
+    pytest.importorskip("pyagent_accel.ops")
+    hf, path = tiny_llava_dir
+    llm = make_llm(path, ops="accel", max_num_batched_tokens=7)
+    image = random_image(12)
+    out = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)[0]
+    assert out.outputs[0].token_ids == hf_greedy(hf, path, out.prompt_token_ids, [image], 6)
+    llm.shutdown()
