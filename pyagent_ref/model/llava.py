@@ -263,21 +263,11 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     runs once per image, outside the paged cache).
     """
 
-    supports_images = True
-
     def __init__(self, config: ModelConfig, ops: ModuleType = reference_ops) -> None:
         super().__init__(config, ops)
         self.vision = VisionConfig.from_hf(config.raw)
         self.vision_tower = VisionTower(self.vision)
         self.multi_modal_projector = Projector(self.vision, config.hidden_size)
-
-    @property
-    def image_token_id(self) -> int:
-        return self.vision.image_token_id
-
-    def image_token_count(self, pixel_values: torch.Tensor) -> int:
-        """Decoder positions the image with these pixel values fills (fixed for LLaVA)."""
-        return self.vision.num_image_tokens
 
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The decoder rows of each image: pixel_values (images, channels, S, S) as the

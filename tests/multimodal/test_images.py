@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-PIL = pytest.importorskip("PIL")
+pytest.importorskip("PIL")
 
 from pyagent_ref.multimodal import image_hash, load_image  # noqa: E402
 from tests.multimodal.conftest import random_image  # noqa: E402
