@@ -350,12 +350,12 @@ class Scheduler:
         """Reference the cached images the scheduled chunk reaches and allocate the new
         ones (`_plan_images`); returns the encoder budget they use."""
         cache, end, rid = self.encoder_cache, start + num_new, request.request_id
+        for i in new:  # first: another placeholder span of the request may show it again
+            feature = request.mm_features[i]
+            cache.allocate(rid, feature.content_hash, feature.length)
         for i, feature in enumerate(request.mm_features):
             if i not in new and feature.offset < end and feature.offset + feature.length > start:
                 cache.reference(rid, feature.content_hash)
-        for i in new:
-            feature = request.mm_features[i]
-            cache.allocate(rid, feature.content_hash, feature.length)
         if new:
             encode[rid] = list(new)
         return sum(request.mm_features[i].length for i in new)
