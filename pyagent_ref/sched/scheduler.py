@@ -322,40 +322,61 @@ class Scheduler:
         self, request: Request, start: int, num_new: int, encoder_budget: int
     ) -> tuple[int, list[int]]:
         """(tokens to schedule, indices of the images to encode) for a chunk of
-        `num_new` tokens from `start`: cut before the first image the chunk reaches that
-        is neither cached nor affordable (encoder budget, cache room). Changes nothing."""
+        `num_new` tokens from `start`. The images the chunk reaches are taken in order:
+        a cached one is kept (it must not be evicted to make room), a new one must fit
+        the encoder budget and the cache (evicting only unreferenced entries not kept);
+        the chunk stops before the first image that cannot be had. Changes nothing."""
         cache, end = self.encoder_cache, start + num_new
-        touched = [
-            (i, f)
+        touched = sorted(
+            (f.offset, i)
             for i, f in enumerate(request.mm_features)
             if f.offset < end and f.offset + f.length > start
-        ]
-        keep = {f.content_hash for _, f in touched if cache.has(f.content_hash)}
-        new, pending = [], set()
+        )
+        keep: set[str] = set()
+        new: list[int] = []
+        pending: set[str] = set()
         size = 0
-        for i, feature in sorted(touched, key=lambda item: item[1].offset):
+        for offset, i in touched:
+            feature = request.mm_features[i]
             h = feature.content_hash
             if h in keep or h in pending:
                 continue
-            size += feature.length
-            if size > encoder_budget or not cache.can_allocate(size, keep):
-                return max(0, feature.offset - start), new
-            new.append(i)
-            pending.add(h)
+            if cache.has(h):
+                fits = cache.can_allocate(size, keep | {h})
+            else:
+                fits = size + feature.length <= encoder_budget and cache.can_allocate(
+                    size + feature.length, keep
+                )
+            if not fits:
+                return max(0, offset - start), new
+            if cache.has(h):
+                keep.add(h)
+            else:
+                size += feature.length
+                new.append(i)
+                pending.add(h)
         return num_new, new
 
     def _commit_images(
         self, request: Request, start: int, num_new: int, new: list[int], encode: dict
     ) -> int:
-        """Reference the cached images the scheduled chunk reaches and allocate the new
-        ones (`_plan_images`); returns the encoder budget they use."""
+        """Reference the cached images the scheduled chunk reaches (pinning them), then
+        allocate the new ones (`_plan_images`), then reference the new ones' repeats in
+        the chunk; returns the encoder budget the new ones use."""
         cache, end, rid = self.encoder_cache, start + num_new, request.request_id
-        for i in new:  # first: another placeholder span of the request may show it again
+        reached = [
+            f
+            for i, f in enumerate(request.mm_features)
+            if i not in new and f.offset < end and f.offset + f.length > start
+        ]
+        for feature in reached:
+            if cache.has(feature.content_hash):
+                cache.reference(rid, feature.content_hash)
+        for i in new:
             feature = request.mm_features[i]
             cache.allocate(rid, feature.content_hash, feature.length)
-        for i, feature in enumerate(request.mm_features):
-            if i not in new and feature.offset < end and feature.offset + feature.length > start:
-                cache.reference(rid, feature.content_hash)
+        for feature in reached:  # the same image again, allocated just now
+            cache.reference(rid, feature.content_hash)
         if new:
             encode[rid] = list(new)
         return sum(request.mm_features[i].length for i in new)

@@ -53,7 +53,7 @@ def workloads(draw):
     return requests, config, blocks, draw(st.booleans())
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(workloads())
 def test_every_computed_placeholder_has_its_encoder_output(case):
     requests, config, blocks, prefix_caching = case

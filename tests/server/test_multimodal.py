@@ -98,3 +98,11 @@ def test_a_text_only_model_refuses_image_parts(client):
         client.chat.completions.create(
             model=MODEL, messages=messages(data_url(random_image(0))), max_tokens=2
         )
+
+
+def test_a_streamed_chat_with_an_image_says_the_same(llava_client):
+    url = data_url(random_image(13))
+    kwargs = dict(model=MODEL, messages=messages(url, url), max_tokens=4, temperature=0)
+    whole = llava_client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = llava_client.chat.completions.create(stream=True, **kwargs)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
