@@ -257,8 +257,12 @@ def _part(part: Any, param: str) -> tuple[str, str]:
     )
 
 
-def _render(state: ServerState, req: ChatCompletionRequest) -> dict:
-    """The prompt of a chat request: its rendered token ids, and its images if any."""
+def _render(
+    state: ServerState, req: ChatCompletionRequest, with_images: bool = False
+) -> list[int] | dict:
+    """The rendered token ids of a chat request; `with_images`: a dict prompt with the
+    images too when the messages have image parts (without it, image parts are a 400:
+    a caller that runs token ids alone cannot take them)."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     messages, images = _split_messages(req.messages)
     processor = state.engine.mm_processor
@@ -268,6 +272,8 @@ def _render(state: ServerState, req: ChatCompletionRequest) -> dict:
             f"{processor.architecture} is a text-only model: it takes no image parts",
             "messages",
         )
+    if images and not with_images:
+        raise APIError(400, "image parts are not supported with this request's options", "messages")
     try:
         ids = state.tokenizer.apply_chat_template(
             messages,
@@ -280,10 +286,9 @@ def _render(state: ServerState, req: ChatCompletionRequest) -> dict:
         raise APIError(
             400, f"messages could not be rendered by the chat template: {exc}", "messages"
         ) from None
-    prompt: dict = {"prompt_token_ids": ids}
-    if images:
-        prompt["multi_modal_data"] = {"image": images}
-    return prompt
+    if not images:
+        return ids
+    return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
 
 
 def _parsing_factory(state: ServerState, req: ChatCompletionRequest):
@@ -342,7 +347,7 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
     parsings = [make_parsing() for _ in range(max(req.n, 1))]
     params = chat_params(req, not parsing_active, constraint and constraint[1])
     fields = CHAT_FIELDS | {"structured_outputs": constraint[0] if constraint else ""}
-    prompt = _render(state, req)
+    prompt = _render(state, req, with_images=True)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     try:
         streams = await until_disconnected(
