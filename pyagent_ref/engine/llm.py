@@ -39,6 +39,7 @@ from ..lora import LoRARequest
 from ..model.config import ModelConfig
 from ..model.pooling import PoolerConfig, PoolingParams
 from ..multimodal import MultiModalProcessor
+from ..multimodal.chat import split_image_parts
 from ..ops import load as load_ops
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
@@ -482,23 +483,26 @@ class LLM(_Frontend):
         **template_kwargs,
     ) -> list[RequestOutput]:
         """Render each conversation with the chat template, then generate (with the
-        LoRA adapter(s) of `lora_request`, as `generate`)."""
+        LoRA adapter(s) of `lora_request`, as `generate`). A message's content may be a
+        list of text and image_url parts (data URLs: `multimodal.chat`)."""
         if not isinstance(messages, list) or not messages:
             raise TypeError(
                 f"messages must be a non-empty list of messages or of conversations, "
                 f"got {messages!r}"
             )
         conversations = messages if isinstance(messages[0], list) else [messages]
-        prompts = [
-            self.tokenizer.apply_chat_template(
+        prompts = []
+        for conv in conversations:
+            conv, images = split_image_parts(conv)
+            ids = self.tokenizer.apply_chat_template(
                 conv,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=True,
                 **template_kwargs,
             )
-            for conv in conversations
-        ]
+            mm = {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+            prompts.append(mm if images else ids)
         return self.generate(prompts, params, lora_request)
 
     def abort(self, request_id: str | Iterable[str]) -> None:

@@ -22,13 +22,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import jinja2
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
+from ..multimodal.chat import ContentPartError, split_image_parts
 from ..parsers import DeltaMessage, ReasoningParser, ToolParser
 from ..parsers.tools import check_tools
 from ..parsers.tools.forced import (
@@ -215,48 +215,6 @@ def _tool_schemas(req: ChatCompletionRequest) -> dict[str, dict]:
         raise APIError(400, str(exc), "tools") from None
 
 
-def _split_messages(messages: list[dict]) -> tuple[list[dict], list[str]]:
-    """(messages for the chat template, the images' data URLs in order). A content list
-    of text parts becomes its texts joined by newlines; one with image parts
-    ({"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}) stays a
-    list for the template, each image as {"type": "image"} (the template renders the
-    model's image placeholder) and its URL collected. Other parts are a 400; a URL that
-    is not a data URL is refused when the image is decoded (no network)."""
-    out, images = [], []
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if isinstance(content, list):
-            parts = [_part(part, f"messages.{i}.content.{j}") for j, part in enumerate(content)]
-            if any(kind == "image" for kind, _ in parts):
-                images += [value for kind, value in parts if kind == "image"]
-                content = [
-                    {"type": "text", "text": value} if kind == "text" else {"type": "image"}
-                    for kind, value in parts
-                ]
-            else:
-                content = "\n".join(value for _, value in parts)
-            message = {**message, "content": content}
-        out.append(message)
-    return out, images
-
-
-def _part(part: Any, param: str) -> tuple[str, str]:
-    """("text", its text) or ("image", its URL) of one content part; 400 otherwise."""
-    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-        return "text", part["text"]
-    if isinstance(part, dict) and part.get("type") == "image_url":
-        url = part.get("image_url")
-        url = url.get("url") if isinstance(url, dict) else url
-        if isinstance(url, str):
-            return "image", url
-    raise APIError(
-        400,
-        f"{param}: a content part must be text or an image_url with a data URL, got "
-        f"{str(part)[:100]}",
-        param,
-    )
-
-
 def _render(
     state: ServerState, req: ChatCompletionRequest, with_images: bool = False
 ) -> list[int] | dict:
@@ -264,7 +222,10 @@ def _render(
     images too when the messages have image parts (without it, image parts are a 400:
     a caller that runs token ids alone cannot take them)."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    messages, images = _split_messages(req.messages)
+    try:
+        messages, images = split_image_parts(req.messages)
+    except ContentPartError as exc:
+        raise APIError(400, str(exc), exc.param) from None
     processor = state.engine.mm_processor
     if images and not processor.supports_images:
         raise APIError(

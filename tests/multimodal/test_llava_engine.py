@@ -198,3 +198,21 @@ def test_the_decoder_on_the_accelerator_matches_hf(tiny_llava_dir):
     out = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)[0]
     assert out.outputs[0].token_ids == hf_greedy(hf, path, out.prompt_token_ids, [image], 6)
     llm.shutdown()
+
+
+def test_chat_takes_image_parts(tiny_llava_dir, llm):
+    """LLM.chat with an image_url part (a data URL) is generate with the rendered prompt
+    and the image."""
+    import base64
+    import io
+
+    image = random_image(14)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    parts = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": url}}]
+    out = llm.chat([{"role": "user", "content": parts}], GREEDY)[0]
+    hf, path = tiny_llava_dir
+    assert out.outputs[0].token_ids == hf_greedy(hf, path, out.prompt_token_ids, [image], 6)
+    with pytest.raises(ValueError, match=r"messages.0.content.1: a content part must be text"):
+        llm.chat([{"role": "user", "content": [parts[0], {"type": "audio"}]}], GREEDY)
