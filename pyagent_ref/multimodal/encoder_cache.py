@@ -93,6 +93,19 @@ class EncoderCacheManager:
         for content_hash in list(self.held.get(request_id, ())):
             self.release(request_id, content_hash)
 
+    def discard(self, content_hash: str) -> None:
+        """Drop an entry whatever its references (its encoding failed: the runner may not
+        hold it); reported as evicted. No effect on a hash not cached."""
+        if content_hash not in self.sizes:
+            return
+        for request_id in self.refs.pop(content_hash):
+            self.held[request_id].discard(content_hash)
+            if not self.held[request_id]:
+                del self.held[request_id]
+        del self.sizes[content_hash]
+        self.unreferenced.pop(content_hash, None)
+        self.evicted.append(content_hash)
+
     def take_evicted(self) -> list[str]:
         """The hashes evicted since the last call (the runner drops their tensors)."""
         out, self.evicted = self.evicted, []

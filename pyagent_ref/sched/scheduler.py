@@ -173,10 +173,14 @@ class Scheduler:
         """Finish the requests of a step whose forward pass failed with `error`
         (FINISHED_ERROR); the next update_from_output reports them. The blocks cached
         for the tokens of that step leave the prefix cache first: their KV was never
-        written (`KVCacheManager.uncache_blocks`)."""
+        written (`KVCacheManager.uncache_blocks`); so do the encoder cache's entries of
+        the images the step was to encode (the runner may never have made them)."""
         for rid, num_new in sched.num_scheduled_tokens.items():
             request = self.requests[rid]
             self.kv.uncache_blocks(request, request.num_computed_tokens - num_new)
+        for rid, indices in sched.scheduled_encoder_inputs.items():
+            for i in indices:
+                self.encoder_cache.discard(self.requests[rid].mm_features[i].content_hash)
         self._failed += self.finish_requests(
             sched.num_scheduled_tokens, RequestStatus.FINISHED_ERROR, error
         )

@@ -55,3 +55,13 @@ def test_never_over_capacity_and_referenced_entries_stay(ops):
         assert cache.used <= cache.capacity
         for held in cache.held.values():
             assert held <= set(cache.sizes)
+
+
+def test_discard_drops_a_referenced_entry_and_reports_it():
+    cache = EncoderCacheManager(8)
+    cache.allocate("r1", "a", 4)
+    cache.reference("r2", "a")
+    cache.discard("a")
+    cache.discard("a")  # no longer cached: no effect
+    assert not cache.sizes and not cache.held and cache.take_evicted() == ["a"]
+    cache.release_all("r1")  # its reference went with the entry

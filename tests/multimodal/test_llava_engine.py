@@ -216,3 +216,30 @@ def test_chat_takes_image_parts(tiny_llava_dir, llm):
     assert out.outputs[0].token_ids == hf_greedy(hf, path, out.prompt_token_ids, [image], 6)
     with pytest.raises(ValueError, match=r"messages.0.content.1: a content part must be text"):
         llm.chat([{"role": "user", "content": [parts[0], {"type": "audio"}]}], GREEDY)
+
+
+def test_a_failed_encoding_fails_its_request_only_and_is_not_cached(tiny_llava_dir):
+    """The vision tower raises once: the step's request ends with an error, its image's
+    encoder-cache entry is dropped, and the same image then serves a later request."""
+    hf, path = tiny_llava_dir
+    llm = make_llm(path)
+    model, encode = llm.core.runner.model, llm.core.runner.model.encode_images
+    calls = []
+
+    def flaky(pixels):
+        calls.append(len(pixels))
+        if len(calls) == 1:
+            raise RuntimeError("tower down")
+        return encode(pixels)
+
+    model.encode_images = flaky
+    image = random_image(15)
+    prompt = {"prompt": PROMPT, "multi_modal_data": {"image": image}}
+    failed = llm.generate(prompt, GREEDY)[0]
+    assert failed.outputs[0].finish_reason == "error"
+    assert "tower down" in failed.outputs[0].error
+    assert not llm.core.scheduler.encoder_cache.sizes
+    out = llm.generate(prompt, GREEDY)[0]
+    assert out.outputs[0].token_ids == hf_greedy(hf, path, out.prompt_token_ids, [image], 6)
+    assert calls == [1, 1]
+    llm.shutdown()
