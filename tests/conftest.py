@@ -117,3 +117,40 @@ def tiny_bert_dirs(tmp_path_factory, minilm_path):
             shutil.copy(minilm_path / name, path / name)
         out[kind] = (model, path)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_dir(tmp_path_factory):
+    """(HF LlavaForConditionalGeneration, its directory): a tiny random LLaVA (CLIP tower
+    of 16 x 16 images, 16 image positions each), a byte-level BPE tokenizer that knows
+    "<image>", a chat template rendering image parts, a CLIP image processor."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("PIL")
+    from tests.multimodal.conftest import CHAT_TEMPLATE, TINY_CLIP
+    from tests.tokenize.helpers import SPECIALS, train_byte_level_bpe, write_hf_dir
+
+    tk = train_byte_level_bpe(special_tokens=[*SPECIALS, "<image>"])
+    path = tmp_path_factory.mktemp("tiny-llava")
+    write_hf_dir(
+        path, tk, {"eos_token": "</s>", "bos_token": "<s>", "chat_template": CHAT_TEMPLATE}
+    )
+    torch.manual_seed(2)
+    config = transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(**TINY_CLIP),
+        text_config=transformers.LlamaConfig(
+            **(TINY_LLAMA | {"vocab_size": tk.get_vocab_size()}),
+            eos_token_id=tk.token_to_id("</s>"),
+            bos_token_id=None,
+            pad_token_id=None,
+        ),
+        image_token_id=tk.token_to_id("<image>"),
+    )
+    config._attn_implementation = "eager"
+    model = transformers.LlavaForConditionalGeneration(config).eval()
+    model.save_pretrained(path)
+    processor = transformers.CLIPImageProcessorPil(
+        size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}
+    )
+    processor.save_pretrained(path)
+    return model, path

@@ -46,3 +46,23 @@ def test_eplb_simulation_runs_and_rebalancing_helps():
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.strip()}
     assert {"none", "global", "hierarchical"} <= rows.keys()
+
+
+def test_multimodal_benchmark_runs_and_shared_images_hit_the_encoder_cache():
+    pytest.importorskip("PIL")
+    pytest.importorskip("transformers")
+    script = ROOT / "benchmarks" / "bench_multimodal.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [
+        line.split()
+        for line in done.stdout.splitlines()
+        if line.split()[:1] in (["shared"], ["distinct"])
+    ]
+    assert len(rows) == 4, done.stdout
+    for name, _, encoded, hit_rate, *_ in rows:  # 8 timed requests over 2 or 9 images
+        assert (int(encoded), float(hit_rate) > 0) == (
+            (1, True) if name == "shared" else (8, False)
+        )

@@ -8,7 +8,9 @@ needs the model is checked here:
 
     prompt   a str that is valid Unicode (no lone surrogates), a non-empty sequence of
              int token ids (numpy or torch integers too, never bool or bytes), or
-             vLLM's dict forms {"prompt": str} and {"prompt_token_ids": [int, ...]}
+             vLLM's dict forms {"prompt": str} and {"prompt_token_ids": [int, ...]},
+             either with "multi_modal_data": {"image": image or [images]} for a
+             vision-language model (`multimodal.MultiModalProcessor` checks them)
     ids      prompt ids, stop_token_ids, logit_bias keys, allowed_token_ids,
              bad_words_token_ids (the bad words, tokenized) and
              dry_sequence_breaker_ids in [0, vocab_size)

@@ -206,6 +206,10 @@ class EngineConfig:
         request (`observe.tracing`): an OTLP/HTTP traces URL, or "console" (stdout).
     profiler_dir: None, or the directory torch.profiler traces are written to between
         start_profile and stop_profile (`observe.profiler`); None disables profiling.
+    limit_mm_per_prompt: the most images one prompt of a vision-language model may carry.
+    encoder_cache_size: image positions (decoder rows) the encoder cache keeps for the
+        requests using them and later ones with the same image; None: the most image
+        positions one step may encode, max(max_num_batched_tokens, one image's).
     """
 
     model: str | Path | None = None
@@ -244,6 +248,8 @@ class EngineConfig:
     task: str = "auto"
     otlp_traces_endpoint: str | None = None
     profiler_dir: str | None = None
+    limit_mm_per_prompt: int = 4
+    encoder_cache_size: int | None = None
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -339,6 +345,8 @@ _CONFIG_RULES = {
     "task": (str, lambda v: v in TASKS, f"one of {TASKS}"),
     "otlp_traces_endpoint": ((str, type(None)), lambda v: v != "", "None or a URL or 'console'"),
     "profiler_dir": ((str, type(None)), lambda v: v != "", "None or a directory"),
+    "limit_mm_per_prompt": (int, lambda v: v >= 1, "an int >= 1"),
+    "encoder_cache_size": (_OPTIONAL_INT, lambda v: v is None or v >= 1, "None or an int >= 1"),
 }
 
 
@@ -436,6 +444,7 @@ class EngineCore:
 
             self.kv_events = KVEventPublisher(config.kv_events_endpoint, root=self.kv.hasher.root)
         max_model_len = self._fit_max_model_len(mcfg.max_position_embeddings)
+        encoder_tokens, cache_size = self._encoder_sizes(model)
         self.scheduler_config = SchedulerConfig(
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
@@ -444,6 +453,8 @@ class EngineCore:
             policy=config.policy,
             max_loras=config.max_loras if config.enable_lora else 0,
             bidirectional=self.encoder,
+            max_num_encoder_tokens=encoder_tokens,
+            encoder_cache_size=cache_size,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.kv, clock)
         self.runner = ModelRunner(
@@ -492,6 +503,21 @@ class EngineCore:
         self._hidden_states: dict = {}
         self._lock = threading.RLock()
         self.eplb = ExpertBalancer(model, config.eplb) if config.eplb is not None else None
+
+    def _encoder_sizes(self, model: torch.nn.Module) -> tuple[int, int]:
+        """(image positions one step may encode, the encoder cache's size): both at least
+        one image's (0, 0 for a model without images: the scheduler's defaults)."""
+        vision = getattr(model, "vision", None)
+        if vision is None:
+            return 0, 0
+        per_step = max(self.config.max_num_batched_tokens, vision.num_image_tokens)
+        size = self.config.encoder_cache_size or per_step
+        if size < vision.num_image_tokens:
+            raise ValueError(
+                f"encoder_cache_size={size} cannot hold one image of "
+                f"{model.config.architecture} ({vision.num_image_tokens} positions)"
+            )
+        return per_step, size
 
     def _fit_max_model_len(self, model_len: int) -> int:
         """max_model_len within what one request can ever use: the tokens the whole KV

@@ -39,6 +39,8 @@ from .._files import read_json_object
 from ..lora import LoRARequest
 from ..model.config import ModelConfig
 from ..model.pooling import PoolerConfig, PoolingParams
+from ..multimodal import MultiModalProcessor
+from ..multimodal.chat import split_image_parts
 from ..observe.logs import request_id as log_request_id
 from ..ops import load as load_ops
 from ..sample.params import SamplingParams
@@ -84,8 +86,10 @@ class _Frontend:
         self.tokenizer = tokenizer or load_tokenizer(
             model_dir, self.config.tokenizer_backend, _bpe_encoding_class(self.config.ops)
         )
-        self.pooler_config = PoolerConfig.from_model(
-            ModelConfig.from_pretrained(model_dir), self.config.model
+        model_config = ModelConfig.from_pretrained(model_dir)
+        self.pooler_config = PoolerConfig.from_model(model_config, self.config.model)
+        self.mm_processor = MultiModalProcessor(
+            model_dir, model_config, self.config.limit_mm_per_prompt
         )
         self.ops = load_ops(self.config.ops)  # what the frontend computes (scores)
         self.processor = OutputProcessor(self.tokenizer)
@@ -135,6 +139,13 @@ class _Frontend:
             pooling = self.pooler_config.resolve(pooling)
         check_n(params)
         text, ids = prompt_token_ids(prompt, self.tokenizer.encode)
+        mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        ids, mm_features = self.mm_processor(ids, mm_data)
+        if mm_features and not isinstance(self.core, EngineCore):
+            raise ValueError(
+                "prompts with images are not supported with the engine core in its own "
+                "process (engine_process): run it in-process"
+            )
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
         rid = request_id or str(next(self._ids))
@@ -175,6 +186,7 @@ class _Frontend:
                 pooling_params=pooling,
                 lora_request=lora_request,
                 token_type_ids=token_type_ids,
+                mm_features=mm_features,
             )
             for i in range(params.n)
         ]
@@ -325,6 +337,8 @@ class _Frontend:
                 "beam search ranks by the model's log-probabilities: it needs "
                 f"logprobs_mode='raw_logprobs', got {self.config.logprobs_mode!r}"
             )
+        if any(isinstance(p, dict) and p.get("multi_modal_data") for p in prompts):
+            raise ValueError("prompt: beam search takes text or token ids, not multi_modal_data")
         length = SamplingParams(temperature=0.0, max_tokens=params.max_tokens)
         prompt_ids = [self._validate(p, length, None, False).prompt_token_ids for p in prompts]
         eos = frozenset(
@@ -516,23 +530,26 @@ class LLM(_Frontend):
         **template_kwargs,
     ) -> list[RequestOutput]:
         """Render each conversation with the chat template, then generate (with the
-        LoRA adapter(s) of `lora_request`, as `generate`)."""
+        LoRA adapter(s) of `lora_request`, as `generate`). A message's content may be a
+        list of text and image_url parts (data URLs: `multimodal.chat`)."""
         if not isinstance(messages, list) or not messages:
             raise TypeError(
                 f"messages must be a non-empty list of messages or of conversations, "
                 f"got {messages!r}"
             )
         conversations = messages if isinstance(messages[0], list) else [messages]
-        prompts = [
-            self.tokenizer.apply_chat_template(
+        prompts = []
+        for conv in conversations:
+            conv, images = split_image_parts(conv)
+            ids = self.tokenizer.apply_chat_template(
                 conv,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=True,
                 **template_kwargs,
             )
-            for conv in conversations
-        ]
+            mm = {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+            prompts.append(mm if images else ids)
         return self.generate(prompts, params, lora_request)
 
     def abort(self, request_id: str | Iterable[str]) -> None:

@@ -29,6 +29,9 @@ What differs from Llama:
   learned absolute positions and token types, LayerNorm with bias after each residual
   add, a plain GELU MLP, biases everywhere; a classification head on the [CLS] token
   for BertForSequenceClassification.
+- LLaVA (`model.llava`): the decoder on its text_config, plus a CLIP vision tower and a
+  projector whose rows replace the image tokens' embeddings; checkpoints in llava-hf's
+  or transformers 5's layout.
 """
 
 from __future__ import annotations
@@ -395,6 +398,53 @@ BERT = dataclasses.replace(
 )
 
 
+# --- LLaVA ----------------------------------------------------------------------------------
+
+
+def llava_hf_keys(cfg: dict) -> dict:
+    """A LLaVA config.json read as its text model's (the text_config's keys at the top
+    level), the vision keys kept beside them for `llava.VisionConfig`."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"config.json for LLaVA: text_config must be an object, got {text!r}")
+    kind = text.get("model_type", "llama")
+    if kind not in ("llama", "mistral"):
+        raise ValueError(
+            f"config.json for LLaVA: text_config.model_type {kind!r} is not supported "
+            f"(only 'llama' and 'mistral')"
+        )
+    return {**text, **{k: v for k, v in cfg.items() if k != "text_config"}}
+
+
+def llava_skipped(name: str, fields: Any) -> bool:
+    """The vision tower's layers past the last one LLaVA reads, its final norm and
+    SigLIP's pooling head: they feed the pooled output only (`llava.VisionTower`)."""
+    if "vision_tower." not in name:
+        return False
+    if "post_layernorm." in name or ".head." in name:  # SigLIP's pooling head too
+        return True
+    depth = fields.raw["vision_config"]["num_hidden_layers"]
+    layers = fields.raw.get("vision_feature_layer", -2)
+    last = max(i % (depth + 1) for i in ((layers,) if isinstance(layers, int) else layers))
+    return any(f".encoder.layers.{i}." in name for i in range(last, depth))
+
+
+LLAVA = Family(
+    lambda cfg, fields: {},
+    hf_keys=llava_hf_keys,
+    renames=(
+        ("language_model.model.", ""),  # llava-hf's checkpoints
+        ("language_model.lm_head.", "lm_head."),
+        ("model.language_model.", ""),  # transformers 5's
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("vision_tower.vision_model.", "vision_tower."),
+    ),
+    ignored=("embeddings.position_ids",),
+    skipped=llava_skipped,
+)
+
+
 FAMILIES: dict[str, Family] = {
     "GemmaForCausalLM": Family(gemma_fields),
     "Gemma2ForCausalLM": GEMMA,
@@ -407,6 +457,7 @@ FAMILIES: dict[str, Family] = {
     "DeepseekV3ForCausalLM": DEEPSEEK,
     "BertModel": BERT,
     "BertForSequenceClassification": BERT_CLASSIFIER,
+    "LlavaForConditionalGeneration": LLAVA,
 }
 
 

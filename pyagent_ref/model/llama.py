@@ -318,12 +318,19 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata | Sequence[AttentionMetadata],
         kv_caches: Sequence[tuple[torch.Tensor, ...]],
+        mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Final hidden states, shape (num_tokens, hidden), for the flattened batch.
         `meta` serves every layer, or is a sequence of one per layer; kv_caches holds
-        each layer's cache tensors (`new_kv_cache`: (key_cache, value_cache))."""
+        each layer's cache tensors (`new_kv_cache`: (key_cache, value_cache)).
+        `mm_embeds`: None, or (rows int64 (n,), embeddings (n, hidden)): the input rows
+        of the flattened batch whose token embeddings are replaced by these (an image's
+        rows at its placeholder tokens, `llava`)."""
         metas = [meta] * len(self.layers) if isinstance(meta, AttentionMetadata) else meta
         hidden, residual = self.embed(input_ids, positions), None
+        if mm_embeds is not None:
+            rows, embeds = mm_embeds
+            hidden = hidden.index_copy(0, rows, embeds.to(hidden.dtype))
         for layer, layer_meta, kv_cache in zip(self.layers, metas, kv_caches, strict=True):
             sliding = layer.self_attn.sliding_window is not None
             rotary = self.rotary_local if sliding and self.rotary_local else self.rotary

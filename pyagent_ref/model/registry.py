@@ -7,6 +7,7 @@ from torch import nn
 from .bert import BertForSequenceClassification, BertModel
 from .deepseek import DeepseekForCausalLM
 from .llama import LlamaForCausalLM
+from .llava import LlavaForConditionalGeneration
 from .moe import MixtralForCausalLM, QwenMoeForCausalLM
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
@@ -32,6 +33,8 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     # encoders (`bert`): bidirectional, prompts pooled instead of continued
     "BertModel": BertModel,
     "BertForSequenceClassification": BertForSequenceClassification,
+    # vision-language (`llava`): a CLIP tower and a projector feeding the decoder
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
 }
 
 

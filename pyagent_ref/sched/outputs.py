@@ -35,6 +35,7 @@ class NewRequestData:
     mirostat_mu: float | None = None
     lora_request: LoRARequest | None = None
     token_type_ids: tuple[int, ...] | None = None  # an encoder's segments (`Request`)
+    mm_features: tuple[Any, ...] = ()  # its images (`Request.mm_features`, with pixel data)
 
 
 @dataclass(slots=True)
@@ -70,6 +71,11 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # request id -> the parents of its drafts when they form a tree (`Request.spec_parents`)
     scheduled_spec_decode_parents: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> indices into its mm_features of the images the runner encodes this
+    # step (before any of the step's tokens is computed); the encoder cache's entries
+    # evicted since the last step, whose tensors the runner drops first
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    free_encoder_hashes: list[str] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

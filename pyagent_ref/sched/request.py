@@ -61,11 +61,14 @@ class MultiModalFeature:
 
     Its placeholder tokens [offset, offset + length) look alike for any image, so the
     content hash must enter the prefix-cache key of every block the span overlaps.
+    `data`: what the model's encoder takes (an image's pixel_values), or None where only
+    the span matters (the KV cache's tests).
     """
 
     content_hash: str
     offset: int
     length: int
+    data: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.offset < 0 or self.length < 1:

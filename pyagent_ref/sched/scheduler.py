@@ -38,6 +38,14 @@ never from the prefix cache (an encoder's KV of a block depends on every token o
 prompt, so equal prefixes do not share it). Its requests are pooling requests: they finish
 in the step that computes them, and their blocks go back to the pool.
 
+Images (`Request.mm_features`): an image's encoder output is computed once, in the step
+whose chunk first reaches its placeholder tokens, and kept in the encoder cache
+(`multimodal.EncoderCacheManager`) while the request still has some of them to compute;
+another request with the same image uses the cached entry. Each step may encode at most
+`max_num_encoder_tokens` image positions: a chunk that would need an image beyond that
+budget, or one the cache has no room for, stops before the image's first placeholder
+(with chunked prefill; without, the request waits), and the image waits for a later step.
+
 Speculative decoding: a decoding request with drafts (`Request.spec_token_ids`) is
 scheduled 1 + k tokens, its last token and the k drafts (fewer if the budget is short),
 and the runner emits 1 to k + 1 tokens for it. Drafts may form a tree
@@ -56,6 +64,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..kv_cache import KVCacheManager
+from ..multimodal.encoder_cache import EncoderCacheManager
 from ..spec_decode.tree import node_depths
 from .outputs import (
     CachedRequestData,
@@ -84,6 +93,10 @@ class SchedulerConfig:
     num_lookahead_tokens: int = 0
     max_loras: int = 0  # distinct LoRA adapters among the running requests; 0: no bound
     bidirectional: bool = False
+    # image positions encoded per step, and the encoder cache's size (0: both
+    # max_num_batched_tokens)
+    max_num_encoder_tokens: int = 0
+    encoder_cache_size: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
@@ -93,6 +106,13 @@ class SchedulerConfig:
             raise ValueError(f"max_loras must be >= 0, got {self.max_loras}")
         if self.num_lookahead_tokens < 0:
             raise ValueError(f"num_lookahead_tokens must be >= 0, got {self.num_lookahead_tokens}")
+        for name in ("max_num_encoder_tokens", "encoder_cache_size"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.max_num_encoder_tokens:
+            object.__setattr__(self, "max_num_encoder_tokens", self.max_num_batched_tokens)
+        if not self.encoder_cache_size:
+            object.__setattr__(self, "encoder_cache_size", self.max_num_encoder_tokens)
 
 
 class Scheduler:
@@ -112,6 +132,7 @@ class Scheduler:
         self._failed: list[EngineCoreOutput] = []  # finished by schedule(), not yet reported
         self._known_to_runner: set[str] = set()
         self._kept_blocks: dict[str, tuple[int, ...]] = {}  # trimmed, runner not yet told
+        self.encoder_cache = EncoderCacheManager(config.encoder_cache_size)
 
     # --- requests ----------------------------------------------------------------------
 
@@ -152,10 +173,14 @@ class Scheduler:
         """Finish the requests of a step whose forward pass failed with `error`
         (FINISHED_ERROR); the next update_from_output reports them. The blocks cached
         for the tokens of that step leave the prefix cache first: their KV was never
-        written (`KVCacheManager.uncache_blocks`)."""
+        written (`KVCacheManager.uncache_blocks`); so do the encoder cache's entries of
+        the images the step was to encode (the runner may never have made them)."""
         for rid, num_new in sched.num_scheduled_tokens.items():
             request = self.requests[rid]
             self.kv.uncache_blocks(request, request.num_computed_tokens - num_new)
+        for rid, indices in sched.scheduled_encoder_inputs.items():
+            for i in indices:
+                self.encoder_cache.discard(self.requests[rid].mm_features[i].content_hash)
         self._failed += self.finish_requests(
             sched.num_scheduled_tokens, RequestStatus.FINISHED_ERROR, error
         )
@@ -179,11 +204,21 @@ class Scheduler:
         drafts: dict[str, list[int]] = {}
         parents: dict[str, list[int]] = {}
         preempted: list[Request] = []
+        encoder_budget = cfg.max_num_encoder_tokens
+        encode: dict[str, list[int]] = {}
+        self._release_consumed_images()
 
         for request in list(self.running):
             if budget == 0 or request.status != RequestStatus.RUNNING:
                 continue  # out of budget, or preempted earlier in this loop
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            images: list[int] = []
+            if request.mm_features:
+                num_new, images = self._plan_images(
+                    request, request.num_computed_tokens, num_new, encoder_budget
+                )
+                if num_new == 0:
+                    continue  # its next image waits for encoder budget or cache room
             if num_new == 1 and request.spec_token_ids:  # a decode with drafts to verify
                 drafts[request.request_id] = request.spec_token_ids[: budget - 1]
                 if request.spec_parents is not None:  # a prefix of a tree is a tree
@@ -209,6 +244,10 @@ class Scheduler:
             scheduled[request.request_id] = num_new
             new_blocks[request.request_id] = blocks.get_block_ids() if blocks.num_blocks else ()
             budget -= num_new
+            if request.mm_features:
+                encoder_budget -= self._commit_images(
+                    request, request.num_computed_tokens, num_new, images, encode
+                )
 
         admitted: list[Request] = []
         loras = {r.lora_id for r in self.running if r.lora_id is not None}
@@ -236,6 +275,12 @@ class Scheduler:
                     continue
                 break
             num_new = min(num_new, budget)
+            images = []
+            if request.mm_features:
+                wanted = num_new
+                num_new, images = self._plan_images(request, num_computed, num_new, encoder_budget)
+                if num_new == 0 or (num_new < wanted and not cfg.enable_chunked_prefill):
+                    break  # its image waits for encoder budget or cache room
             blocks = self.kv.allocate_slots(
                 request, num_new, lookahead, new_computed_blocks=computed
             )
@@ -256,6 +301,10 @@ class Scheduler:
                 loras.add(request.lora_id)
             scheduled[request.request_id] = num_new
             budget -= num_new
+            if request.mm_features:
+                encoder_budget -= self._commit_images(
+                    request, num_computed, num_new, images, encode
+                )
         self.waiting.requeue(held_back)
 
         out = self._build_output(scheduled, new_blocks, admitted, preempted)
@@ -263,11 +312,86 @@ class Scheduler:
         out.scheduled_spec_decode_parents = {
             r: p for r, p in parents.items() if r in out.scheduled_spec_decode_tokens
         }
+        out.scheduled_encoder_inputs = encode
+        out.free_encoder_hashes = self.encoder_cache.take_evicted()
         for rid, n in scheduled.items():
             request = self.requests[rid]
             request.num_computed_tokens += n
             self.waiting.charge(request, n)
         return out
+
+    # --- images: the encoder budget and cache ---------------------------------------
+
+    def _plan_images(
+        self, request: Request, start: int, num_new: int, encoder_budget: int
+    ) -> tuple[int, list[int]]:
+        """(tokens to schedule, indices of the images to encode) for a chunk of
+        `num_new` tokens from `start`. The images the chunk reaches are taken in order:
+        a cached one is kept (it must not be evicted to make room), a new one must fit
+        the encoder budget and the cache (evicting only unreferenced entries not kept);
+        the chunk stops before the first image that cannot be had. Changes nothing."""
+        cache, end = self.encoder_cache, start + num_new
+        touched = sorted(
+            (f.offset, i)
+            for i, f in enumerate(request.mm_features)
+            if f.offset < end and f.offset + f.length > start
+        )
+        keep: set[str] = set()
+        new: list[int] = []
+        pending: set[str] = set()
+        size = 0
+        for offset, i in touched:
+            feature = request.mm_features[i]
+            h = feature.content_hash
+            if h in keep or h in pending:
+                continue
+            if cache.has(h):
+                fits = cache.can_allocate(size, keep | {h})
+            else:
+                fits = size + feature.length <= encoder_budget and cache.can_allocate(
+                    size + feature.length, keep
+                )
+            if not fits:
+                return max(0, offset - start), new
+            if cache.has(h):
+                keep.add(h)
+            else:
+                size += feature.length
+                new.append(i)
+                pending.add(h)
+        return num_new, new
+
+    def _commit_images(
+        self, request: Request, start: int, num_new: int, new: list[int], encode: dict
+    ) -> int:
+        """Reference the cached images the scheduled chunk reaches (pinning them), then
+        allocate the new ones (`_plan_images`), then reference the new ones' repeats in
+        the chunk; returns the encoder budget the new ones use."""
+        cache, end, rid = self.encoder_cache, start + num_new, request.request_id
+        reached = [
+            f
+            for i, f in enumerate(request.mm_features)
+            if i not in new and f.offset < end and f.offset + f.length > start
+        ]
+        for feature in reached:
+            if cache.has(feature.content_hash):
+                cache.reference(rid, feature.content_hash)
+        for i in new:
+            feature = request.mm_features[i]
+            cache.allocate(rid, feature.content_hash, feature.length)
+        for feature in reached:  # the same image again, allocated just now
+            cache.reference(rid, feature.content_hash)
+        if new:
+            encode[rid] = list(new)
+        return sum(request.mm_features[i].length for i in new)
+
+    def _release_consumed_images(self) -> None:
+        """Running requests let go of the images whose placeholders are all computed
+        (their entries stay cached, evictable, for other requests)."""
+        for request in self.running:
+            for feature in request.mm_features:
+                if feature.offset + feature.length <= request.num_computed_tokens:
+                    self.encoder_cache.release(request.request_id, feature.content_hash)
 
     def _build_output(self, scheduled, new_blocks, admitted, preempted) -> SchedulerOutput:
         new, cached = [], []
@@ -292,6 +416,7 @@ class Scheduler:
                     token_type_ids=None
                     if request.token_type_ids is None
                     else tuple(request.token_type_ids),
+                    mm_features=tuple(request.mm_features),
                 )
             )
             self._known_to_runner.add(request.request_id)
@@ -320,6 +445,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv.free(request)
+        self.encoder_cache.release_all(request.request_id)
         self._kept_blocks.pop(request.request_id, None)
         request.spec_token_ids, request.spec_parents = [], None
         request.num_computed_tokens = 0
@@ -466,6 +592,7 @@ class Scheduler:
         request.move_to(status)
         request.times.finished = self.clock()
         self.kv.free(request)
+        self.encoder_cache.release_all(request.request_id)
         self._kept_blocks.pop(request.request_id, None)
         if request.request_id in self._known_to_runner:
             self._finished_ids.add(request.request_id)

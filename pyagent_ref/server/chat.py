@@ -27,6 +27,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.outputs import Logprob, RequestOutput
+from ..multimodal.chat import ContentPartError, split_image_parts
 from ..observe.logs import new_request_id
 from ..parsers import DeltaMessage, ReasoningParser, ToolParser
 from ..parsers.tools import check_tools
@@ -215,36 +216,29 @@ def _tool_schemas(req: ChatCompletionRequest) -> dict[str, dict]:
         raise APIError(400, str(exc), "tools") from None
 
 
-def _text_messages(messages: list[dict]) -> list[dict]:
-    """Messages whose content is a list of text parts get the parts joined by newlines;
-    other parts (images, audio) are a 400."""
-    out = []
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if not (
-                    isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
-                    raise APIError(
-                        400,
-                        f"messages[{i}].content[{j}]: only text parts are supported, got {part!r}",
-                        f"messages.{i}.content.{j}",
-                    )
-                texts.append(part["text"])
-            message = {**message, "content": "\n".join(texts)}
-        out.append(message)
-    return out
-
-
-def _render(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+def _render(
+    state: ServerState, req: ChatCompletionRequest, with_images: bool = False
+) -> list[int] | dict:
+    """The rendered token ids of a chat request; `with_images`: a dict prompt with the
+    images too when the messages have image parts (without it, image parts are a 400:
+    a caller that runs token ids alone cannot take them)."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     try:
-        return state.tokenizer.apply_chat_template(
-            _text_messages(req.messages),
+        messages, images = split_image_parts(req.messages)
+    except ContentPartError as exc:
+        raise APIError(400, str(exc), exc.param) from None
+    processor = state.engine.mm_processor
+    if images and not processor.supports_images:
+        raise APIError(
+            400,
+            f"{processor.architecture} is a text-only model: it takes no image parts",
+            "messages",
+        )
+    if images and not with_images:
+        raise APIError(400, "image parts are not supported with this request's options", "messages")
+    try:
+        ids = state.tokenizer.apply_chat_template(
+            messages,
             tools=tools,
             add_generation_prompt=req.add_generation_prompt,
             tokenize=True,
@@ -254,6 +248,9 @@ def _render(state: ServerState, req: ChatCompletionRequest) -> list[int]:
         raise APIError(
             400, f"messages could not be rendered by the chat template: {exc}", "messages"
         ) from None
+    if not images:
+        return ids
+    return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
 
 
 def _parsing_factory(state: ServerState, req: ChatCompletionRequest):
@@ -312,7 +309,7 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
     parsings = [make_parsing() for _ in range(max(req.n, 1))]
     params = chat_params(req, not parsing_active, constraint and constraint[1])
     fields = CHAT_FIELDS | {"structured_outputs": constraint[0] if constraint else ""}
-    prompt = _render(state, req)
+    prompt = _render(state, req, with_images=True)
     rid = new_request_id("chatcmpl")  # with X-Request-Id's, if sent
     try:
         streams = await until_disconnected(

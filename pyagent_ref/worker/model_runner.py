@@ -10,6 +10,12 @@ sliding-window layers) hold different blocks: each group has its own block table
 slot mapping, and each layer reads its group's. Layer i of every group shares the i-th
 KV tensor (`KVCacheConfig`): a block id belongs to one group at a time.
 
+Images: the runner holds the encoder outputs the scheduler's encoder cache accounts for
+(content hash -> the image's decoder rows): it drops those evicted, encodes the step's
+new images (`model.encode_images`) before the forward pass, and passes the rows of the
+placeholder tokens each request computes this step (`mm_embeds`), so a prefill chunk
+that cuts through an image reads its share of rows encoded once.
+
 A batch of decodes only (one token per request) takes the static-shape attention path
 (`AttentionMetadata.decode_only`); on CUDA such batches replay recorded CUDA graphs
 (`cuda_graph`). `compile` wraps the forward in torch.compile; a decode step compiles
@@ -149,6 +155,7 @@ class ModelRunner:
         self.dispatcher = CudaGraphDispatcher(sizes, self.batch.max_blocks, enabled=use_graphs)
         self.kv_caches: list[tuple[torch.Tensor, ...]] = []
         self.graphs: CudaGraphRunner | None = None
+        self.encoder_outputs: dict[str, torch.Tensor] = {}  # content hash -> decoder rows
         self.allocate_kv_cache()
 
     def allocate_kv_cache(self) -> None:
@@ -199,8 +206,11 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self.batch.update_states(sched)
         self._update_logits_processors(sched)
+        for content_hash in sched.free_encoder_hashes:
+            self.encoder_outputs.pop(content_hash, None)
         if sched.is_empty:
             return ModelRunnerOutput({})
+        self._encode_images(sched)
         prep = self.batch.prepare(sched)
         # addresses are computed on the host arrays by the chosen ops, per KV cache group
         slots = np.stack(
@@ -216,7 +226,7 @@ class ModelRunner:
         tables = prep.block_tables[:, :, :width]
         lora_errors = self._prepare_lora(prep)
         try:
-            hidden = self._forward(prep, slots, tables, width)
+            hidden = self._forward(prep, slots, tables, width, self._mm_embeds(prep))
         finally:
             if self.lora is not None:
                 self.lora.state.clear()
@@ -264,7 +274,44 @@ class ModelRunner:
         failed = self.lora.prepare_step(requests, counts)
         return {prep.req_ids[i]: error for i, error in failed.items()}
 
-    def _forward(self, prep, slots: np.ndarray, tables: np.ndarray, width: int) -> torch.Tensor:
+    def _encode_images(self, sched: SchedulerOutput) -> None:
+        """Encode the images the scheduler allocated this step, a batch per shape of
+        pixel_values, into `encoder_outputs`."""
+        by_shape: dict[tuple, list] = {}
+        for rid, indices in sched.scheduled_encoder_inputs.items():
+            features = self.batch.states[rid].data.mm_features
+            for i in indices:
+                by_shape.setdefault(tuple(features[i].data.shape), []).append(features[i])
+        for features in by_shape.values():
+            pixels = torch.stack([f.data for f in features]).to(self.device)
+            rows = self.model.encode_images(pixels)
+            for feature, image_rows in zip(features, rows, strict=True):
+                self.encoder_outputs[feature.content_hash] = image_rows
+
+    def _mm_embeds(self, prep) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows of the flattened batch, their image rows) for the placeholder tokens
+        the step computes, or None when it computes none."""
+        rows, embeds = [], []
+        for i, rid in enumerate(prep.req_ids):
+            state = self.batch.states[rid]
+            if not state.data.mm_features:
+                continue
+            start, first = state.num_computed_tokens, int(prep.query_start_loc[i])
+            end = start + int(prep.query_start_loc[i + 1]) - first
+            for feature in state.data.mm_features:
+                lo, hi = max(start, feature.offset), min(end, feature.offset + feature.length)
+                if lo >= hi:
+                    continue
+                image = self.encoder_outputs[feature.content_hash]
+                rows.append(torch.arange(first + lo - start, first + hi - start))
+                embeds.append(image[lo - feature.offset : hi - feature.offset])
+        if not rows:
+            return None
+        return torch.cat(rows).to(self.device), torch.cat(embeds)
+
+    def _forward(
+        self, prep, slots: np.ndarray, tables: np.ndarray, width: int, mm_embeds=None
+    ) -> torch.Tensor:
         """The final hidden states of the step's tokens: a recorded CUDA graph's replay
         for a batch of decode rows it serves, else the eager forward.
 
@@ -284,7 +331,7 @@ class ModelRunner:
             tables, seq_lens = tables[:, owner], prep.slot_positions + 1
         lora_active = self.lora is not None and self.lora.state.indices is not None
         graph = None
-        if not lora_active:
+        if not lora_active and mm_embeds is None:  # graphs read token embeddings only
             rows = prep.num_tokens if decode_rows else num_reqs
             graph = self.dispatcher.dispatch(prep.num_tokens, rows, width)
         if graph is not None:
@@ -307,6 +354,8 @@ class ModelRunner:
         extra = {}
         if self.uses_token_types:  # an encoder's segments
             extra["token_type_ids"] = torch.from_numpy(prep.token_type_ids).to(dev)
+        if mm_embeds is not None:  # image rows at placeholder tokens
+            extra["mm_embeds"] = mm_embeds
         return self.forward(
             torch.from_numpy(prep.input_ids).to(dev),
             torch.from_numpy(prep.positions).to(dev),

@@ -20,6 +20,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
         "lora.md",
         "pooling.md",
         "operating.md",
+        "multimodal.md",
     ],
 )
 def test_doc_examples_run(page):

@@ -1,0 +1,152 @@
+"""From a prompt with images to a request: preprocessing, placeholders, features.
+
+A vision-language prompt holds one image placeholder token (the model's image token,
+"<image>" for LLaVA) per image, in the images' order. For each image:
+
+1. it is decoded to RGB (`images.load_image`) and hashed (`images.image_hash`: the
+   `mm_hash`);
+2. the model's HF image processor (preprocessor_config.json of the model directory:
+   resize, center crop, rescale, normalise) makes its pixel_values;
+3. its placeholder is expanded to the number of decoder positions the image fills
+   (`num_image_tokens`: (image_size / patch_size)^2 for LLaVA's default strategy).
+
+The request then carries a `MultiModalFeature` per image: its hash, the offset of its
+first placeholder in the expanded prompt, its length, and its pixel_values. The hash
+and offset enter the prefix-cache key of every KV block the span overlaps
+(`kv_cache.request_hashing`), so that identical images at the same place share blocks
+and different images never do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..model.config import ModelConfig
+from ..sched.request import MultiModalFeature
+from .images import image_hash, load_image
+
+IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+MODALITIES = ("image",)
+
+
+class MultiModalProcessor:
+    """The multimodal side of a model's prompts (see the module docstring).
+
+    Args:
+        model_dir: the model directory (its preprocessor_config.json is read for a
+            vision-language model).
+        config: the model's configuration.
+        max_images: the most images one prompt may carry (limit_mm_per_prompt).
+    Raises:
+        FileNotFoundError: a vision-language model without preprocessor_config.json.
+    """
+
+    def __init__(self, model_dir: str | Path, config: ModelConfig, max_images: int) -> None:
+        self.architecture = config.architecture
+        self.max_images = max_images
+        self.supports_images = config.architecture in IMAGE_ARCHITECTURES
+        self.image_token_id: int | None = None
+        self._hf = None
+        if self.supports_images:
+            from ..model.llava import VisionConfig
+
+            vision = VisionConfig.from_hf(config.raw)
+            self.image_token_id = vision.image_token_id
+            self.tokens_per_image = vision.num_image_tokens
+            self.pixel_shape = (vision.num_channels, vision.image_size, vision.image_size)
+            path = Path(model_dir) / "preprocessor_config.json"
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{config.architecture} takes images, but {str(model_dir)!r} has no "
+                    "preprocessor_config.json (its image processor)"
+                )
+            self.model_dir = Path(model_dir)
+
+    def _image_processor(self):
+        if self._hf is None:
+            import warnings
+
+            from transformers import AutoImageProcessor
+
+            with warnings.catch_warnings():  # "falling back to the PIL backend": expected
+                warnings.simplefilter("ignore")
+                self._hf = AutoImageProcessor.from_pretrained(self.model_dir)
+        return self._hf
+
+    def __call__(
+        self, ids: list[int], mm_data: Any
+    ) -> tuple[list[int], tuple[MultiModalFeature, ...]]:
+        """(expanded prompt ids, one feature per image) of a prompt and its
+        multi_modal_data (None: a text prompt, returned as it is).
+
+        Raises:
+            ValueError: multi_modal_data for a text-only model, a modality the model does
+                not take, more images than max_images, placeholders that do not match the
+                images one to one, an image that does not decode (messages name which).
+            TypeError: multi_modal_data that is not a dict, an image of another type.
+        """
+        if mm_data is None:
+            if self.supports_images and self.image_token_id in ids:
+                raise ValueError(
+                    f"the prompt has {ids.count(self.image_token_id)} image placeholder "
+                    f"token(s) (id {self.image_token_id}) but no multi_modal_data image"
+                )
+            return ids, ()
+        if not isinstance(mm_data, dict):
+            raise TypeError(
+                f"multi_modal_data must be a dict such as {{'image': image}}, got "
+                f"{type(mm_data).__name__}"
+            )
+        if not self.supports_images:
+            raise ValueError(
+                f"{self.architecture} is a text-only model: it takes no multi_modal_data "
+                f"(got {sorted(map(str, mm_data))})"
+            )
+        wrong = [k for k in mm_data if k not in MODALITIES]
+        if wrong:
+            raise ValueError(
+                f"multi_modal_data has modality {wrong[0]!r}, but {self.architecture} takes "
+                f"only {list(MODALITIES)}"
+            )
+        images = mm_data.get("image")
+        images = list(images) if isinstance(images, (list, tuple)) else [images]
+        if len(images) > self.max_images:
+            raise ValueError(
+                f"the prompt has {len(images)} images, more than the {self.max_images} allowed "
+                "per prompt (limit_mm_per_prompt)"
+            )
+        return self._expand(ids, images)
+
+    def _expand(self, ids: list[int], images: Sequence[Any]):
+        token, n = self.image_token_id, self.tokens_per_image
+        places = [i for i, t in enumerate(ids) if t == token]
+        if len(places) != len(images):
+            raise ValueError(
+                f"the prompt has {len(places)} image placeholder token(s) (id {token}) for "
+                f"{len(images)} image(s): put one placeholder per image"
+            )
+        decoded = [load_image(image, f"image {i}") for i, image in enumerate(images)]
+        pixels = self.pixel_values(decoded)
+        out: list[int] = []
+        features = []
+        start = 0
+        for place, image, values in zip(places, decoded, pixels, strict=True):
+            out += ids[start:place]
+            features.append(MultiModalFeature(image_hash(image), len(out), n, data=values))
+            out += [token] * n
+            start = place + 1
+        return out + ids[start:], tuple(features)
+
+    def pixel_values(self, images: list) -> list:
+        """The model's pixel_values of each RGB image, float32 tensors of pixel_shape."""
+        if not images:
+            return []
+        values = self._image_processor()(images=images, return_tensors="pt")["pixel_values"]
+        if tuple(values.shape[1:]) != self.pixel_shape:
+            raise ValueError(
+                f"the image processor of {str(self.model_dir)!r} makes pixel_values of shape "
+                f"{tuple(values.shape[1:])}, the model takes {self.pixel_shape}"
+            )
+        return list(values.float())
