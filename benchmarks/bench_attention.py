@@ -13,7 +13,10 @@ same inputs it times:
   4096-token max_model_len reads);
 - torch's `scaled_dot_product_attention` on keys and values already laid out densely per
   request (padded to the longest context, masked): the same attention without paging,
-  the third-party kernel a dense implementation would call.
+  the third-party kernel a dense implementation would call;
+- the attention backends' `paged_attention` (`pyagent_ref.attention_backends`): `sdpa`
+  (SDPA request by request over its gathered blocks) and `flex` (FlexAttention over the
+  cache in place, eager).
 
 It prints the median of each and the ratios to `paged_attention` and to SDPA. `pyagent_accel`
 has no twin of these ops (see docs/conformance.md), so there is no accel column. This is a
@@ -32,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from
 
 from _timing import median_seconds  # noqa: E402
 
+from pyagent_ref.attention_backends import flex, sdpa  # noqa: E402
 from pyagent_ref.ops import attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
@@ -69,7 +73,7 @@ def batch(n: int, max_ctx: int, gen: torch.Generator):
 
 
 def measure(n: int, max_ctx: int, gen: torch.Generator, repeats: int) -> dict[str, float]:
-    """Median ms of the four ways on one batch, after checking that they agree (a
+    """Median ms of the six ways on one batch, after checking that they agree (a
     benchmark of wrong answers would be worthless)."""
     q, kc, vc, table, lens, dk, dv, mask = batch(n, max_ctx, gen)
     width = (int(lens.max()) + BLOCK - 1) // BLOCK
@@ -84,9 +88,11 @@ def measure(n: int, max_ctx: int, gen: torch.Generator, repeats: int) -> dict[st
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(
             q[:, :, None, :], dk, dv, attn_mask=mask, scale=scale, enable_gqa=True
         )[:, :, 0, :],
+        "be:sdpa": lambda: sdpa.paged_attention(q, kc, vc, table, qsl, lens, scale),
+        "be:flex": lambda: flex.paged_attention(q, kc, vc, table, qsl, lens, scale),
     }
     want = ways["paged"]()
-    for name in ("decode", "static", "sdpa"):
+    for name in ("decode", "static", "sdpa", "be:sdpa", "be:flex"):
         torch.testing.assert_close(ways[name](), want, rtol=1e-4, atol=1e-4, msg=name)
     return {name: median_ms(fn, repeats) for name, fn in ways.items()}
 
@@ -105,14 +111,17 @@ def main() -> None:
         f"{BLOCK}, float32, torch {torch.__version__}, {args.threads} threads (median ms)"
     )
     head = f"{'batch':>5} {'max ctx':>7} {'paged':>8} {'decode':>8} {'static':>8} {'sdpa':>8}"
-    print(f"{head}   decode/paged  static/paged  decode/sdpa")
+    head += f" {'be:sdpa':>8} {'be:flex':>8}"
+    print(f"{head}   decode/paged  static/paged  decode/sdpa  paged/be:sdpa  paged/be:flex")
     with torch.inference_mode():
         for n, max_ctx in shapes:
             ms = measure(n, max_ctx, gen, repeats)
             print(
                 f"{n:>5} {max_ctx:>7} {ms['paged']:>8.2f} {ms['decode']:>8.2f} "
-                f"{ms['static']:>8.2f} {ms['sdpa']:>8.2f}   {ms['decode'] / ms['paged']:>12.2f} "
-                f"{ms['static'] / ms['paged']:>13.2f} {ms['decode'] / ms['sdpa']:>12.2f}"
+                f"{ms['static']:>8.2f} {ms['sdpa']:>8.2f} {ms['be:sdpa']:>8.2f} "
+                f"{ms['be:flex']:>8.2f}   {ms['decode'] / ms['paged']:>12.2f} "
+                f"{ms['static'] / ms['paged']:>13.2f} {ms['decode'] / ms['sdpa']:>12.2f} "
+                f"{ms['paged'] / ms['be:sdpa']:>14.2f} {ms['paged'] / ms['be:flex']:>14.2f}"
             )
 
 

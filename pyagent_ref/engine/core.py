@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..attention_backends import BACKENDS, with_attention_backend
 from ..kv_cache import (
     BlockOffloader,
     CPUTier,
@@ -156,6 +157,8 @@ class EngineConfig:
         (sampling, hashing, block tables and the model's layers, RoPE and attention);
         "auto" runs each op on the accelerator for host arrays and on the reference for
         device tensors (see `pyagent_ref.ops.load`).
+    attention_backend: the attention ops' implementation: "auto" (the ops' own), "ref",
+        "accel", "sdpa" or "flex" (see `pyagent_ref.attention_backends`).
     enforce_eager: never replay CUDA graphs (graph_mode "eager").
     graph_mode: "auto", "eager" or "static" (see `ModelRunner`).
     cudagraph_capture_sizes: the decode batch sizes CUDA graphs are captured for.
@@ -228,6 +231,7 @@ class EngineConfig:
     kv_events_endpoint: str | None = None
     policy: str = "fcfs"
     ops: str = "auto"
+    attention_backend: str = "auto"
     enforce_eager: bool = False
     graph_mode: str = "auto"
     cudagraph_capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
@@ -309,6 +313,7 @@ _CONFIG_RULES = {
     ),
     "policy": (str, lambda v: v in POLICIES, f"one of {tuple(POLICIES)}"),
     "ops": (str, lambda v: v in ("ref", "accel", "auto"), "'ref', 'accel' or 'auto'"),
+    "attention_backend": (str, lambda v: v in BACKENDS, f"one of {BACKENDS}"),
     "enforce_eager": (bool, _ANY, "a bool"),
     "graph_mode": (str, lambda v: v in GRAPH_MODES, f"one of {GRAPH_MODES}"),
     "cudagraph_capture_sizes": (
@@ -381,7 +386,7 @@ class EngineCore:
 
     def __init__(self, model: torch.nn.Module, config: EngineConfig, clock=time.monotonic) -> None:
         self.config = config
-        self.ops = load_ops(config.ops)
+        self.ops = with_attention_backend(load_ops(config.ops), config.attention_backend)
         model.use_ops(self.ops)  # the model's layers run on the engine's ops
         mcfg = model.config
         self.tasks = supported_tasks(mcfg, config.runner, config.task)

@@ -222,6 +222,66 @@ def _check_masks(custom_masks: Sequence[Any | None], qsl: list[int], lens: list[
             )
 
 
+def _check_batch(
+    query: Any,
+    key_cache: Any,
+    block_table: Any,
+    query_start_loc: Any,
+    seq_lens: Any,
+    custom_masks: Sequence[Any | None] | None,
+    causal: bool,
+) -> tuple[Any, list[int], list[int]]:
+    """`paged_attention`'s argument checks (its Raises), shared with the attention
+    backends (`pyagent_ref.attention_backends`) that implement the same contract: the
+    query's namespace, query_start_loc and seq_lens as host lists."""
+    xp = _check_query(query, key_cache)
+    _check_integers(block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
+    block_size = key_cache.shape[1]
+    qsl = [int(v) for v in query_start_loc]
+    lens = [int(v) for v in seq_lens]
+    if len(lens) != len(qsl) - 1 or block_table.shape[0] != len(lens):
+        raise ValueError(
+            f"query_start_loc ({len(qsl)}), seq_lens ({len(lens)}) and block_table rows "
+            f"({block_table.shape[0]}) must describe the same requests"
+        )
+    if custom_masks is not None:
+        _check_masks(custom_masks, qsl, lens)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    for r, seq_len in enumerate(lens):
+        q_len = qsl[r + 1] - qsl[r]
+        if q_len and (seq_len < q_len or -(-seq_len // block_size) > block_table.shape[1]):
+            raise ValueError(
+                f"request {r}: seq_len {seq_len} must cover its {q_len} query tokens and fit "
+                f"{block_table.shape[1]} blocks of {block_size}"
+            )
+    return xp, qsl, lens
+
+
+def _check_decode(query: Any, key_cache: Any, block_table: Any, seq_lens: Any) -> Any:
+    """`paged_decode_attention`'s argument checks (its Raises), shared with the attention
+    backends: the query's namespace."""
+    xp = _check_query(query, key_cache)
+    _check_integers(block_table=block_table, seq_lens=seq_lens)
+    num_reqs, block_size = query.shape[0], key_cache.shape[1]
+    one_row_each = block_table.ndim == 2 and block_table.shape[0] == num_reqs
+    if tuple(seq_lens.shape) != (num_reqs,) or not one_row_each:
+        raise ValueError(
+            f"seq_lens {tuple(seq_lens.shape)} and block_table {tuple(block_table.shape)} "
+            f"must have one row per query token ({num_reqs})"
+        )
+    capacity = block_table.shape[1] * block_size
+    if can_read_values(seq_lens):
+        bad = (seq_lens < 0) | (seq_lens > capacity)
+        if bool(xp.any(bad)):
+            r = int(xp.argmax(xp.astype(bad, xp.int8)))
+            raise ValueError(
+                f"seq_lens[{r}] = {int(seq_lens[r])} must be in [0, {capacity}] "
+                f"({block_table.shape[1]} blocks of {block_size})"
+            )
+    return xp
+
+
 def _flat_view(cache: Any, name: str) -> Any:
     """`cache` (num_blocks, block_size, ...) as (num_blocks * block_size, ...), sharing
     its memory."""
@@ -288,35 +348,18 @@ def paged_attention(
             sequence longer than its block table, seq_lens[r] < q_len_r, a custom
             mask not of shape (q_len_r, seq_lens[r]).
     """
-    xp = _check_query(query, key_cache)
-    _check_integers(block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens)
+    xp, qsl, lens = _check_batch(
+        query, key_cache, block_table, query_start_loc, seq_lens, custom_masks, causal
+    )
     block_size = key_cache.shape[1]
-    qsl = [int(v) for v in query_start_loc]
-    lens = [int(v) for v in seq_lens]
-    if len(lens) != len(qsl) - 1 or block_table.shape[0] != len(lens):
-        raise ValueError(
-            f"query_start_loc ({len(qsl)}), seq_lens ({len(lens)}) and block_table rows "
-            f"({block_table.shape[0]}) must describe the same requests"
-        )
-    if custom_masks is not None:
-        _check_masks(custom_masks, qsl, lens)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
     compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
     out = xp.zeros(query.shape, dtype=query.dtype, device=device(query))
     # Requests with the same number of query tokens (all the decodes, typically) are
     # attended together, padded to the longest sequence among them.
     by_q_len: dict[int, list[int]] = {}
-    for r, seq_len in enumerate(lens):
-        q_len = qsl[r + 1] - qsl[r]
-        if q_len == 0:
-            continue
-        if seq_len < q_len or -(-seq_len // block_size) > block_table.shape[1]:
-            raise ValueError(
-                f"request {r}: seq_len {seq_len} must cover its {q_len} query tokens and fit "
-                f"{block_table.shape[1]} blocks of {block_size}"
-            )
-        by_q_len.setdefault(q_len, []).append(r)
+    for r in range(len(lens)):
+        if qsl[r + 1] > qsl[r]:
+            by_q_len.setdefault(qsl[r + 1] - qsl[r], []).append(r)
     dev = device(query)
     for q_len, rows in by_q_len.items():
         tokens = [t for r in rows for t in range(qsl[r], qsl[r] + q_len)]
@@ -386,24 +429,7 @@ def paged_decode_attention(
         ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
             seq_len outside [0, max_blocks_per_req * block_size].
     """
-    xp = _check_query(query, key_cache)
-    _check_integers(block_table=block_table, seq_lens=seq_lens)
-    num_reqs, block_size = query.shape[0], key_cache.shape[1]
-    one_row_each = block_table.ndim == 2 and block_table.shape[0] == num_reqs
-    if tuple(seq_lens.shape) != (num_reqs,) or not one_row_each:
-        raise ValueError(
-            f"seq_lens {tuple(seq_lens.shape)} and block_table {tuple(block_table.shape)} "
-            f"must have one row per query token ({num_reqs})"
-        )
-    capacity = block_table.shape[1] * block_size
-    if can_read_values(seq_lens):
-        bad = (seq_lens < 0) | (seq_lens > capacity)
-        if bool(xp.any(bad)):
-            r = int(xp.argmax(xp.astype(bad, xp.int8)))
-            raise ValueError(
-                f"seq_lens[{r}] = {int(seq_lens[r])} must be in [0, {capacity}] "
-                f"({block_table.shape[1]} blocks of {block_size})"
-            )
+    xp = _check_decode(query, key_cache, block_table, seq_lens)
     compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
     o = _attend(
         xp,
