@@ -13,7 +13,18 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from . import attention, block_table, hashing, layers, moe, rope, sampling, spec_decode, structured
+from . import (
+    attention,
+    block_table,
+    hashing,
+    layers,
+    moe,
+    rope,
+    sampling,
+    spec_decode,
+    ssm,
+    structured,
+)
 
 MODULES = (
     "sampling",
@@ -25,6 +36,7 @@ MODULES = (
     "structured",
     "spec_decode",
     "moe",
+    "ssm",
 )
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
@@ -40,6 +52,7 @@ __all__ = [
     "rope",
     "sampling",
     "spec_decode",
+    "ssm",
     "structured",
 ]
 
@@ -52,7 +65,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.moe`).
+    result has one attribute per ops module (`.sampling`, ..., `.ssm`).
     """
     if name == "ref":
         return importlib.import_module(__name__)
