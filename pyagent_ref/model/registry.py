@@ -6,6 +6,7 @@ from torch import nn
 
 from .deepseek import DeepseekForCausalLM
 from .llama import LlamaForCausalLM
+from .mamba import Mamba2ForCausalLM, MambaHybridForCausalLM
 from .moe import MixtralForCausalLM, QwenMoeForCausalLM
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
@@ -28,6 +29,9 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     # multi-head latent attention on the MoE decoder (`deepseek`)
     "DeepseekV2ForCausalLM": DeepseekForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekForCausalLM,
+    # state-space layers (`mamba`): Mamba-2 alone, and among attention layers (Bamba)
+    "Mamba2ForCausalLM": Mamba2ForCausalLM,
+    "BambaForCausalLM": MambaHybridForCausalLM,
 }
 
 
