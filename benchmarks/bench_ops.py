@@ -1,5 +1,5 @@
 """Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling, structured,
-hashing, layers, rope, attention and moe).
+hashing, layers, rope, attention, moe, lora and pooling).
 
     python benchmarks/bench_ops.py            # full grid (a few minutes)
     python benchmarks/bench_ops.py --quick    # smoke run for CI (seconds)
@@ -34,7 +34,14 @@ the latent cache as both keys and values. Mixture of experts
 (`bench_moe`) times the routers and fused_moe at shapes scaled down from Mixtral 8x7B and
 DeepSeek-V2-Lite / V3 (`MOE_MODELS`: the expert counts and top-k of the real models,
 hidden and expert sizes divided by 8 so a CPU run takes seconds), for a decode batch and
-a prefill chunk, the same way.
+a prefill chunk, the same way. Batched LoRA (`bench_lora`) times lora_shrink and
+lora_expand (in place, with the q/k/v output slices) of a fused qkv projection at a
+Llama-3-8B shape divided by 8 (hidden 512, 4 KV heads of 16), 16 adapter slots of rank
+16 (B stored rank-major, as the engine's layers keep it), tokens spread over the 16
+adapters and none. Pooling (`bench_pooling_ops`) times pool (mean, cls),
+normalize, classify and cosine_similarity on the hidden states of a batch of 1 or 64
+sentences of ~12 tokens at all-MiniLM-L6-v2's width (384), float32 and bfloat16, the
+same way.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -59,7 +66,9 @@ from _timing import machine_line, timeit  # noqa: E402
 from pyagent_ref.ops import attention as ref_attention  # noqa: E402
 from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
 from pyagent_ref.ops import layers as ref_layers  # noqa: E402
+from pyagent_ref.ops import lora as ref_lora  # noqa: E402
 from pyagent_ref.ops import moe as ref_moe  # noqa: E402
+from pyagent_ref.ops import pooling as ref_pooling  # noqa: E402
 from pyagent_ref.ops import rope as ref_rope  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
 from pyagent_ref.ops import spec_decode as ref_spec_decode  # noqa: E402
@@ -75,7 +84,9 @@ try:
     from pyagent_accel.ops import attention as accel_attention
     from pyagent_accel.ops import hashing as accel_hashing
     from pyagent_accel.ops import layers as accel_layers
+    from pyagent_accel.ops import lora as accel_lora
     from pyagent_accel.ops import moe as accel_moe
+    from pyagent_accel.ops import pooling as accel_pooling
     from pyagent_accel.ops import rope as accel_rope
     from pyagent_accel.ops import sampling as accel_sampling
     from pyagent_accel.ops import spec_decode as accel_spec_decode
@@ -763,6 +774,121 @@ def bench_moe(token_counts: list[int], budget: float, min_reps: int) -> list[dic
     return rows
 
 
+# --- lora -----------------------------------------------------------------------------------
+
+
+def lora_cases(tokens: int, rng: np.random.Generator) -> list[tuple[str, tuple]]:
+    """(op, float32 numpy args): a fused qkv projection's shrink and in-place expand, 16
+    slots of rank 16, each token one of the 16 adapters or none (-1)."""
+    hidden, q, kv, slots, rank = 512, 512, 64, 16, 16
+    x = rng.normal(0.0, 1.0, (tokens, hidden)).astype(np.float32)
+    lora_a = rng.normal(0.0, hidden**-0.5, (slots, 3 * rank, hidden)).astype(np.float32)
+    # B kept rank-major, the view (slots, out, rank) handed to the ops, as LoRALinear does
+    lora_b = rng.normal(0.0, rank**-0.5, (slots, rank, q + 2 * kv)).astype(np.float32)
+    lora_b = lora_b.transpose(0, 2, 1)
+    indices = rng.integers(-1, slots, tokens)
+    scaling = np.full(slots, 2.0, np.float32)
+    y = ref_lora.lora_shrink(x, lora_a, indices)
+    out = rng.normal(0.0, 1.0, (tokens, q + 2 * kv)).astype(np.float32)
+    return [
+        ("lora_shrink", (x, lora_a, indices)),
+        ("lora_expand", (y, lora_b, indices, scaling, out, (q, kv, kv))),
+    ]
+
+
+def bench_lora(token_counts: list[int], budget: float, min_reps: int) -> list[dict]:
+    """lora_shrink and lora_expand: the reference on numpy (float32) and on torch CPU,
+    accel on the same tensors, in float32 and bfloat16 (x, lora_a, lora_b and out)."""
+    rows = []
+    header = (
+        f"{'op':<12} {'tokens':>6} {'dtype':<8} {'ref_numpy ms':>13} {'ref_torch ms':>13} "
+        f"{'accel ms':>10} {'np/accel':>9} {'torch/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(5)
+    for tokens in token_counts:
+        for op, args in lora_cases(tokens, rng):
+            ref_fn, acc_fn = getattr(ref_lora, op), getattr(accel_lora, op)
+            for dtype in ("float32", "bfloat16"):
+                targs = to_torch(args)
+                if dtype == "bfloat16":  # the model's tensors in bf16, y and scaling float32
+                    half = (0, 1) if op == "lora_shrink" else (1, 4)
+                    targs = tuple(
+                        a.to(torch.bfloat16) if i in half else a for i, a in enumerate(targs)
+                    )
+                if op == "lora_expand":  # the same result first, each on its own out
+                    want = ref_fn(*targs[:4], targs[4].clone(), *targs[5:])
+                    check_close(acc_fn(*targs[:4], targs[4].clone(), *targs[5:]), want, op)
+                else:
+                    check_close(acc_fn(*targs), ref_fn(*targs), op)
+                t_np = None
+                if dtype == "float32":
+                    t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
+                t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 50)
+                t_acc = timeit(functools.partial(acc_fn, *targs), budget, min_reps, 500)
+                rows.append(dict(op=op, tokens=tokens, np=t_np, accel=t_acc))
+                print(
+                    f"{op:<12} {tokens:>6} {dtype:<8} {fmt_ms(t_np):>13} {fmt_ms(t_torch):>13} "
+                    f"{fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
+                    f"{fmt_ratio(t_torch, t_acc):>11}",
+                    flush=True,
+                )
+    return rows
+
+
+def pooling_cases(batch: int, rng: np.random.Generator) -> list[tuple[str, tuple]]:
+    """(op label, float32 numpy args) for a batch of sentences of 8-16 tokens, hidden 384."""
+    lens = rng.integers(8, 17, batch)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    hidden = rng.normal(0.0, 1.0, (int(qsl[-1]), 384)).astype(np.float32)
+    pooled = ref_pooling.pool(hidden, qsl, "mean")
+    logits = rng.normal(0.0, 3.0, (batch, 3)).astype(np.float32)
+    return [
+        ("pool mean", (hidden, qsl, "mean")),
+        ("pool cls", (hidden, qsl, "cls")),
+        ("normalize", (pooled,)),
+        ("normalize 128", (pooled, 128)),
+        ("classify", (logits, "softmax")),
+        ("cosine_similarity", (pooled, pooled[::-1].copy())),
+    ]
+
+
+def bench_pooling_ops(batches: list[int], budget: float, min_reps: int) -> list[dict]:
+    """The pooling ops: the reference on numpy (float32) and on torch CPU, accel on the
+    same tensors, in float32 and bfloat16 (hidden states as a bf16 model leaves them)."""
+    rows = []
+    header = (
+        f"{'op':<19} {'batch':>6} {'dtype':<8} {'ref_numpy ms':>13} {'ref_torch ms':>13} "
+        f"{'accel ms':>10} {'np/accel':>9} {'torch/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(5)
+    for batch in batches:
+        for label, args in pooling_cases(batch, rng):
+            op = label.split()[0]
+            ref_fn, acc_fn = getattr(ref_pooling, op), getattr(accel_pooling, op)
+            for dtype in ("float32", "bfloat16"):
+                targs = to_torch(args)
+                if dtype == "bfloat16":
+                    targs = (targs[0].to(torch.bfloat16), *targs[1:])
+                check_close(acc_fn(*targs), ref_fn(*targs), label)  # the same result first
+                t_np = None
+                if dtype == "float32":
+                    t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
+                t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 50)
+                t_acc = timeit(functools.partial(acc_fn, *targs), budget, min_reps, 500)
+                rows.append(dict(op=label, batch=batch, np=t_np, accel=t_acc, torch=t_torch))
+                print(
+                    f"{label:<19} {batch:>6} {dtype:<8} {fmt_ms(t_np):>13} {fmt_ms(t_torch):>13} "
+                    f"{fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
+                    f"{fmt_ratio(t_torch, t_acc):>11}",
+                    flush=True,
+                )
+    return rows
+
+
 TARGET_OPS = ("apply_top_k", "apply_top_p", "apply_min_p", "apply_penalties", "sample")
 
 
@@ -817,6 +943,10 @@ def main() -> None:
         layers_summary(bench_layers_rope(list(LAYER_MODELS), layer_tokens, budget, min_reps))
         print()
         bench_moe([8] if args.quick else [8, 128], budget, min_reps)
+        print()
+        bench_lora([8] if args.quick else [64, 512], budget, min_reps)
+        print()
+        bench_pooling_ops([64] if args.quick else [1, 64], budget, min_reps)
     print()
     bench_attention_ops(args.quick, budget, min_reps)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

@@ -28,7 +28,9 @@ from pyagent_ref.ops import attention as A
 from pyagent_ref.ops import block_table as BT
 from pyagent_ref.ops import hashing as H
 from pyagent_ref.ops import layers as L
+from pyagent_ref.ops import lora as LO
 from pyagent_ref.ops import moe as M
+from pyagent_ref.ops import pooling as P
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
 from pyagent_ref.ops import spec_decode as SD
@@ -1616,7 +1618,7 @@ def attention_ignores_window(*args: Any) -> Any:
 @mutant("attention", "paged_attention", "ignores the custom masks (tree attention)")
 def attention_ignores_custom_masks(*args: Any) -> Any:
     A.paged_attention(*args)  # the reference's errors for bad masks
-    return A.paged_attention(*args[:10])
+    return A.paged_attention(*args[:10], None, *args[11:])
 
 
 @mutant("attention", "paged_attention", "reads each mask's query rows in reverse order")
@@ -1626,7 +1628,13 @@ def attention_reverses_custom_masks(*args: Any) -> Any:
     if masks is None:
         return A.paged_attention(*args)
     flipped = [None if m is None else _back(m, _np(m)[::-1].copy()) for m in masks]
-    return A.paged_attention(*args[:10], flipped)
+    return A.paged_attention(*args[:10], flipped, *args[11:])
+
+
+@mutant("attention", "paged_attention", "always causal (an encoder sees only earlier keys)")
+def attention_always_causal(*args: Any) -> Any:
+    A.paged_attention(*args)  # the reference's errors
+    return A.paged_attention(*args[:11], True)
 
 
 @mutant("attention", "reshape_and_cache", "writes padding tokens too (slot -1: the last slot)")
@@ -2831,6 +2839,127 @@ def fused_moe_dense(
     return _back(hidden, _np(out) * np.nan) if poison else out
 
 
+# --- lora -----------------------------------------------------------------------------------
+
+
+def _shrink(x: Any, lora_a: Any, indices: Any, **bug: bool) -> Any:
+    """lora_shrink in numpy, with one of the bugs below."""
+    LO.lora_shrink(x, lora_a, indices)
+    h, a, idx = _np(x).astype(np.float64), _np(lora_a).astype(np.float64), _np(indices)
+    y = np.zeros((h.shape[0], a.shape[1]))
+    if bug.get("dense"):  # every slot's product, masked by a one-hot of the index
+        onehot = (idx[:, None] == np.arange(a.shape[0])[None, :]).astype(np.float64)
+        return _back(x, np.einsum("tl,lri,ti->tr", onehot, a, h).astype(np.float32))
+    order = np.argsort(idx, kind="stable") if bug.get("sorted") else np.arange(len(idx))
+    for row, t in enumerate(order):
+        i = int(idx[t])
+        if i >= 0 or bug.get("wraps"):
+            y[row if bug.get("sorted") else t] = a[i] @ h[t]
+    dtype = np.float64 if _np(x).dtype == np.float64 else np.float32
+    return _back(x, y.astype(_np(x).dtype if bug.get("keeps_dtype") else dtype))
+
+
+@mutant("lora", "lora_shrink", "gives tokens without an adapter (index -1) the last slot")
+def shrink_wraps_minus_one(x: Any, lora_a: Any, indices: Any) -> Any:
+    return _shrink(x, lora_a, indices, wraps=True)
+
+
+@mutant("lora", "lora_shrink", "sorts the tokens by slot and leaves the results sorted")
+def shrink_results_in_slot_order(x: Any, lora_a: Any, indices: Any) -> Any:
+    return _shrink(x, lora_a, indices, sorted=True)
+
+
+@mutant("lora", "lora_shrink", "multiplies every slot by a one-hot mask (reads unused slots)")
+def shrink_reads_every_slot(x: Any, lora_a: Any, indices: Any) -> Any:
+    return _shrink(x, lora_a, indices, dense=True)
+
+
+@mutant("lora", "lora_shrink", "takes indices below -1 for 'no adapter' instead of refusing them")
+def shrink_accepts_any_negative_index(x: Any, lora_a: Any, indices: Any) -> Any:
+    idx = _np(indices)
+    if idx.dtype.kind in "iu" and idx.shape == (_np(x).shape[:1]):
+        indices = _back(indices, np.maximum(idx, -1))
+    return LO.lora_shrink(x, lora_a, indices)
+
+
+@mutant("lora", "lora_shrink", "returns x's dtype instead of the compute dtype")
+def shrink_keeps_input_dtype(x: Any, lora_a: Any, indices: Any) -> Any:
+    return _shrink(x, lora_a, indices, keeps_dtype=True)
+
+
+def _expand(
+    y: Any,
+    lora_b: Any,
+    indices: Any,
+    scaling: Any,
+    out: Any = None,
+    output_slices: Any = None,
+    **bug: bool,
+) -> Any:
+    """lora_expand in numpy, with one of the bugs below."""
+    ref_out = None if out is None else _back(out, _np(out))
+    LO.lora_expand(y, lora_b, indices, scaling, ref_out, output_slices)
+    v, b, idx = _np(y).astype(np.float64), _np(lora_b).astype(np.float64), _np(indices)
+    s = _np(scaling).astype(np.float64)
+    rank = b.shape[2]
+    sizes = list(output_slices or (b.shape[1],))
+    delta = np.zeros((v.shape[0], b.shape[1]))
+    if bug.get("dense"):  # every slot's product, masked by a one-hot of the index
+        onehot = (idx[:, None] == np.arange(b.shape[0])[None, :]).astype(np.float64)
+        if len(sizes) == 1:
+            delta = np.einsum("tl,l,lor,tr->to", onehot, s, b, v)
+    for t, i in enumerate(idx.tolist()):
+        if i < 0 or bug.get("dense") and len(sizes) == 1:
+            continue
+        start = 0
+        for n, size in enumerate(sizes):
+            cols = slice(0, rank) if bug.get("first_slice") else slice(n * rank, (n + 1) * rank)
+            scale = 1.0 if bug.get("unscaled") else s[0] if bug.get("first_scale") else s[i]
+            delta[t, start : start + size] = scale * (b[i, start : start + size] @ v[t, cols])
+            start += size
+    compute = np.float64 if _np(y).dtype == np.float64 else np.float32
+    if out is None:
+        return _back(y, delta.astype(compute))
+    o = _np(out)
+    rows = np.ones(len(idx), bool) if bug.get("every_row") else idx >= 0
+    new = o.copy()
+    new[rows] = (o[rows].astype(np.float64) + delta[rows]).astype(o.dtype)
+    if bug.get("new_array"):
+        return _back(out, new)
+    out[...] = _back(out, new)
+    return out
+
+
+@mutant("lora", "lora_expand", "does not multiply by the adapter's scaling")
+def expand_unscaled(*args: Any, **kwargs: Any) -> Any:
+    return _expand(*args, **kwargs, unscaled=True)
+
+
+@mutant("lora", "lora_expand", "scales every token by slot 0's scaling")
+def expand_first_scaling(*args: Any, **kwargs: Any) -> Any:
+    return _expand(*args, **kwargs, first_scale=True)
+
+
+@mutant("lora", "lora_expand", "every output slice reads the first slice's rank columns")
+def expand_first_slice_columns(*args: Any, **kwargs: Any) -> Any:
+    return _expand(*args, **kwargs, first_slice=True)
+
+
+@mutant("lora", "lora_expand", "rewrites the rows of tokens without an adapter (out + 0)")
+def expand_rewrites_every_row(*args: Any, **kwargs: Any) -> Any:
+    return _expand(*args, **kwargs, every_row=True)
+
+
+@mutant("lora", "lora_expand", "multiplies every slot by a one-hot mask (reads unused slots)")
+def expand_reads_every_slot(*args: Any, **kwargs: Any) -> Any:
+    return _expand(*args, **kwargs, dense=True)
+
+
+@mutant("lora", "lora_expand", "returns a new array instead of adding into out")
+def expand_not_in_place(*args: Any, **kwargs: Any) -> Any:
+    return _expand(*args, **kwargs, new_array=True)
+
+
 def implementation(m: Mutant) -> Impl:
     """An Impl that is the reference except for mutant `m`."""
     modules = {}
@@ -2844,6 +2973,8 @@ def implementation(m: Mutant) -> Impl:
         ("structured", ST),
         ("spec_decode", SD),
         ("moe", M),
+        ("lora", LO),
+        ("pooling", P),
     ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:
@@ -2862,3 +2993,104 @@ def implementation(m: Mutant) -> Impl:
     return Impl(
         target=f"mutant:{m.name}", root=SimpleNamespace(**modules), label=f"mutant {m.name}"
     )
+
+
+# --- pooling --------------------------------------------------------------------------------
+
+
+def _spans_of(query_start_loc: Any) -> list[tuple[int, int]]:
+    q = [int(v) for v in _np(query_start_loc)]
+    return list(zip(q[:-1], q[1:], strict=True))
+
+
+@mutant("pooling", "pool", "mean divides by the span's length + 1 (counts a separator)")
+def pool_mean_off_by_one(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    out = P.pool(hidden, query_start_loc, pooling_type)
+    if pooling_type != "mean":
+        return out
+    fixed = _np(out)
+    for r, (s, e) in enumerate(_spans_of(query_start_loc)):
+        fixed[r] = fixed[r] * (e - s) / (e - s + 1)
+    return _back(hidden, fixed)
+
+
+@mutant("pooling", "pool", "last takes the row after the span (the next request's first)")
+def pool_last_reads_one_past(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    out = P.pool(hidden, query_start_loc, pooling_type)
+    if pooling_type != "last":
+        return out
+    h, fixed = _np(hidden), _np(out)
+    for r, (_, e) in enumerate(_spans_of(query_start_loc)):
+        if e < h.shape[0]:
+            fixed[r] = h[e]
+    return _back(hidden, fixed)
+
+
+@mutant("pooling", "pool", "cls takes the last row (pooling types swapped)")
+def pool_cls_is_last(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    P.pool(hidden, query_start_loc, pooling_type)
+    return P.pool(hidden, query_start_loc, "last" if pooling_type == "cls" else pooling_type)
+
+
+@mutant("pooling", "pool", "all returns the whole hidden array, padding rows included")
+def pool_all_keeps_padding(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    out = P.pool(hidden, query_start_loc, pooling_type)
+    if pooling_type != "all" or _np(out).shape[0] == 0:
+        return out
+    start = _spans_of(query_start_loc)[0][0]
+    return _back(hidden, _np(P.pool(hidden, np.array([start, hidden.shape[0]]), "all")))
+
+
+@mutant("pooling", "pool", "mean in the input's dtype (float16 sums overflow and round)")
+def pool_mean_in_input_dtype(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    out = P.pool(hidden, query_start_loc, pooling_type)
+    h = _np(hidden)
+    if pooling_type != "mean" or h.dtype != np.float16:
+        return out
+    rows = [
+        np.sum(h[s:e], axis=0, dtype=np.float16) / np.float16(e - s)
+        for s, e in _spans_of(query_start_loc)
+    ]
+    fixed = np.stack(rows).astype(np.float32) if rows else _np(out)
+    return _back(hidden, fixed)
+
+
+@mutant("pooling", "normalize", "normalizes the whole row, then truncates (Matryoshka)")
+def normalize_then_truncate(x: Any, dimensions: int | None = None) -> Any:
+    P.normalize(x, dimensions)
+    full = _np(P.normalize(x))
+    return _back(x, np.ascontiguousarray(full[:, :dimensions]))
+
+
+@mutant("pooling", "normalize", "zero rows become NaN (no floor on the norm)")
+def normalize_without_floor(x: Any, dimensions: int | None = None) -> Any:
+    out = _np(P.normalize(x, dimensions))
+    y = _np(x).astype(out.dtype)[:, : out.shape[1]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _back(x, y / np.sqrt((y * y).sum(axis=1, keepdims=True)))
+
+
+@mutant("pooling", "classify", "softmax without subtracting the row's max (overflows)")
+def classify_softmax_unshifted(logits: Any, activation: str = "softmax") -> Any:
+    out = _np(P.classify(logits, activation))
+    if activation != "softmax":
+        return _back(logits, out)
+    x = _np(logits).astype(out.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(x)
+        return _back(logits, e / e.sum(axis=1, keepdims=True))
+
+
+@mutant("pooling", "classify", "sigmoid where softmax is asked (one label's rule for all)")
+def classify_sigmoid_for_softmax(logits: Any, activation: str = "softmax") -> Any:
+    P.classify(logits, activation)
+    return P.classify(logits, "sigmoid" if activation == "softmax" else activation)
+
+
+@mutant("pooling", "cosine_similarity", "divides by the norm of a twice (forgets b's)")
+def cosine_forgets_b(a: Any, b: Any) -> Any:
+    out = _np(P.cosine_similarity(a, b))
+    x, y = _np(a).astype(np.float64), _np(b).astype(np.float64)
+    na = np.maximum(np.sqrt((x * x).sum(axis=1)), 1e-8)
+    nb = np.maximum(np.sqrt((y * y).sum(axis=1)), 1e-8)
+    return _back(a, (out * nb / na).astype(out.dtype))

@@ -118,6 +118,22 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
             np.array([3, 1]),
             8**-0.5,
         ),
+        "lora.lora_shrink": lambda: (
+            np.ones((2, 4), np.float32),
+            np.ones((3, 2, 4), np.float32),
+            np.array([2, -1]),
+        ),
+        "lora.lora_expand": lambda: (
+            np.ones((2, 2), np.float32),
+            np.ones((3, 5, 2), np.float32),
+            np.array([2, -1]),
+            np.ones(3, np.float32),
+            np.zeros((2, 5), np.float32),
+        ),
+        "pooling.pool": lambda: (x[:, :3].copy(), np.array([0, 1, 2]), "mean"),
+        "pooling.normalize": lambda: (x[:, :3].copy(), 2),
+        "pooling.classify": lambda: (x[:, :3].copy(), "softmax"),
+        "pooling.cosine_similarity": lambda: (x[:, :3].copy(), x[::-1, :3].copy()),
         "attention.paged_decode_attention": lambda: (
             np.ones((2, 4, 8), np.float32),
             np.ones((3, 2, 2, 8), np.float32),

@@ -234,12 +234,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         max_queue=args.max_queue,
         pooling_type=args.pooling_type,
+        lora_modules=dict(args.lora_modules or ()),
     )
     engine = ServingEngine(
         args.model, ops=args.ops, engine_process=args.engine_process, **_engine_args(args)
     )
     serve(engine, config, args.host, args.port, args.log_level, args.shutdown_timeout)
     return 0
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    """NAME=PATH of --lora-modules."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
 
 
 def _add_serve_parser(sub) -> None:
@@ -262,9 +271,19 @@ def _add_serve_parser(sub) -> None:
     )
     serve.add_argument(
         "--pooling-type",
-        choices=POOLING_TYPES,
-        default="last",
-        help="how /v1/embeddings pools a prompt's final hidden states (default: last)",
+        choices=[t for t in POOLING_TYPES if t != "all"],
+        default=None,
+        help="how /v1/embeddings pools a prompt's final hidden states (default: the model's: "
+        "sentence-transformers' pooling for an encoder, the last token for a decoder)",
+    )
+    serve.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=_lora_module,
+        metavar="NAME=PATH",
+        default=None,
+        help="LoRA adapters (PEFT directories) served as models named NAME from the start; "
+        "needs --enable-lora",
     )
     serve.add_argument(
         "--engine-process",

@@ -40,9 +40,11 @@ from ..kv_cache import (
     group_layers,
 )
 from ..kv_cache.eviction import EVICTION_POLICIES
+from ..lora import LoRAConfig, LoRARequest
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..model.eplb import EPLBConfig, ExpertBalancer
+from ..model.pooling import RUNNERS, TASKS, Pooler, PoolerConfig, supported_tasks
 from ..ops import load as load_ops
 from ..sample.logits_processor import load_logits_processors
 from ..sample.sampler import LOGPROBS_MODES
@@ -180,6 +182,19 @@ class EngineConfig:
         steps and their replicas re-placed on the ranks every step_interval steps
         (`model.eplb`). Outputs do not change; CUDA graphs are not recorded (the load
         is read on the host every step).
+    enable_lora: serve LoRA adapters (PEFT's format) per request (`LoRARequest`); off,
+        the model has no adapter slots and a request naming one is refused.
+    max_loras: adapters one step may use (the slots of every adapted layer); requests
+        of more adapters wait.
+    max_lora_rank: the largest adapter rank served (the slots' rank).
+    max_cpu_loras: adapters kept loaded on the host, least recently used evicted first;
+        None: max_loras.
+    runner: what the engine serves (vLLM's names): "generate" (text generation),
+        "pooling" (embed, classify, score: `model.pooling`) or "auto" (what the model
+        can: a decoder both, an encoder (BERT) pooling only). Requests of the other kind
+        are refused at admission, naming the runner.
+    task: "auto", or the one task the engine is for ("generate", "embed", "classify",
+        "score"; its runner follows): refused at start if the model cannot do it.
     """
 
     model: str | Path | None = None
@@ -208,6 +223,12 @@ class EngineConfig:
     logits_processors: tuple[type | str, ...] = ()
     speculative_config: SpeculativeConfig | dict | None = None
     eplb: EPLBConfig | dict | None = None
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    runner: str = "auto"
+    task: str = "auto"
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -228,6 +249,10 @@ class EngineConfig:
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         if isinstance(self.eplb, dict):
             self.eplb = EPLBConfig.from_dict(self.eplb)
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras must be >= max_loras={self.max_loras}, got {self.max_cpu_loras}"
+            )
         if self.kv_offload is not None and not self.enable_prefix_caching:
             raise ValueError(
                 "kv_offload needs enable_prefix_caching=True: offloaded blocks are found "
@@ -281,6 +306,12 @@ _CONFIG_RULES = {
         "None, a SpeculativeConfig or a dict of its fields",
     ),
     "eplb": ((EPLBConfig, dict, type(None)), _ANY, "None, an EPLBConfig or a dict of its fields"),
+    "enable_lora": (bool, _ANY, "a bool"),
+    "max_loras": (int, lambda v: v >= 1, "an int >= 1"),
+    "max_lora_rank": (int, lambda v: v >= 1, "an int >= 1"),
+    "max_cpu_loras": (_OPTIONAL_INT, lambda v: v is None or v >= 1, "None or an int >= 1"),
+    "runner": (str, lambda v: v in RUNNERS, f"one of {RUNNERS}"),
+    "task": (str, lambda v: v in TASKS, f"one of {TASKS}"),
 }
 
 
@@ -324,12 +355,39 @@ class EngineCore:
         self.ops = load_ops(config.ops)
         model.use_ops(self.ops)  # the model's layers run on the engine's ops
         mcfg = model.config
+        self.tasks = supported_tasks(mcfg, config.runner, config.task)
+        self.encoder = not mcfg.is_causal
+        if set(self.tasks) - {"generate"} and not hasattr(self.ops, "pooling"):
+            raise ValueError(
+                f"the ops namespace {getattr(self.ops, '__name__', self.ops)!r} lacks the "
+                "pooling module this engine's pooling requests need; use ops='auto' or 'ref' "
+                "(or runner='generate')"
+            )
+        if config.kv_offload is not None and self.encoder:
+            raise ValueError(
+                f"kv_offload keeps KV blocks for later requests, but {mcfg.architecture} is an "
+                "encoder: its KV serves one prompt's step and is never reused"
+            )
+        if config.speculative_config is not None and "generate" not in self.tasks:
+            raise ValueError(
+                f"speculative_config drafts tokens, but this engine does not generate "
+                f"(runner={config.runner!r}, task={config.task!r}, {mcfg.architecture})"
+            )
         if config.max_model_len is not None and config.max_model_len > mcfg.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={config.max_model_len} exceeds the model's context "
                 f"(max_position_embeddings={mcfg.max_position_embeddings}); lower it"
             )
         self.logits_processor_classes = load_logits_processors(config.logits_processors)
+        self.lora = None
+        if config.enable_lora:  # before the runner: CUDA graphs record the adapted layers
+            from ..lora.manager import LoRAManager
+
+            self.lora = LoRAManager(
+                model,
+                LoRAConfig(config.max_loras, config.max_lora_rank, config.max_cpu_loras),
+                self.ops,
+            )
         dtype = next(model.parameters()).dtype
         groups = kv_cache_groups(
             mcfg,
@@ -349,7 +407,8 @@ class EngineCore:
         self.kv = KVCacheManager(
             kv_config,
             ops=self.ops,
-            enable_caching=enable_caching,
+            # an encoder's KV of a block depends on its whole prompt: never shared
+            enable_caching=enable_caching and not self.encoder,
             eviction=config.eviction,
         )
         max_model_len = self._fit_max_model_len(mcfg.max_position_embeddings)
@@ -359,6 +418,8 @@ class EngineCore:
             max_model_len=max_model_len,
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.policy,
+            max_loras=config.max_loras if config.enable_lora else 0,
+            bidirectional=self.encoder,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.kv, clock)
         self.runner = ModelRunner(
@@ -377,6 +438,8 @@ class EngineCore:
             logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
             rows_per_request=_rows_per_request(config.speculative_config),
             num_state_slots=kv_config.num_state_slots,
+            lora=self.lora,
+            pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
         )
         if config.kv_offload is not None:
             self.kv.enable_offload(
@@ -387,7 +450,15 @@ class EngineCore:
                 )
             )
         self.max_model_len = max_model_len
-        self.limits = Limits(mcfg.vocab_size, max_model_len, config.max_logprobs)
+        self.limits = Limits(
+            mcfg.vocab_size,
+            max_model_len,
+            config.max_logprobs,
+            tasks=self.tasks,
+            runner=config.runner,
+            architecture=mcfg.architecture,
+            whole_prompt_tokens=config.max_num_batched_tokens if self.encoder else None,
+        )
         self.asleep = False
         self.accepting = True
         self.stats = EngineStats()
@@ -444,12 +515,16 @@ class EngineCore:
                 "give it more blocks (num_kv_blocks, kv_cache_memory_bytes)",
             )
         ]
-        if not config.enable_chunked_prefill:
+        if not config.enable_chunked_prefill or self.encoder:
             bounds.append(
                 (
                     config.max_num_batched_tokens,
-                    "max_num_batched_tokens allows without chunked prefill",
-                    "raise max_num_batched_tokens or enable chunked prefill",
+                    "max_num_batched_tokens allows in one step (an encoder's prompt runs whole)"
+                    if self.encoder
+                    else "max_num_batched_tokens allows without chunked prefill",
+                    "raise max_num_batched_tokens"
+                    if self.encoder
+                    else "raise max_num_batched_tokens or enable chunked prefill",
                 )
             )
         for bound, what, fix in bounds:
@@ -486,13 +561,63 @@ class EngineCore:
         if self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before adding requests")
         check_request(request, self.limits)
+        if request.lora_request is not None and not self.config.enable_lora:
+            raise ValueError(
+                f"request {request.request_id!r} names LoRA adapter "
+                f"{request.lora_request.lora_name!r}, but LoRA is not enabled: start the "
+                "engine with enable_lora=True (--enable-lora)"
+            )
         for processor in self.logits_processor_classes:
             processor.validate_params(request.sampling_params)
 
     def add_request(self, request: Request) -> None:
+        """Queue `request` after `check_request`; its LoRA adapter is loaded now, so that
+        one that cannot be served raises here (see `add_lora`)."""
         with self._lock:
             self.check_request(request)
+            if request.lora_request is not None:
+                self.add_lora(request.lora_request)
             self.scheduler.add_request(request)
+
+    # --- LoRA adapters (enable_lora) -----------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into the host cache (read, validated against the model and
+        fitted once; a no-op if it is loaded). Returns True.
+
+        Raises:
+            ValueError: LoRA is not enabled; the adapter cannot be served (its
+                configuration, rank, modules or shapes: the message names what); its id
+                names another adapter.
+            FileNotFoundError: its directory or files are missing.
+        """
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a LoRARequest, got {lora_request!r}")
+        with self._lock:
+            self._lora_manager().add_adapter(lora_request)
+            return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter; False if it is not loaded. Requests using it go on (it is
+        read again when they need it)."""
+        with self._lock:
+            return self._lora_manager().remove_adapter(lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keep a loaded adapter in the host cache for good (see `LoRAManager.pin_adapter`)."""
+        with self._lock:
+            self._lora_manager().pin_adapter(lora_id)
+            return True
+
+    def list_loras(self) -> list[int]:
+        """The ids of the loaded adapters."""
+        with self._lock:
+            return [r.lora_int_id for r in self._lora_manager().list_adapters()]
+
+    def _lora_manager(self):
+        if self.lora is None:
+            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True")
+        return self.lora
 
     def abort_requests(
         self, request_ids, status: RequestStatus = RequestStatus.FINISHED_ABORTED, error=None

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ..kv_cache.events import KVCacheMetrics
+from ..lora import LoRARequest
 from ..sample.logits_processor import load_logits_processors
 from ..sched.outputs import EngineCoreOutput, EngineCoreOutputs, EngineStats
 from ..sched.request import Request, RequestStatus, RequestTimes
@@ -152,8 +153,21 @@ class Reply(msgspec.Struct, tag=True):
 
 _TO_CORE = AddRequest | Abort | Call | Shutdown
 _FROM_CORE = Ready | StartupFailed | Step | Reply
-_ERRORS = {e.__name__: e for e in (ValueError, TypeError, RuntimeError)}
-_CALLS = frozenset({"sleep", "wake_up", "stop_accepting", "reset_prefix_cache"})
+_ERRORS = {e.__name__: e for e in (ValueError, TypeError, RuntimeError, FileNotFoundError)}
+_CALLS = frozenset(
+    {
+        "sleep",
+        "wake_up",
+        "stop_accepting",
+        "reset_prefix_cache",
+        "add_lora",
+        "remove_lora",
+        "pin_lora",
+        "list_loras",
+    }
+)
+# the argument types of calls whose arguments are not plain values (decoded as such)
+_CALL_ARGS = {"add_lora": (LoRARequest,)}
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -260,7 +274,12 @@ class CoreServer:
             try:
                 if message.method not in _CALLS:
                     raise ValueError(f"the engine core has no call {message.method!r}")
-                result = getattr(core, message.method)(*message.args)
+                kinds = _CALL_ARGS.get(message.method, ())
+                args = [
+                    msgspec.convert(a, kinds[i]) if i < len(kinds) else a
+                    for i, a in enumerate(message.args)
+                ]
+                result = getattr(core, message.method)(*args)
                 reply = Reply(message.call_id, self.state(), result)
             except Exception as exc:
                 reply = Reply(message.call_id, self.state(), None, type(exc).__name__, str(exc))
@@ -517,6 +536,21 @@ class EngineCoreClient:
                 del self._requests[out.req_id]
             outputs.append(out)
         return outputs
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """`EngineCore.add_lora` in the core process (its error is raised here)."""
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a LoRARequest, got {lora_request!r}")
+        return self._call("add_lora", lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._call("remove_lora", lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self._call("pin_lora", lora_id)
+
+    def list_loras(self) -> list[int]:
+        return self._call("list_loras")
 
     def sleep(self) -> None:
         if self.has_unfinished_requests():

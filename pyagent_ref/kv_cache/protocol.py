@@ -26,7 +26,7 @@ class KVRequest(Protocol):
     request_id: str
     num_computed_tokens: int
     num_encoder_tokens: int
-    lora_name: str | None
+    lora_id: int | None  # the LoRA adapter's id: requests of different adapters share no KV
     mm_features: Sequence[MultiModalSpan]
     cache_salt: str | None
     block_hashes: list[bytes]

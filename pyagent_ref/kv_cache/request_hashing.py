@@ -2,7 +2,7 @@
 
 The hash function itself is the op `ops.hashing.hash_blocks`; this module is the policy
 around it. Block i of a request (tokens [i * B, (i + 1) * B)) carries, in this order:
-    ("lora", name)                 on every block, when the request uses an adapter
+    ("lora", id)                   on every block, when the request uses an adapter
     ("mm", hash, offset)           for every multimodal item whose span overlaps the
                                    block, by increasing offset
     ("salt", salt)                 on block 0 only: the chain carries it to the rest
@@ -20,8 +20,8 @@ def block_extra_keys(request: KVRequest, index: int, block_size: int) -> tuple[t
     """The extra keys of block `index` of `request` (see the module docstring)."""
     start, end = index * block_size, (index + 1) * block_size
     keys: list[tuple] = []
-    if request.lora_name is not None:
-        keys.append(("lora", request.lora_name))
+    if request.lora_id is not None:
+        keys.append(("lora", request.lora_id))
     for mm in sorted(request.mm_features, key=lambda f: f.offset):
         if mm.offset < end and mm.offset + mm.length > start:
             keys.append(("mm", mm.content_hash, mm.offset))

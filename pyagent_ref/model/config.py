@@ -400,6 +400,10 @@ class ModelConfig:
     layout, DeepSeek's) instead of (i, i + d/2). `mamba` describes the Mamba-2 mixer of
     the "mamba" layers of `layer_types` (Mamba-2, Bamba; None without such layers);
     `position_embedding` "none" means no positional signal (a pure state-space model).
+    An encoder (BERT, `model.bert`) has `is_causal` False (every token attends to every
+    token of its sequence), `type_vocab_size` token types (segment A / B of a pair)
+    added to the embeddings, and `num_labels` outputs of its classification head (0: no
+    head).
     """
 
     architecture: str
@@ -441,6 +445,9 @@ class ModelConfig:
     mla: MLAConfig | None = None
     rope_interleaved: bool = False
     mamba: MambaConfig | None = None
+    is_causal: bool = True
+    type_vocab_size: int = 0
+    num_labels: int = 0
 
     @property
     def rotary_dim(self) -> int:

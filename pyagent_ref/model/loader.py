@@ -101,6 +101,13 @@ def _target(hf_name: str, model: nn.Module, params: dict) -> tuple[str, object |
     return name, None
 
 
+def checkpoint_target(model: nn.Module, hf_name: str) -> tuple[str, object | None]:
+    """(our parameter name, shard) that checkpoint tensor `hf_name` fills in `model`:
+    the loader's own mapping, for whatever else is named after the checkpoint's tensors
+    (a LoRA adapter's modules). The name may lack a place in the model."""
+    return _target(hf_name, model, dict(model.named_parameters()))
+
+
 def _shards(name: str, param: torch.Tensor) -> set:
     """The shards that fill parameter `name` (see `_target`): every one must be loaded."""
     if name.endswith("experts.gate_up_proj"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .bert import BertForSequenceClassification, BertModel
 from .deepseek import DeepseekForCausalLM
 from .llama import LlamaForCausalLM
 from .mamba import Mamba2ForCausalLM, MambaHybridForCausalLM
@@ -32,6 +33,9 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     # state-space layers (`mamba`): Mamba-2 alone, and among attention layers (Bamba)
     "Mamba2ForCausalLM": Mamba2ForCausalLM,
     "BambaForCausalLM": MambaHybridForCausalLM,
+    # encoders (`bert`): bidirectional, prompts pooled instead of continued
+    "BertModel": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
 }
 
 

@@ -18,7 +18,9 @@ from . import (
     block_table,
     hashing,
     layers,
+    lora,
     moe,
+    pooling,
     rope,
     sampling,
     spec_decode,
@@ -36,6 +38,8 @@ MODULES = (
     "structured",
     "spec_decode",
     "moe",
+    "lora",
+    "pooling",
     "ssm",
 )
 IMPLEMENTATIONS = ("ref", "accel", "auto")
@@ -48,7 +52,9 @@ __all__ = [
     "hashing",
     "layers",
     "load",
+    "lora",
     "moe",
+    "pooling",
     "rope",
     "sampling",
     "spec_decode",

@@ -26,7 +26,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Sequence
 
-from .request import Request
+from .request import Request, RequestStatus
 
 
 class WaitingQueue:
@@ -83,6 +83,16 @@ class WaitingQueue:
         else:
             heapq.heappop(self._heap)
         return request
+
+    def requeue(self, requests: Sequence[Request]) -> None:
+        """Put back requests popped in this order but not admitted, at their places:
+        preempted ones at the front of the resumed (still before every new one), new
+        ones by the policy's key."""
+        resumed = [r for r in requests if r.status == RequestStatus.PREEMPTED]
+        self._resumed.extendleft(reversed(resumed))
+        for request in requests:
+            if request.status != RequestStatus.PREEMPTED:
+                self.push(request)
 
     def remove(self, request: Request) -> None:
         """Drop a waiting request (aborted); lazy for the heap, O(n) for the resumed."""

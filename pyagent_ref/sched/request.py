@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..lora.request import LoRARequest
 from ..model.pooling import PoolingParams
 from ..sample.params import SamplingParams
 
@@ -84,7 +85,8 @@ class Request:
         output_token_ids: tokens generated so far.
         num_computed_tokens: tokens whose KV is in the cache (or being computed in the
             scheduled step).
-        lora_name: the LoRA adapter, if any (part of the prefix-cache key).
+        lora_request: the LoRA adapter it is served with, if any; its id (`lora_id`) is
+            part of the prefix-cache key of every block.
         mm_features: multimodal items in the prompt (part of the key of the blocks
             they overlap).
         cache_salt: isolates this request's prefix cache from requests with another
@@ -103,8 +105,10 @@ class Request:
         error: why it finished with FINISHED_ERROR (its own failure, not another's).
         grammar: the `structured.matcher.GrammarMatcher` of a request with structured
             outputs: it masks each next token and follows the tokens drawn.
-        pooling_params: set for a pooling (embedding) request: its prompt is computed,
-            pooled into one vector (`model.pooling`), and it finishes without sampling.
+        pooling_params: set for a pooling request (embed, classify, score): its prompt
+            is computed, pooled (`model.pooling`), and it finishes without sampling.
+        token_type_ids: an encoder's segment of each prompt token (0 for the first text
+            of a pair, 1 for the second, as a cross-encoder reads them), or None (all 0).
         spec_token_ids: speculative decoding: the drafts proposed for its next tokens,
             verified in its next step (then cleared).
         spec_parents: None for linear drafts; for a draft tree (Medusa), draft i's
@@ -123,7 +127,7 @@ class Request:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    lora_name: str | None = None
+    lora_request: LoRARequest | None = None
     mm_features: tuple[MultiModalFeature, ...] = ()
     cache_salt: str | None = None
     num_encoder_tokens: int = 0
@@ -141,6 +145,7 @@ class Request:
     error: str | None = None
     grammar: Any = None
     pooling_params: PoolingParams | None = None
+    token_type_ids: list[int] | None = None
     spec_token_ids: list[int] = field(default_factory=list)
     spec_parents: list[int] | None = None
     prompt_logprobs: list[Any] = field(default_factory=list)
@@ -150,6 +155,12 @@ class Request:
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id!r}: prompt_token_ids must not be empty")
         self.prompt_token_ids = list(self.prompt_token_ids)
+        types = self.token_type_ids
+        if types is not None and len(types) != len(self.prompt_token_ids):
+            raise ValueError(
+                f"request {self.request_id!r}: token_type_ids must have one entry per prompt "
+                f"token ({len(self.prompt_token_ids)}), got {len(types)}"
+            )
         if not self.times.arrival:
             self.times.arrival = time.monotonic()
 
@@ -160,6 +171,11 @@ class Request:
                 f"request {self.request_id!r} cannot go from {self.status.name} to {status.name}"
             )
         self.status = status
+
+    @property
+    def lora_id(self) -> int | None:
+        """The id of its LoRA adapter (the prefix cache's key), or None."""
+        return None if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
     def is_finished(self) -> bool:

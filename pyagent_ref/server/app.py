@@ -2,7 +2,13 @@
 
     GET  /  (the chat playground)  /health  /version  /metrics  /v1/models
     POST /v1/completions  /v1/chat/completions  /v1/responses  /v1/embeddings
-         /tokenize  /detokenize
+         /v1/score (/score)  /rerank (/v1/rerank, /v2/rerank)  /classify
+         /tokenize  /detokenize  /v1/load_lora_adapter  /v1/unload_lora_adapter
+
+LoRA adapters (the engine's enable_lora) are models of their own: ``model`` names one
+(a 404 for a name the server does not serve), /v1/models lists them with their base as
+``parent``; they are served from the start (`ServerConfig.lora_modules`) or loaded and
+unloaded while the server runs, as vLLM's endpoints do.
 
 Every route but /, /health, /version and /metrics needs ``Authorization: Bearer KEY`` when
 the server has an API key (the playground is a static page: its own API calls send the key
@@ -18,7 +24,7 @@ import secrets
 from importlib import resources
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from .. import __version__
 from .chat import create_chat_completion
@@ -28,18 +34,27 @@ from .engine import ServingEngine
 from .errors import APIError, install_error_handlers
 from .protocol import (
     ChatCompletionRequest,
+    ClassificationRequest,
+    ClassificationResponse,
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
     EmbeddingRequest,
     EmbeddingResponse,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
+    RerankRequest,
+    RerankResponse,
     ResponsesRequest,
+    ScoreRequest,
+    ScoreResponse,
     TokenizeRequest,
     TokenizeResponse,
+    UnloadLoRAAdapterRequest,
 )
 from .responses import create_response
+from .scoring import create_classification, create_rerank, create_score
 from .state import ServerConfig, ServerState
 
 _OPEN_PATHS = {"/", "/health", "/version", "/metrics"}
@@ -57,6 +72,8 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        for lora in state.loras.values():  # --lora-modules: a bad one stops the start
+            await engine.add_lora(lora)
         yield
         await engine.shutdown(drain=True)
 
@@ -96,12 +113,52 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
 
     @app.get("/v1/models", response_model_exclude_none=True)
     async def models() -> ModelList:
+        base = state.config.served_model_name
         card = ModelCard(
-            id=state.config.served_model_name,
+            id=base,
             root=str(engine.config.model or "pyagent-default"),
             max_model_len=engine.core.max_model_len,
         )
-        return ModelList(data=[card])
+        adapters = [
+            ModelCard(id=name, root=lora.lora_path, parent=base)
+            for name, lora in state.loras.items()
+        ]
+        return ModelList(data=[card, *adapters])
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(req: LoadLoRAAdapterRequest) -> PlainTextResponse:
+        _check_lora_enabled(engine)
+        if req.lora_name in state.loras or req.lora_name == state.config.served_model_name:
+            raise APIError(
+                400, f"The lora adapter {req.lora_name!r} has already been loaded.", "lora_name"
+            )
+        lora = state.new_lora(req.lora_name, req.lora_path)
+        try:
+            await engine.add_lora(lora)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            raise APIError(400, f"LoRA adapter {req.lora_name!r}: {exc}", "lora_path") from None
+        if req.lora_name in state.loras:  # loaded meanwhile by another request
+            await engine.remove_lora(lora.lora_int_id)
+            raise APIError(
+                400, f"The lora adapter {req.lora_name!r} has already been loaded.", "lora_name"
+            )
+        state.loras[req.lora_name] = lora
+        return PlainTextResponse(f"Success: LoRA adapter {req.lora_name!r} added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(req: UnloadLoRAAdapterRequest) -> PlainTextResponse:
+        _check_lora_enabled(engine)
+        lora = state.loras.get(req.lora_name)
+        if lora is None or req.lora_int_id not in (None, lora.lora_int_id):
+            raise APIError(
+                404,
+                f"The lora adapter {req.lora_name!r} cannot be found.",
+                "lora_name",
+                "model_not_found",
+            )
+        del state.loras[req.lora_name]
+        await engine.remove_lora(lora.lora_int_id)  # requests in flight finish with it
+        return PlainTextResponse(f"Success: LoRA adapter {req.lora_name!r} removed successfully.")
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest, request: Request):
@@ -118,6 +175,21 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest, request: Request) -> EmbeddingResponse:
         return await create_embedding(req, state, request)
+
+    @app.post("/v1/score", response_model_exclude_none=True)
+    @app.post("/score", response_model_exclude_none=True)
+    async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
+        return await create_score(req, state, request)
+
+    @app.post("/rerank", response_model_exclude_none=True)
+    @app.post("/v1/rerank", response_model_exclude_none=True)
+    @app.post("/v2/rerank", response_model_exclude_none=True)
+    async def rerank(req: RerankRequest, request: Request) -> RerankResponse:
+        return await create_rerank(req, state, request)
+
+    @app.post("/classify")
+    async def classify(req: ClassificationRequest, request: Request) -> ClassificationResponse:
+        return await create_classification(req, state, request)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:
@@ -148,6 +220,11 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
             raise APIError(400, str(exc), "tokens") from None
 
     return app
+
+
+def _check_lora_enabled(engine: ServingEngine) -> None:
+    if not engine.config.enable_lora:
+        raise APIError(400, "LoRA is not enabled: start the server with --enable-lora")
 
 
 def _dumped(result):

@@ -304,7 +304,7 @@ class ChatRun:
 
 async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Request) -> ChatRun:
     """Validate ``req``, render its prompt and add it to the engine (400s on the way)."""
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     state.check_serving()
     constraint = structured_outputs(req)
     make_parsing, parsing_active = _parsing_factory(state, req)
@@ -316,11 +316,13 @@ async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Re
     try:
         streams = await until_disconnected(
             request,
-            open_streams(state.engine, [prompt], params, rid, state.seats, state.metrics.observe),
+            open_streams(
+                state.engine, [prompt], params, rid, state.seats, state.metrics.observe, lora
+            ),
         )
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, FileNotFoundError) as exc:
         raise bad_request(exc, fields) from None
-    return ChatRun(req, rid, state.config.served_model_name, streams, parsings)
+    return ChatRun(req, rid, state.model_name(req.model), streams, parsings)
 
 
 async def create_chat_completion(

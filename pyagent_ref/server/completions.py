@@ -63,7 +63,7 @@ def _echo_logprobs(state: ServerState, prompt_ids: list[int], entries, completio
 async def create_completion(
     req: CompletionRequest, state: ServerState, request: Request
 ) -> CompletionResponse | StreamingResponse:
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     state.check_serving()
     params = completion_params(req)
     prompts = _prompts(req.prompt)
@@ -73,11 +73,13 @@ async def create_completion(
     try:
         streams = await until_disconnected(
             request,
-            open_streams(state.engine, prompts, params, rid, state.seats, state.metrics.observe),
+            open_streams(
+                state.engine, prompts, params, rid, state.seats, state.metrics.observe, lora
+            ),
         )
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, FileNotFoundError) as exc:
         raise bad_request(exc) from None
-    model = state.config.served_model_name
+    model = state.model_name(req.model)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         events = _stream(req, state, rid, model, streams, include_usage)

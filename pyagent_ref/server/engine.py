@@ -25,6 +25,7 @@ import anyio
 
 from ..engine.llm import AsyncLLM, Prompt
 from ..engine.outputs import RequestOutput
+from ..lora import LoRARequest
 from ..sample.params import SamplingParams
 from .errors import APIError
 
@@ -55,13 +56,18 @@ class ServingEngine(AsyncLLM):
     """`AsyncLLM` whose streams abort their request however the consumer leaves."""
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams, request_id: str, seats: Seats
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str,
+        seats: Seats,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """`generate`, giving back the request's seats and aborting it (if it has not
         finished) however the consumer leaves, cancelled or not."""
         finished = False
         try:
-            async for out in self.generate(prompt, params, request_id):
+            async for out in self.generate(prompt, params, request_id, lora_request):
                 finished = out.finished
                 yield out
         finally:
@@ -78,9 +84,11 @@ async def open_streams(
     request_id: str,
     seats: Seats,
     observe: Callable[[RequestOutput, bool], None] = lambda out, first: None,
+    lora_request: LoRARequest | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:
-    """Admit every prompt (request ids ``request_id-i``) and wait for its first output.
-    ``observe(delta, is_first)`` sees every delta (the server's metrics).
+    """Admit every prompt (request ids ``request_id-i``, with the LoRA adapter of
+    ``lora_request``) and wait for its first output. ``observe(delta, is_first)`` sees
+    every delta (the server's metrics).
 
     Waiting for the first outputs before the HTTP response starts is what lets an
     admission error (a prompt too long, a token id outside the vocabulary) be a 400
@@ -88,7 +96,10 @@ async def open_streams(
     admitted are aborted and the first rejection (in prompt order) is raised.
     """
     seats.take(params.n * len(prompts))
-    streams = [engine.stream(p, params, f"{request_id}-{i}", seats) for i, p in enumerate(prompts)]
+    streams = [
+        engine.stream(p, params, f"{request_id}-{i}", seats, lora_request)
+        for i, p in enumerate(prompts)
+    ]
     firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
     errors = [f for f in firsts if isinstance(f, BaseException)]
     if errors:

@@ -29,7 +29,7 @@ import torch
 
 from ..kv_cache import KVCacheGroup, MambaSpec
 from ..model.llama import AttentionMetadata
-from ..model.pooling import pool
+from ..model.pooling import Pooler, PoolerConfig
 from ..sample.logits_processor import BatchUpdate, LogitsProcessor
 from ..sample.logprobs import logprobs_rows
 from ..sample.sampler import Sampler, SamplingRow
@@ -79,6 +79,12 @@ class ModelRunner:
             max_num_reqs * rows_per_request rows).
         num_state_slots: the slots of a state group's layers (`KVCacheConfig`), 0
             without one.
+        lora: the `lora.manager.LoRAManager` of a model with adapter slots, or None.
+            Each step puts its requests' adapters into slots and gives every token its
+            slot; a step with adapters runs eagerly (no CUDA graph: a graph records
+            the layers without their adapters, see `_forward`).
+        pooler: what turns a finished pooling request's hidden states into its output
+            (`model.pooling.Pooler`); None builds one from the model's config.
     Raises:
         ValueError: an unknown graph_mode or compile backend; kv_groups that name an
             unknown layer or do not hold every layer exactly once; a state group
@@ -103,6 +109,8 @@ class ModelRunner:
         keep_hidden_states: bool = False,
         rows_per_request: int = 1,
         num_state_slots: int = 0,
+        lora=None,
+        pooler: Pooler | None = None,
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
@@ -135,6 +143,9 @@ class ModelRunner:
         self.ops = ops
         self.logits_processors = list(logits_processors)
         self.keep_hidden_states = keep_hidden_states
+        self.lora = lora
+        self.pooler = pooler or Pooler(ops, model, PoolerConfig.from_model(model.config))
+        self.uses_token_types = getattr(model, "uses_token_types", False)
         self.sampler = Sampler(ops, logprobs_mode, self.logits_processors)
         self.forward = model.forward
         if compile:
@@ -213,7 +224,6 @@ class ModelRunner:
         if sched.is_empty:
             return ModelRunnerOutput({})
         prep = self.batch.prepare(sched)
-        num_reqs = len(prep.req_ids)
         # addresses are computed on the host arrays by the chosen ops, per KV cache group
         slots = np.stack(
             [
@@ -225,48 +235,18 @@ class ModelRunner:
         )
         # the block-table columns the longest sequence uses (all attention reads)
         width = -(-int(prep.seq_lens.max()) // self.block_size)
-        tables, seq_lens = prep.block_tables[:, :, :width], prep.seq_lens
-        # a step where each request computes one known token and maybe linear drafts
-        # (decodes, verifications) attends as one decode row per token: the token's
-        # request's block table, and its own sequence length (its index + 1), which is
-        # the causal mask; a decode kernel and a captured graph then serve it
-        decode_rows = all(p is None for p in prep.draft_parents) and all(
-            prep.query_start_loc[1:] - prep.query_start_loc[:-1] - prep.num_drafts == 1
-        )
-        if decode_rows and prep.num_tokens > num_reqs:
-            owner = np.repeat(np.arange(num_reqs), 1 + np.asarray(prep.num_drafts))
-            tables, seq_lens = tables[:, owner], prep.slot_positions + 1
-        rows = prep.num_tokens if decode_rows else num_reqs
-        graph = self.dispatcher.dispatch(prep.num_tokens, rows, width)
-        if graph is not None:
-            hidden = self.graphs.run(graph, prep.input_ids, prep.positions, slots, tables, seq_lens)
-        else:
-            dev = self.device
-            query_start_loc = torch.from_numpy(prep.query_start_loc).to(dev)
-            seq_lens = torch.from_numpy(seq_lens).to(dev)
-            masks = self._tree_masks(prep)
-            metas = [
-                AttentionMetadata(
-                    slot_mapping=torch.from_numpy(group_slots).to(dev),
-                    block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev),
-                    query_start_loc=query_start_loc,
-                    seq_lens=seq_lens,
-                    decode_only=decode_rows,
-                    custom_masks=masks,
-                )
-                for group_slots, table in zip(slots, tables, strict=True)
-            ]
-            hidden = self.forward(
-                torch.from_numpy(prep.input_ids).to(dev),
-                torch.from_numpy(prep.positions).to(dev),
-                [metas[g] for g in self.group_of_layer],
-                self.kv_caches,
-            )
+        tables = prep.block_tables[:, :, :width]
+        lora_errors = self._prepare_lora(prep)
+        try:
+            hidden = self._forward(prep, slots, tables, width)
+        finally:
+            if self.lora is not None:
+                self.lora.state.clear()
         pooled = self._pool(prep, hidden)
         prompt_logprobs = self._prompt_logprobs(prep, hidden)
         rows = [i for i, s in enumerate(prep.samples) if s and prep.req_ids[i] not in pooled]
         sampled: dict[str, list[int]] = {rid: [] for rid in prep.req_ids}
-        logprobs, errors, mirostat_mu = {}, {}, {}
+        logprobs, errors, mirostat_mu = {}, dict(lora_errors), {}
         if rows:
             picks = rows
             if sched.scheduled_spec_decode_tokens:  # request i's 1 + k logits rows
@@ -293,6 +273,68 @@ class ModelRunner:
         self.batch.after_step(sched, sampled, mirostat_mu)
         return ModelRunnerOutput(
             sampled, logprobs, errors, pooled, prompt_logprobs, mirostat_mu, hidden_states
+        )
+
+    def _prepare_lora(self, prep) -> dict[str, str]:
+        """Put the step's adapters into slots and set each token's slot (`LoRAManager.
+        prepare_step`); request -> error for those whose adapter failed to load (they
+        run without it and fail)."""
+        if self.lora is None:
+            return {}
+        requests = [self.batch.states[rid].data.lora_request for rid in prep.req_ids]
+        counts = np.diff(prep.query_start_loc)
+        failed = self.lora.prepare_step(requests, counts)
+        return {prep.req_ids[i]: error for i, error in failed.items()}
+
+    def _forward(self, prep, slots: np.ndarray, tables: np.ndarray, width: int) -> torch.Tensor:
+        """The final hidden states of the step's tokens: a recorded CUDA graph's replay
+        for a batch of decode rows it serves, else the eager forward.
+
+        A step where each request computes one known token and maybe linear drafts
+        (decodes, verifications) attends as one decode row per token: the block table
+        of the token's request and a sequence length of its own (its index + 1), which
+        is the causal mask; the decode kernel and a captured graph then serve it. A step
+        whose tokens use LoRA adapters always runs eagerly: the graphs were recorded
+        with no adapter active (the layers' per-step indices are host state, set anew
+        each step)."""
+        num_reqs, seq_lens = len(prep.req_ids), prep.seq_lens
+        decode_rows = all(p is None for p in prep.draft_parents) and all(
+            prep.query_start_loc[1:] - prep.query_start_loc[:-1] - prep.num_drafts == 1
+        )
+        if decode_rows and prep.num_tokens > num_reqs:
+            owner = np.repeat(np.arange(num_reqs), 1 + np.asarray(prep.num_drafts))
+            tables, seq_lens = tables[:, owner], prep.slot_positions + 1
+        lora_active = self.lora is not None and self.lora.state.indices is not None
+        graph = None
+        if not lora_active:
+            rows = prep.num_tokens if decode_rows else num_reqs
+            graph = self.dispatcher.dispatch(prep.num_tokens, rows, width)
+        if graph is not None:
+            return self.graphs.run(graph, prep.input_ids, prep.positions, slots, tables, seq_lens)
+        dev = self.device
+        query_start_loc = torch.from_numpy(prep.query_start_loc).to(dev)
+        seq_lens = torch.from_numpy(seq_lens).to(dev)
+        masks = self._tree_masks(prep)
+        metas = [
+            AttentionMetadata(
+                slot_mapping=torch.from_numpy(group_slots).to(dev),
+                block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev),
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens,
+                decode_only=decode_rows,
+                custom_masks=masks,
+            )
+            for group_slots, table in zip(slots, tables, strict=True)
+        ]
+        extra = {}
+        if self.uses_token_types:  # an encoder's segments
+            extra["token_type_ids"] = torch.from_numpy(prep.token_type_ids).to(dev)
+        return self.forward(
+            torch.from_numpy(prep.input_ids).to(dev),
+            torch.from_numpy(prep.positions).to(dev),
+            [metas[g] for g in self.group_of_layer],
+            self.kv_caches,
+            **extra,
         )
 
     def _tree_masks(self, prep) -> list[torch.Tensor | None] | None:
@@ -405,10 +447,11 @@ class ModelRunner:
             out[rid] = (start, logprobs_rows(topk, targets, [num] * len(targets)))
         return out
 
-    def _pool(self, prep, hidden: torch.Tensor) -> dict[str, list[float]]:
+    def _pool(self, prep, hidden: torch.Tensor) -> dict[str, list]:
         """Pooling requests: keep this step's hidden states of their prompt tokens (only
-        the last one for "last" pooling); pool those whose prompt is now done."""
-        pooled = {}
+        the last one for "last" pooling); those whose prompt is now done go through the
+        pooler together."""
+        done, items = [], []
         for i, rid in enumerate(prep.req_ids):
             state = self.batch.states[rid]
             params = state.data.pooling_params
@@ -417,11 +460,11 @@ class ModelRunner:
             start, end = int(prep.query_start_loc[i]), int(prep.query_start_loc[i + 1])
             if not params.needs_every_token:
                 start = end - 1
-            state.hidden_states.append(hidden[start:end].float().cpu())
+            state.hidden_states.append(hidden[start:end].clone())  # not a view of the step's
             if prep.samples[i]:
-                vector = pool(torch.cat(state.hidden_states), params)
-                pooled[rid] = vector.tolist()
-        return pooled
+                done.append(rid)
+                items.append((torch.cat(state.hidden_states), params))
+        return dict(zip(done, self.pooler(items), strict=True)) if done else {}
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], verify: bool):
         """(row, tokens, their logprobs or None, its next mirostat mu or None, error) per

@@ -6,9 +6,12 @@ import pytest
 
 import pyagent_ref.ops
 from pyagent_ref.kv_cache import KVCacheManager
+from pyagent_ref.lora import LoRARequest
 from pyagent_ref.sched import MultiModalFeature, Request
 
 from .helpers import BLOCK, admit, full_config
+
+LORA = LoRARequest("l", 3, "/adapters/l")
 
 
 def test_hit_is_the_longest_cached_full_block_prefix():
@@ -32,7 +35,7 @@ def test_hit_never_covers_the_whole_prompt():
 @pytest.mark.parametrize(
     "variant",
     [
-        dict(lora_name="adapter"),
+        dict(lora_request=LoRARequest("adapter", 1, "/adapters/a")),
         dict(cache_salt="tenant-2"),
         dict(mm_features=(MultiModalFeature("img-b", 2, 3),)),
     ],
@@ -132,8 +135,8 @@ def test_accelerated_hashing_gives_the_same_hits():
         KVCacheManager(full_config(16), ops=accel),
     )
     for kv in (ref_kv, acc_kv):
-        admit(kv, Request("a", list(range(13)), cache_salt="s", lora_name="l"))
-    r1 = Request("b", list(range(13)), cache_salt="s", lora_name="l")
-    r2 = Request("b", list(range(13)), cache_salt="s", lora_name="l")
+        admit(kv, Request("a", list(range(13)), cache_salt="s", lora_request=LORA))
+    r1 = Request("b", list(range(13)), cache_salt="s", lora_request=LORA)
+    r2 = Request("b", list(range(13)), cache_salt="s", lora_request=LORA)
     assert ref_kv.get_computed_blocks(r1)[1] == acc_kv.get_computed_blocks(r2)[1] == 12
     assert r1.block_hashes == r2.block_hashes

@@ -6,7 +6,19 @@ token = ops.sampling.sample(logits, temperature, seeds, positions)
 
 from __future__ import annotations
 
-from . import attention, block_table, hashing, layers, moe, rope, sampling, spec_decode, structured
+from . import (
+    attention,
+    block_table,
+    hashing,
+    layers,
+    lora,
+    moe,
+    pooling,
+    rope,
+    sampling,
+    spec_decode,
+    structured,
+)
 
 MODULES = (
     "sampling",
@@ -18,6 +30,8 @@ MODULES = (
     "structured",
     "spec_decode",
     "moe",
+    "lora",
+    "pooling",
 )
 
 __all__ = [
@@ -26,7 +40,9 @@ __all__ = [
     "block_table",
     "hashing",
     "layers",
+    "lora",
     "moe",
+    "pooling",
     "rope",
     "sampling",
     "spec_decode",

@@ -2,7 +2,9 @@ from . import attention as attention
 from . import block_table as block_table
 from . import hashing as hashing
 from . import layers as layers
+from . import lora as lora
 from . import moe as moe
+from . import pooling as pooling
 from . import rope as rope
 from . import sampling as sampling
 from . import spec_decode as spec_decode
@@ -16,7 +18,9 @@ __all__ = [
     "block_table",
     "hashing",
     "layers",
+    "lora",
     "moe",
+    "pooling",
     "rope",
     "sampling",
     "spec_decode",

@@ -1,0 +1,156 @@
+"""Serving cost of LoRA adapters (part a) on the embedded model.
+
+    python benchmarks/bench_lora_quant.py [--quick] [--ops auto|ref|accel] [--rank 16]
+
+(a) A batch of 64 decoding requests on the embedded model, timed over its decode steps
+only (the prompts are prefilled first, untimed): without LoRA (an engine with no
+adapter slots), with LoRA enabled but no request using an adapter, and with the 64
+requests spread round-robin over 1, 4 and 16 adapters (rank 16 on q/k/v/o and
+gate/up/down, max_loras 16). It prints decode tokens/s of each and the ratio to no
+LoRA (the target: >= 0.75 at 16 adapters). The adapters are written in PEFT's format
+with random factors, so the run needs no PEFT. Median of 5 runs after a warm-up, the
+cases interleaved run by run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from the checkout
+
+from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
+from pyagent_ref.lora import LoRARequest  # noqa: E402
+from pyagent_ref.model import default_model_path, load_model  # noqa: E402
+from pyagent_ref.sample.params import SamplingParams  # noqa: E402
+from pyagent_ref.sched import Request  # noqa: E402
+
+MODULES = {
+    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def write_adapter(path: Path, rank: int, seed: int) -> None:
+    """A PEFT-format adapter of the embedded model on every projection, random factors."""
+    from safetensors.torch import save_file
+
+    config = json.loads((default_model_path() / "config.json").read_text())
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    q = config["num_attention_heads"] * config["head_dim"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    shapes = {
+        "q_proj": (hidden, q),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (q, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config["num_hidden_layers"]):
+        for block, names in MODULES.items():
+            for name in names:
+                fan_in, fan_out = shapes[name]
+                prefix = f"base_model.model.model.layers.{layer}.{block}.{name}"
+                a = torch.randn(rank, fan_in, generator=gen) * fan_in**-0.5
+                b = torch.randn(fan_out, rank, generator=gen) * 0.01
+                tensors[f"{prefix}.lora_A.weight"] = a
+                tensors[f"{prefix}.lora_B.weight"] = b
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, path / "adapter_model.safetensors")
+    targets = [n for names in MODULES.values() for n in names]
+    adapter_config = dict(peft_type="LORA", r=rank, lora_alpha=2 * rank, target_modules=targets)
+    (path / "adapter_config.json").write_text(json.dumps(adapter_config))
+
+
+def decode_seconds(core: EngineCore, loras: list[LoRARequest | None], steps: int) -> float:
+    """Seconds of `steps` decode steps of 64 requests (prefilled first, untimed)."""
+    params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
+    rng = np.random.default_rng(0)
+    requests = [
+        Request(
+            f"r{i}",
+            rng.integers(3, 4000, 12).tolist(),
+            sampling_params=params,
+            max_tokens=steps + 1,
+            lora_request=lora,
+        )
+        for i, lora in enumerate(loras)
+    ]
+    for request in requests:
+        core.add_request(request)
+    while any(r.num_output_tokens == 0 for r in requests):
+        core.step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        core.step()
+    elapsed = time.perf_counter() - t0
+    while core.has_unfinished_requests():
+        core.step()
+    core.kv.reset_prefix_cache()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few steps, one run (CI smoke)")
+    parser.add_argument("--ops", default="auto", choices=["ref", "accel", "auto"])
+    parser.add_argument("--rank", type=int, default=16)
+    args = parser.parse_args()
+    steps, runs = (4, 1) if args.quick else (32, 5)
+    batch = 64
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load {os.getloadavg()[0]:.2f}, ops={args.ops}, rank {args.rank}, batch {batch}"
+    )
+    common = dict(
+        dtype="float32", ops=args.ops, max_num_seqs=batch, num_kv_blocks=512, block_size=16
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        adapters = []
+        for i in range(16):
+            write_adapter(Path(tmp) / f"a{i}", args.rank, seed=i)
+            adapters.append(LoRARequest(f"a{i}", i + 1, str(Path(tmp) / f"a{i}")))
+        model = lambda: load_model(default_model_path(), dtype="float32", progress=False)  # noqa: E731
+        base = EngineCore(model(), EngineConfig(**common))
+        lora = EngineCore(
+            model(),
+            EngineConfig(
+                **common, enable_lora=True, max_loras=16, max_cpu_loras=16, max_lora_rank=16
+            ),
+        )
+        cases = [
+            ("no LoRA", base, [None] * batch),
+            ("LoRA on, unused", lora, [None] * batch),
+            *((f"{n} adapters", lora, [adapters[i % n] for i in range(batch)]) for n in (1, 4, 16)),
+        ]
+        for _, core, loras in cases:  # warm-up: loads the adapters, fills the slots
+            decode_seconds(core, loras, 2)
+        times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+        for _ in range(runs):  # the cases interleaved, so that a load change hits them all
+            for name, core, loras in cases:
+                times[name].append(decode_seconds(core, loras, steps))
+        results = {name: batch * steps / statistics.median(t) for name, t in times.items()}
+        print(f"{'case':<18} {'decode tok/s':>12} {'vs no LoRA':>10}")
+        for name, tps in results.items():
+            print(f"{name:<18} {tps:12.1f} {tps / results['no LoRA']:10.2f}")
+        ratio = results["16 adapters"] / results["no LoRA"]
+        verdict = "met" if ratio >= 0.75 else "NOT met"
+        print(f"target: 16 adapters >= 0.75 of no LoRA: {ratio:.2f} ({verdict})")
+        print(f"load after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
