@@ -1,5 +1,5 @@
 """Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling, structured,
-hashing, layers, rope, attention, moe, lora and pooling).
+hashing, layers, rope, attention, moe, lora, pooling and ssm).
 
     python benchmarks/bench_ops.py            # full grid (a few minutes)
     python benchmarks/bench_ops.py --quick    # smoke run for CI (seconds)
@@ -41,7 +41,12 @@ Llama-3-8B shape divided by 8 (hidden 512, 4 KV heads of 16), 16 adapter slots o
 adapters and none. Pooling (`bench_pooling_ops`) times pool (mean, cls),
 normalize, classify and cosine_similarity on the hidden states of a batch of 1 or 64
 sentences of ~12 tokens at all-MiniLM-L6-v2's width (384), float32 and bfloat16, the
-same way.
+same way. State-space layers (`bench_ssm`) time causal_conv1d, ssd_scan and
+selective_state_update at Mamba-2-370m's shape (`SSM_MODEL`: 32 heads of 64 channels, one
+group of 128 state features, a width-4 convolution over 2304 channels, chunks of 256)
+and Mamba-1's selective_scan at mamba-370m's (2048 channels, 16 state features), step
+by step and by chunks, for one prefill of 512 tokens (64 with --quick) and a decode
+batch of 8, float32: the reference on numpy and torch CPU, accel on the same tensors.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -72,6 +77,7 @@ from pyagent_ref.ops import pooling as ref_pooling  # noqa: E402
 from pyagent_ref.ops import rope as ref_rope  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
 from pyagent_ref.ops import spec_decode as ref_spec_decode  # noqa: E402
+from pyagent_ref.ops import ssm as ref_ssm  # noqa: E402
 from pyagent_ref.ops import structured as ref_structured  # noqa: E402
 
 try:
@@ -186,8 +192,8 @@ def fmt_ms(s: float | None) -> str:
     return "-" if s is None else f"{s * 1e3:10.3f}"
 
 
-def fmt_ratio(num: float | None, den: float) -> str:
-    return "-" if num is None else f"{num / den:8.1f}x"
+def fmt_ratio(num: float | None, den: float | None) -> str:
+    return "-" if num is None or den is None else f"{num / den:8.1f}x"
 
 
 def bench_sampling(shapes: list[tuple[int, int]], budget: float, min_reps: int) -> list[dict]:
@@ -889,6 +895,98 @@ def bench_pooling_ops(batches: list[int], budget: float, min_reps: int) -> list[
     return rows
 
 
+SSM_MODEL = dict(heads=32, head_dim=64, groups=1, state=128, conv_channels=2304, width=4)
+MAMBA1_MODEL = dict(channels=2048, state=16)
+
+
+def ssm_cases(tokens: int, decode: int, rng: np.random.Generator) -> list[tuple[str, str, tuple]]:
+    """(label, op, float32 numpy args): a prefill of `tokens` (one new sequence) and a
+    batch of `decode` one-token steps from random states, at SSM_MODEL's shape."""
+    m, m1 = SSM_MODEL, MAMBA1_MODEL
+    f32 = lambda *shape: rng.normal(0.0, 0.5, shape).astype(np.float32)  # noqa: E731
+    qsl, steps = np.array([0, tokens], np.int64), np.arange(decode + 1, dtype=np.int64)
+    h, p, g, n = m["heads"], m["head_dim"], m["groups"], m["state"]
+    a = -np.exp(f32(h))
+    c1, n1 = m1["channels"], m1["state"]
+    a1 = -np.exp(f32(c1, n1))
+    conv_w, conv_b = f32(m["conv_channels"], m["width"]), f32(m["conv_channels"])
+
+    def conv(rows, seqs):
+        return (f32(rows, m["conv_channels"]), conv_w, conv_b, f32(seqs, m["conv_channels"], 3))
+
+    def ssd(rows, seqs):
+        return (f32(rows, h, p), f32(rows, h), a, f32(rows, g, n), f32(rows, g, n))
+
+    def mamba1(rows):
+        return (f32(rows, c1), f32(rows, c1), a1, f32(rows, n1), f32(rows, n1))
+
+    d, bias = f32(h), f32(h)
+    return [
+        ("causal_conv1d prefill", "causal_conv1d", (*conv(tokens, 1), qsl, "silu")),
+        ("causal_conv1d decode", "causal_conv1d", (*conv(decode, decode), steps, "silu")),
+        (
+            "ssd_scan prefill",
+            "ssd_scan",
+            (*ssd(tokens, 1), np.zeros((1, h, p, n), np.float32), qsl, 256, d, bias, True),
+        ),
+        (
+            "ssd_scan decode",
+            "ssd_scan",
+            (*ssd(decode, decode), f32(decode, h, p, n), steps, 256, d, bias, True),
+        ),
+        (
+            "state_update decode",
+            "selective_state_update",
+            (f32(decode, h, p, n), *ssd(decode, decode), d, bias, True),
+        ),
+        (
+            "mamba1 scan prefill",
+            "selective_scan",
+            (*mamba1(tokens), np.zeros((1, c1, n1), np.float32), qsl, None, None, None, True),
+        ),
+        (
+            "mamba1 chunked 64",
+            "selective_scan",
+            (*mamba1(tokens), np.zeros((1, c1, n1), np.float32), qsl, None, None, None, True, 64),
+        ),
+    ]
+
+
+def bench_ssm(tokens: int, decode: int, budget: float, min_reps: int) -> list[dict]:
+    """The state-space ops: the reference on numpy and on torch CPU (float32); accel's
+    twin where it has one."""
+    try:
+        from pyagent_accel.ops import ssm as accel_ssm
+    except ImportError:
+        accel_ssm = None
+    rows = []
+    header = (
+        f"{'op':<22} {'tokens':>6} {'ref_numpy ms':>13} {'ref_torch ms':>13} {'accel ms':>10} "
+        f"{'np/torch':>9} {'np/accel':>9} {'torch/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(7)
+    for label, op, args in ssm_cases(tokens, decode, rng):
+        ref_fn, acc_fn = getattr(ref_ssm, op), getattr(accel_ssm, op, None)
+        targs = to_torch(args)
+        t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 20)
+        t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 20)
+        t_acc = None
+        if acc_fn is not None:
+            check_close(acc_fn(*targs), ref_fn(*targs), label)  # the same results first
+            t_acc = timeit(functools.partial(acc_fn, *targs), budget, min_reps, 200)
+        rows.append(dict(op=label, np=t_np, torch=t_torch, accel=t_acc))
+        n = args[0].shape[0] if op != "selective_state_update" else args[1].shape[0]
+        print(
+            f"{label:<22} {n:>6} {fmt_ms(t_np):>13} {fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} "
+            f"{fmt_ratio(t_np, t_torch):>9} {fmt_ratio(t_np, t_acc):>9} "
+            f"{fmt_ratio(t_torch, t_acc):>11}",
+            flush=True,
+        )
+    return rows
+
+
 TARGET_OPS = ("apply_top_k", "apply_top_p", "apply_min_p", "apply_penalties", "sample")
 
 
@@ -947,6 +1045,8 @@ def main() -> None:
         bench_lora([8] if args.quick else [64, 512], budget, min_reps)
         print()
         bench_pooling_ops([64] if args.quick else [1, 64], budget, min_reps)
+        print()
+        bench_ssm(64 if args.quick else 512, 8, budget, min_reps)
     print()
     bench_attention_ops(args.quick, budget, min_reps)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

@@ -34,6 +34,7 @@ from pyagent_ref.ops import pooling as P
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
 from pyagent_ref.ops import spec_decode as SD
+from pyagent_ref.ops import ssm as SS
 from pyagent_ref.ops import structured as ST
 from pyagent_ref.tokenize import bpe as T
 
@@ -2975,6 +2976,7 @@ def implementation(m: Mutant) -> Impl:
         ("moe", M),
         ("lora", LO),
         ("pooling", P),
+        ("ssm", SS),
     ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:
@@ -3094,3 +3096,246 @@ def cosine_forgets_b(a: Any, b: Any) -> Any:
     na = np.maximum(np.sqrt((x * x).sum(axis=1)), 1e-8)
     nb = np.maximum(np.sqrt((y * y).sum(axis=1)), 1e-8)
     return _back(a, (out * nb / na).astype(out.dtype))
+
+
+# --- ssm ------------------------------------------------------------------------------------
+
+
+def _conv(x: Any, weight: Any, bias: Any, conv_state: Any, qsl: Any, act: Any, bug: str) -> Any:
+    """The convolution in numpy with one bug: "flipped" (weight[c, 0] on the token
+    itself), "ahead" (the window one token later: reads the next token) or
+    "first_state" (new_state keeps the first w - 1 inputs, not the last)."""
+    out_ref, state_ref = SS.causal_conv1d(x, weight, bias, conv_state, qsl, act)
+    xs, w, st = _np(x).astype(np.float64), _np(weight).astype(np.float64), _np(conv_state)
+    b = np.zeros(xs.shape[1]) if bias is None else _np(bias).astype(np.float64)
+    k = w.shape[1] - 1
+    w = w[:, ::-1] if bug == "flipped" else w
+    out, finals = np.zeros(xs.shape), []
+    for s, (a, e) in enumerate(_spans_of(qsl)):
+        xx = np.concatenate([st[s].T.astype(np.float64), xs[a:e], np.zeros((1, xs.shape[1]))])
+        shift = 1 if bug == "ahead" else 0
+        for j in range(e - a):
+            out[a + j] = b + np.sum(w.T * xx[j + shift : j + shift + k + 1], axis=0)
+        kept = xx[:k] if bug == "first_state" else xx[len(xx) - 1 - k : len(xx) - 1]
+        finals.append(kept.T)
+    if act == "silu":
+        out = out / (1 + np.exp(-out))
+    state = np.stack(finals).astype(st.dtype) if finals else st
+    return _back(x, out.astype(_np(out_ref).dtype)), _back(x, state.reshape(_np(state_ref).shape))
+
+
+@mutant("ssm", "causal_conv1d", "drops the carried state (every sequence starts from zeros)")
+def conv_drops_state(x: Any, weight: Any, bias: Any, conv_state: Any, *rest: Any) -> Any:
+    return SS.causal_conv1d(x, weight, bias, conv_state * 0, *rest)
+
+
+@mutant("ssm", "causal_conv1d", "is not causal: the window reaches one token ahead")
+def conv_reads_ahead(*args: Any) -> Any:
+    return _conv(*args[:5], args[5] if len(args) > 5 else None, bug="ahead")
+
+
+@mutant("ssm", "causal_conv1d", "flips the kernel (weight[c, 0] multiplies the token itself)")
+def conv_flipped(*args: Any) -> Any:
+    return _conv(*args[:5], args[5] if len(args) > 5 else None, bug="flipped")
+
+
+@mutant("ssm", "causal_conv1d", "new_state keeps the first w - 1 inputs, not the last")
+def conv_keeps_first_inputs(*args: Any) -> Any:
+    return _conv(*args[:5], args[5] if len(args) > 5 else None, bug="first_state")
+
+
+def _by_chunks(state: Any, qsl: Any, size: int, call: Any) -> Any:
+    """`call(state, qsl)` with each sequence cut into sequences of `size` tokens, every
+    piece but the first starting from zeros (the state dropped between chunks); returns
+    its (y, new_state) for the original sequences."""
+    pieces, first, last = [0], [], []
+    for a, e in _spans_of(qsl):
+        first.append(len(pieces) - 1)
+        for b in range(a, e, size) if e > a else [a]:
+            pieces.append(min(b + size, e))
+        last.append(len(pieces) - 2)
+    st = _np(state)
+    starts = np.zeros((len(pieces) - 1, *st.shape[1:]), st.dtype)
+    starts[first] = st
+    qsl_np = np.asarray(pieces, dtype=np.int64)
+    y, new = call(_back(state, starts), _back(qsl, qsl_np))
+    return y, _back(y, _np(new)[last])
+
+
+@mutant("ssm", "causal_conv1d", "writes new_state into conv_state in place")
+def conv_state_in_place(x: Any, weight: Any, bias: Any, conv_state: Any, *rest: Any) -> Any:
+    out, new = SS.causal_conv1d(x, weight, bias, conv_state, *rest)
+    conv_state[...] = new
+    return out, conv_state
+
+
+@mutant("ssm", "selective_scan", "returns y in x's dtype (float16 for float16 x)")
+def scan_y_in_input_dtype(x: Any, *rest: Any, **kw: Any) -> Any:
+    y, h = SS.selective_scan(x, *rest, **kw)
+    return _back(x, _np(y).astype(_np(x).dtype)), h
+
+
+@mutant("ssm", "selective_scan", "drops the carried state (every sequence starts from zeros)")
+def scan_drops_state(x: Any, dt: Any, A: Any, B: Any, C: Any, state: Any, *rest: Any) -> Any:
+    return SS.selective_scan(x, dt, A, B, C, state * 0, *rest)
+
+
+@mutant("ssm", "selective_scan", "by chunks, drops the state between chunks")
+def scan_chunks_forget_state(
+    x: Any, dt: Any, A: Any, B: Any, C: Any, state: Any, qsl: Any, *rest: Any, **kw: Any
+) -> Any:
+    bound = dict(zip(("D", "z", "dt_bias", "dt_softplus", "chunk_size"), rest, strict=False))
+    bound |= kw
+    size = bound.get("chunk_size")
+    SS.selective_scan(x, dt, A, B, C, state, qsl, **bound)
+    if size is None:
+        return SS.selective_scan(x, dt, A, B, C, state, qsl, **bound)
+    return _by_chunks(
+        state,
+        qsl,
+        size,
+        lambda st, q: SS.selective_scan(x, dt, A, B, C, st, q, **bound),
+    )
+
+
+@mutant("ssm", "selective_scan", "wrong discretisation: decay 1 + delta A, not exp(delta A)")
+def scan_euler_decay(
+    x: Any, dt: Any, A: Any, B: Any, C: Any, state: Any, qsl: Any, *rest: Any, **kw: Any
+) -> Any:
+    """Mamba-1 with decay 1 + delta A (Euler) instead of exp(delta A)."""
+    y_ref, h_ref = SS.selective_scan(x, dt, A, B, C, state, qsl, *rest, **kw)
+    bound = dict(zip(("D", "z", "dt_bias", "dt_softplus", "chunk_size"), rest, strict=False))
+    bound |= kw
+    f = lambda v: None if v is None else _np(v).astype(np.float64)  # noqa: E731
+    xs, d, a, b, c = f(x), f(dt), f(A), f(B), f(C)
+    if bound.get("dt_bias") is not None:
+        d = d + f(bound["dt_bias"])
+    if bound.get("dt_softplus"):
+        d = np.logaddexp(0.0, d)
+    y, finals = np.zeros(xs.shape), []
+    for s, (lo, hi) in enumerate(_spans_of(qsl)):
+        h = f(state[s])
+        for t in range(lo, hi):
+            h = (1 + d[t][:, None] * a) * h + (d[t] * xs[t])[:, None] * b[t][None, :]
+            y[t] = h @ c[t]
+        finals.append(h)
+    if bound.get("D") is not None:
+        y = y + f(bound["D"]) * xs
+    if bound.get("z") is not None:
+        z = f(bound["z"])
+        y = y * z / (1 + np.exp(-z))
+    h = np.stack(finals) if finals else _np(h_ref).astype(np.float64)
+    return _back(x, y.astype(_np(y_ref).dtype)), _back(x, h.astype(_np(h_ref).dtype))
+
+
+@mutant("ssm", "selective_scan", "gates by sigmoid(z) instead of silu(z)")
+def scan_sigmoid_gate(
+    x: Any, dt: Any, A: Any, B: Any, C: Any, state: Any, qsl: Any, *rest: Any, **kw: Any
+) -> Any:
+    bound = dict(zip(("D", "z", "dt_bias", "dt_softplus", "chunk_size"), rest, strict=False))
+    bound |= kw
+    z = bound.pop("z", None)
+    y, h = SS.selective_scan(x, dt, A, B, C, state, qsl, z=z, **bound)
+    if z is None:
+        return y, h
+    y, _ = SS.selective_scan(x, dt, A, B, C, state, qsl, **bound)
+    zz = _np(z).astype(_np(y).dtype)
+    return _back(x, _np(y) / (1 + np.exp(-zz))), h
+
+
+def _ssd_args(rest: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
+    return dict(zip(("chunk_size", "D", "dt_bias", "dt_softplus"), rest, strict=False)) | kw
+
+
+@mutant("ssm", "ssd_scan", "drops the carried state (every sequence starts from zeros)")
+def ssd_drops_state(x: Any, dt: Any, A: Any, B: Any, C: Any, state: Any, *rest: Any) -> Any:
+    return SS.ssd_scan(x, dt, A, B, C, state * 0, *rest)
+
+
+@mutant("ssm", "ssd_scan", "drops the state between chunks")
+def ssd_chunks_forget_state(
+    x: Any, dt: Any, A: Any, B: Any, C: Any, state: Any, qsl: Any, *rest: Any, **kw: Any
+) -> Any:
+    bound = _ssd_args(rest, kw)
+    SS.ssd_scan(x, dt, A, B, C, state, qsl, **bound)
+    return _by_chunks(
+        state,
+        qsl,
+        bound.get("chunk_size", 256),
+        lambda st, q: SS.ssd_scan(x, dt, A, B, C, st, q, **bound),
+    )
+
+
+def _heads_read(like: Any, BC: Any, heads: int) -> Any:
+    """B or C given one group per head, head h reading group h % groups (interleaved,
+    where the contract has consecutive heads share a group)."""
+    v = _np(BC)
+    return _back(like, v[:, np.arange(heads) % v.shape[1]])
+
+
+@mutant("ssm", "ssd_scan", "head h reads group h % groups, not h // (heads / groups)")
+def ssd_groups_interleaved(x: Any, dt: Any, A: Any, B: Any, C: Any, *rest: Any) -> Any:
+    SS.ssd_scan(x, dt, A, B, C, *rest)
+    heads = x.shape[1]
+    return SS.ssd_scan(x, dt, A, _heads_read(B, B, heads), _heads_read(C, C, heads), *rest)
+
+
+@mutant("ssm", "ssd_scan", "takes chunk_size < 1 as 1 instead of raising")
+def ssd_clamps_chunk_size(*args: Any, **kw: Any) -> Any:
+    bound = _ssd_args(args[7:], kw)
+    size = bound.get("chunk_size", 256)
+    if isinstance(size, int) and not isinstance(size, bool) and size < 1:
+        bound["chunk_size"] = 1
+    return SS.ssd_scan(*args[:7], **bound)
+
+
+@mutant("ssm", "ssd_scan", "leaves out the D skip connection")
+def ssd_without_d(
+    x: Any, dt: Any, A: Any, B: Any, C: Any, state: Any, qsl: Any, *rest: Any, **kw: Any
+) -> Any:
+    bound = _ssd_args(rest, kw)
+    SS.ssd_scan(x, dt, A, B, C, state, qsl, **bound)
+    return SS.ssd_scan(x, dt, A, B, C, state, qsl, **(bound | {"D": None}))
+
+
+def _update_args(rest: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
+    return dict(zip(("D", "dt_bias", "dt_softplus"), rest, strict=False)) | kw
+
+
+@mutant("ssm", "selective_state_update", "y read from the state before the update")
+def update_reads_old_state(
+    state: Any, x: Any, dt: Any, A: Any, B: Any, C: Any, *rest: Any, **kw: Any
+) -> Any:
+    bound = _update_args(rest, kw)
+    y, new = SS.selective_state_update(state, x, dt, A, B, C, **bound)
+    heads, groups = x.shape[1], B.shape[1]
+    c = _np(C).astype(np.float64)[:, np.arange(heads) // (heads // groups)]
+    old = np.einsum("shpn,shn->shp", _np(state).astype(np.float64), c)
+    if bound.get("D") is not None:
+        old = old + _np(bound["D"]).astype(np.float64)[:, None] * _np(x).astype(np.float64)
+    return _back(x, old.astype(_np(y).dtype)), new
+
+
+@mutant("ssm", "selective_state_update", "writes the new state into state in place")
+def update_in_place(state: Any, *rest: Any, **kw: Any) -> Any:
+    y, new = SS.selective_state_update(state, *rest, **kw)
+    state[...] = _back(state, _np(new).astype(_np(state).dtype))
+    return y, state
+
+
+@mutant("ssm", "selective_state_update", "ignores dt_bias")
+def update_ignores_dt_bias(
+    state: Any, x: Any, dt: Any, A: Any, B: Any, C: Any, *rest: Any, **kw: Any
+) -> Any:
+    bound = _update_args(rest, kw)
+    SS.selective_state_update(state, x, dt, A, B, C, **bound)
+    return SS.selective_state_update(state, x, dt, A, B, C, **(bound | {"dt_bias": None}))
+
+
+@mutant("ssm", "selective_state_update", "the step size skips softplus")
+def update_without_softplus(
+    state: Any, x: Any, dt: Any, A: Any, B: Any, C: Any, *rest: Any, **kw: Any
+) -> Any:
+    bound = _update_args(rest, kw)
+    SS.selective_state_update(state, x, dt, A, B, C, **bound)
+    return SS.selective_state_update(state, x, dt, A, B, C, **(bound | {"dt_softplus": False}))

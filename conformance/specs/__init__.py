@@ -1,9 +1,9 @@
 """One spec module per ops module of the reference (`pyagent_ref.ops.MODULES`):
 `specs.sampling`, `specs.hashing`, `specs.block_table`, `specs.layers`, `specs.rope`,
-`specs.attention`, `specs.structured`, `specs.spec_decode`, `specs.moe`, `specs.pooling`; and
-one per contract that is not an ops module (`OTHER_CONTRACTS`): `specs.tokenize`, byte-level BPE
-(`pyagent_ref.tokenize.bpe`), and `specs.matcher`, the token matchers of structured
-output (`pyagent_ref.structured`).
+`specs.attention`, `specs.structured`, `specs.spec_decode`, `specs.moe`, `specs.pooling`,
+`specs.ssm`; and one per contract that is not an ops module (`OTHER_CONTRACTS`):
+`specs.tokenize`, byte-level BPE (`pyagent_ref.tokenize.bpe`), and `specs.matcher`, the
+token matchers of structured output (`pyagent_ref.structured`).
 
 Each defines `spec`, a `conformance.core.Spec` holding its properties in report order.
 A reference ops module without a spec module here is reported as unspecified.

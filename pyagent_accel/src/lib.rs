@@ -28,6 +28,7 @@ pub mod py_util;
 pub mod rope;
 pub mod sampling;
 pub mod spec_decode;
+pub mod ssm;
 pub mod structured;
 
 #[pymodule]
@@ -45,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     structured::register(m)?;
     grammar::register(m)?;
     spec_decode::register(m)?;
+    ssm::register(m)?;
     ngram::register(m)?;
     m.add("SIMD", format!("{:?}", float::simd_level()).to_lowercase())?;
     Ok(())

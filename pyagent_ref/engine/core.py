@@ -34,6 +34,7 @@ from ..kv_cache import (
     KVCacheConfig,
     KVCacheGroup,
     KVCacheManager,
+    MambaSpec,
     MLASpec,
     OffloadManager,
     SlidingWindowSpec,
@@ -366,12 +367,18 @@ def kv_cache_groups(
     share the KV tensors. With hybrid=False every layer keeps full-attention KV: one
     group, the layout of an engine that ignores the window (the model still masks by it).
     A model with multi-head latent attention (`config.mla`) keeps an `MLASpec` per layer:
-    one latent of kv_lora_rank + qk_rope_head_dim per token. Layer names are the decoder
+    one latent of kv_lora_rank + qk_rope_head_dim per token. "mamba" layers keep a state
+    per request (`MambaSpec`: the convolution's conv_kernel - 1 inputs in the model's
+    dtype and the float32 SSM state), all in one group. Layer names are the decoder
     layers' paths, "layers.<i>".
     """
     shape = (block_size, config.num_key_value_heads, config.head_dim, dtype_bytes)
 
-    def spec(kind: str) -> FullAttentionSpec:
+    def spec(kind: str) -> FullAttentionSpec | MambaSpec:
+        if kind == "mamba":
+            m = config.mamba
+            conv = m.conv_dim * (m.conv_kernel - 1) * dtype_bytes
+            return MambaSpec(block_size, conv + m.num_heads * m.head_dim * m.state_size * 4)
         if config.mla is not None:
             return MLASpec(block_size, 1, config.mla.latent_size, dtype_bytes)
         if hybrid and kind == "sliding_attention":
@@ -430,15 +437,20 @@ class EngineCore:
             dtype.itemsize,
             hybrid=not config.disable_hybrid_kv_cache_manager,
         )
+        # state-space layers: one state slot per running request (slot 0 is the null slot)
+        num_state_slots = config.max_num_seqs + 1 if mcfg.mamba is not None else 0
+        enable_caching = self._prefix_caching(mcfg)
         if config.num_kv_blocks is not None:
-            kv_config = KVCacheConfig(config.num_kv_blocks, groups)
+            kv_config = KVCacheConfig(config.num_kv_blocks, groups, num_state_slots)
         else:
-            kv_config = KVCacheConfig.from_memory(config.kv_cache_memory_bytes, groups)
+            kv_config = KVCacheConfig.from_memory(
+                config.kv_cache_memory_bytes, groups, num_state_slots
+            )
         self.kv = KVCacheManager(
             kv_config,
             ops=self.ops,
             # an encoder's KV of a block depends on its whole prompt: never shared
-            enable_caching=config.enable_prefix_caching and not self.encoder,
+            enable_caching=enable_caching and not self.encoder,
             eviction=config.eviction,
             hash_algorithm=config.prefix_caching_hash_algo,
             enable_events=config.kv_events_endpoint is not None,
@@ -477,6 +489,7 @@ class EngineCore:
             logprobs_mode=config.logprobs_mode,
             logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
             rows_per_request=_rows_per_request(config.speculative_config),
+            num_state_slots=kv_config.num_state_slots,
             lora=self.lora,
             pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
         )
@@ -523,6 +536,38 @@ class EngineCore:
                 f"{model.config.architecture} ({vision.num_image_tokens} positions)"
             )
         return per_step, size
+
+    def _prefix_caching(self, mcfg: ModelConfig) -> bool:
+        """Whether the KV cache caches prefixes: as configured, but never for a model with
+        state-space layers (logged), and options that need it or a state rollback are
+        refused for such a model.
+
+        Raises:
+            ValueError: kv_offload or speculative_config for a model with state layers.
+        """
+        config = self.config
+        if mcfg.mamba is None:
+            return config.enable_prefix_caching
+        arch = mcfg.architecture
+        if config.speculative_config is not None:
+            raise ValueError(
+                f"speculative_config is not supported for {arch}: its state-space layers "
+                "would need their state rolled back past rejected drafts, which is not "
+                "implemented"
+            )
+        if config.kv_offload is not None:
+            raise ValueError(
+                f"kv_offload is not supported for {arch}: it moves prefix-cache blocks, and "
+                "a model with state-space layers runs without prefix caching"
+            )
+        if config.enable_prefix_caching:
+            logger.warning(
+                "prefix caching is disabled for %s: its state-space layers keep each "
+                "request's state after its last token only, none at block boundaries, so a "
+                "cached prefix could not be resumed",
+                arch,
+            )
+        return False
 
     def _fit_max_model_len(self, model_len: int) -> int:
         """max_model_len within what one request can ever use: the tokens the whole KV

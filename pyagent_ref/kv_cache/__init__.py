@@ -1,4 +1,5 @@
-"""Paged KV cache management: block pool, prefix cache, eviction, groups, offload."""
+"""Paged KV cache management: block pool, prefix cache, eviction, groups, state slots,
+offload."""
 
 from .block import BlockContent, BlockList, KVCacheBlock
 from .block_pool import BlockPool
@@ -21,6 +22,8 @@ from .specs import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroup,
+    KVCacheSpec,
+    MambaSpec,
     MLASpec,
     SlidingWindowSpec,
     group_layers,
@@ -46,11 +49,13 @@ __all__ = [
     "KVCacheCoordinator",
     "KVCacheEvent",
     "KVCacheGroup",
+    "KVCacheSpec",
     "KVCacheManager",
     "KVCacheMetrics",
     "KeyList",
     "LRUPolicy",
     "MLASpec",
+    "MambaSpec",
     "OffloadManager",
     "PrefixCacheStats",
     "RequestBlockHasher",

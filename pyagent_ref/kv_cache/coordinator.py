@@ -4,6 +4,10 @@ For a hybrid model (say full attention plus sliding window layers) a prefix hit 
 valid for every group at once. Each group's `find_longest_cache_hit` returns the longest
 hit it can serve up to a bound, so the coordinator lowers the bound group by group until
 no group lowers it further: the result is the longest hit valid for all groups.
+
+A state group (`MambaSpec`) takes its slots from a pool of its own (`state_pool`, of
+`KVCacheConfig.num_state_slots`): `blocks_needed` counts the shared pool's blocks and
+`slots_needed` the state pool's slots.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Sequence
 from .block import KVCacheBlock
 from .block_pool import BlockPool
 from .single_type import ContentOf, OffloadLookup, SingleTypeManager, cdiv, make_manager
-from .specs import KVCacheConfig
+from .specs import KVCacheConfig, MambaSpec
 
 GroupBlocks = tuple[list[KVCacheBlock], ...]
 
@@ -25,8 +29,14 @@ class KVCacheCoordinator:
         self.config = config
         self.pool = pool
         self.block_size = config.block_size
+        self.state_pool = None
+        if config.num_state_slots:
+            self.state_pool = BlockPool(config.num_state_slots, enable_caching=False)
         self.managers: list[SingleTypeManager] = [
-            make_manager(group.spec, pool, gid) for gid, group in enumerate(config.groups)
+            make_manager(
+                group.spec, self.state_pool if isinstance(group.spec, MambaSpec) else pool, gid
+            )
+            for gid, group in enumerate(config.groups)
         ]
         # Only window-like attention ever skips blocks; the rest need no call per step.
         self._skipping = [m for m in self.managers if m.skips_blocks]
@@ -64,6 +74,8 @@ class KVCacheCoordinator:
         new blocks, plus computed-hit blocks that are free now (touching takes them)."""
         total = 0
         for i, manager in enumerate(self.managers):
+            if manager.uses_state_pool:
+                continue
             tokens = manager.tokens_to_hold(num_tokens, num_encoder_tokens)
             have = len(manager.req_to_blocks.get(request_id, ()))
             if new_computed:
@@ -72,6 +84,11 @@ class KVCacheCoordinator:
                 total += sum(1 for b in hit if b.ref_cnt == 0 and not b.is_null)
             total += max(0, -(-tokens // self.block_size) - have)
         return total
+
+    def slots_needed(self, request_id: str) -> int:
+        """Free state slots that allocating for the request consumes: 1 when the model has
+        state layers and the request holds no slot yet, else 0."""
+        return sum(m.slots_needed(request_id) for m in self.managers if m.uses_state_pool)
 
     def add_computed_blocks(self, request_id: str, new_computed: GroupBlocks) -> None:
         for manager, hit in zip(self.managers, new_computed, strict=True):

@@ -10,6 +10,10 @@ Per step, for each request the scheduler wants to run:
 The manager never changes `request.num_computed_tokens`: the scheduler does, after a
 successful allocation, by the `num_computed` it used.
 
+A model with state-space layers (a `MambaSpec` group) keeps one state slot per request
+beside its blocks; allocation fails (None) when either runs out. Such a cache has no
+prefix caching: a slot holds the state after the last token only.
+
 With KV offload (`enable_offload`), a cached block the pool evicts is stored in the
 offload tiers, and `get_computed_blocks` counts blocks the tiers hold as cached: it
 brings them back into the device prefix cache (a fresh block each, its KV copied in)
@@ -61,6 +65,9 @@ class KVCacheManager:
         eviction: "lru" or "arc" (see `BlockPool`).
         hash_algorithm: "sha256", "xxh3_128" or "sha256_cbor" (vLLM's, `vllm_hashing`).
         enable_events: record `KVCacheEvent`s for `take_events`.
+    Raises:
+        ValueError: enable_caching with a state group (`MambaSpec`): its slots hold no
+            state at block boundaries, so no prefix hit could be resumed.
     """
 
     def __init__(
@@ -73,6 +80,12 @@ class KVCacheManager:
         enable_events: bool = False,
         clock=time.monotonic,
     ) -> None:
+        if enable_caching and config.num_state_slots:
+            raise ValueError(
+                "enable_caching must be False for a KV cache with a state group (MambaSpec): "
+                "a state slot holds the state after a request's last token only, none at "
+                "block boundaries, so a prefix hit could not be resumed"
+            )
         self.config = config
         self.block_size = config.block_size
         self.enable_caching = enable_caching
@@ -194,7 +207,8 @@ class KVCacheManager:
         of `new_computed_blocks` + num_new_tokens + num_lookahead_tokens tokens. Full
         blocks among the first num_computed + new tokens enter the prefix cache
         (lookahead slots never do). Returns the newly allocated blocks, or None — with
-        nothing allocated — when the pool has too few free blocks.
+        nothing allocated — when the pool has too few free blocks (or, for a request
+        without its state slot yet, the state pool has none free).
 
         Raises:
             ValueError: a negative count, or computed blocks for a request that
@@ -229,10 +243,14 @@ class KVCacheManager:
         needed = coordinator.blocks_needed(rid, total, request.num_encoder_tokens, hit)
         if needed > self.pool.num_free_blocks:
             return None
+        slots = coordinator.slots_needed(rid)
+        if slots and slots > coordinator.state_pool.num_free_blocks:
+            return None
         if hit_tokens:
             coordinator.add_computed_blocks(rid, hit)
         # A decode step mostly fits in the last block: no allocation, nothing to cache.
-        new = coordinator.allocate(rid, total, request.num_encoder_tokens) if needed else None
+        grow = needed or slots
+        new = coordinator.allocate(rid, total, request.num_encoder_tokens) if grow else None
         if self.enable_caching:
             num_full = min(computed + num_new_tokens, request.num_tokens) // self.block_size
             if num_full > self._num_cached.get(rid, 0):

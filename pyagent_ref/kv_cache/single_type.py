@@ -7,6 +7,9 @@ and answers the two questions that differ between attention types:
   - `remove_skipped_blocks`: which blocks a request will never read again (they go
     back to the pool and the null block takes their place in the block table).
 
+A state group (`MambaSpec`) has its own pool of slots: `MambaManager` gives each request
+one slot for its whole life and never caches or skips anything.
+
 A lookup may fall back to the KV offload tiers (`offloaded`): a block missing from the
 device cache but held there stands in the hit as the `OffloadedBlock` it returns, for
 the manager to bring back (`KVCacheManager.get_computed_blocks`).
@@ -22,7 +25,8 @@ from .block_pool import BlockPool
 from .specs import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
-    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -41,8 +45,9 @@ class SingleTypeManager:
 
     caches_prefix = True
     skips_blocks = False
+    uses_state_pool = False  # a state group's slots come from a pool of their own
 
-    def __init__(self, spec: FullAttentionSpec, pool: BlockPool, group_id: int) -> None:
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group_id: int) -> None:
         self.spec = spec
         self.block_size = spec.block_size
         self.pool = pool
@@ -249,8 +254,49 @@ class CrossAttentionManager(SingleTypeManager):
         """Encoder outputs depend on the whole input, not a token prefix: never cached."""
 
 
-def make_manager(spec: FullAttentionSpec, pool: BlockPool, group_id: int) -> SingleTypeManager:
-    """The manager class for a spec (MLA caches exactly like full attention)."""
+class MambaManager(SingleTypeManager):
+    """A state group: each request holds one slot of the group's own pool (`pool` is the
+    state pool, not the blocks' one) from its first allocation until it is freed
+    (finished, aborted or preempted), however many tokens it has. Nothing is cached: the
+    slot holds the state after the request's last token only (see `MambaSpec`)."""
+
+    caches_prefix = False
+    uses_state_pool = True
+
+    def tokens_to_hold(self, num_tokens: int, num_encoder_tokens: int) -> int:
+        return 0  # no blocks of the shared pool; `slots_needed` counts the slot
+
+    def max_blocks_held(self, num_tokens: int, step_tokens: int) -> int:
+        return 0
+
+    def slots_needed(self, request_id: str) -> int:
+        """1 for a request without its slot yet, else 0."""
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def allocate(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """The request's slot if it has none yet (a list of it), else nothing."""
+        if not self.slots_needed(request_id):
+            return []
+        return super().allocate(request_id, self.block_size)
+
+    def cache_blocks(self, request_id: str, num_full: int, hashes, content_of) -> None:
+        """A slot holds the state after the last token only: never cached."""
+
+    def uncache_blocks(self, request_id: str, first_block: int) -> None:
+        """Nothing is ever cached."""
+
+    def free_tail(self, request_id: str, num_blocks: int) -> int:
+        """The slot stays: a state has no tail to give back (rolling a state back past
+        rejected drafts is not implemented, so speculative decoding is refused for models
+        with state layers)."""
+        return len(self.req_to_blocks.get(request_id, ()))
+
+
+def make_manager(spec: KVCacheSpec, pool: BlockPool, group_id: int) -> SingleTypeManager:
+    """The manager class for a spec (MLA caches exactly like full attention); a
+    `MambaSpec` group's `pool` is the state pool."""
+    if isinstance(spec, MambaSpec):
+        return MambaManager(spec, pool, group_id)
     for spec_type, cls in (
         (SlidingWindowSpec, SlidingWindowManager),
         (ChunkedLocalAttentionSpec, ChunkedLocalManager),

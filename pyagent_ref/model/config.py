@@ -20,6 +20,8 @@ MOE_ARCHITECTURES = (
 # DeepSeek's routers, by `topk_method`: V2's softmax top-k over all experts ("greedy") or
 # within the best groups by their best expert ("group_limited_greedy"); V3's sigmoid
 # scores with a correction bias, groups scored by the sum of their two best ("noaux_tc")
+# state-space families: Mamba-2 alone, and Bamba's Mamba-2 layers among attention layers
+MAMBA_ARCHITECTURES = ("Mamba2ForCausalLM", "BambaForCausalLM")
 DEEPSEEK_TOPK_METHODS = {
     "DeepseekV2ForCausalLM": ("greedy", "group_limited_greedy"),
     "DeepseekV3ForCausalLM": ("noaux_tc",),
@@ -249,8 +251,119 @@ class MLAConfig:
         return cls(q_lora_rank=q_lora, **sizes)
 
 
+def _json_float(value: Any) -> Any:
+    """A float of config.json: transformers 5 writes infinity as {"__float__": "Infinity"}
+    (4.x as the bare Infinity, which json reads as a float)."""
+    if isinstance(value, dict) and set(value) == {"__float__"}:
+        return float(value["__float__"])
+    return value
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    """The Mamba-2 mixer of a state-space or hybrid model (`model.mamba`).
+
+    The mixer projects the hidden state to a gate z, the convolution's input xBC
+    (`intermediate_size` channels of x, then B and C: `n_groups` x `state_size` each)
+    and one step size per head; xBC goes through a causal depthwise convolution of width
+    `conv_kernel` (with a bias when `conv_bias`) and silu; x (`num_heads` heads of
+    `head_dim`) runs through the SSD scan with A = -exp(A_log), D and dt_bias per head,
+    softplus step sizes, chunks of `chunk_size` tokens; the result is normalised per
+    group with a silu(z) gate (RMSNorm of eps `norm_eps`) and projected back (in and out
+    projections with biases when `proj_bias`). A request keeps, per Mamba layer, a
+    convolution state of conv_dim x (conv_kernel - 1) inputs and an SSM state of
+    num_heads x head_dim x state_size numbers (float32).
+    """
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int
+    conv_bias: bool
+    proj_bias: bool
+    norm_eps: float
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: x, then B and C."""
+        return self.intermediate_size + 2 * self.n_groups * self.state_size
+
+    @classmethod
+    def from_hf(cls, arch: str, cfg: dict[str, Any]) -> MambaConfig:
+        """The Mamba-2 keys of a Mamba2 (num_heads, head_dim, state_size, n_groups,
+        conv_kernel, chunk_size, expand, use_conv_bias, use_bias, layer_norm_epsilon) or a
+        Bamba config.json (the same as mamba_n_heads, mamba_d_head, ..., rms_norm_eps).
+
+        Raises:
+            ValueError: a missing or invalid key, heads x head_dim not expand x hidden_size,
+                n_groups not dividing the heads, or a value the mixer does not implement:
+                a hidden_act other than silu, a time_step_limit other than (0, inf)
+                (the message names the key).
+        """
+        bamba = arch == "BambaForCausalLM"
+        key = (lambda name: f"mamba_{name}") if bamba else (lambda name: name)
+        names = dict(
+            num_heads=key("n_heads"),
+            head_dim=key("d_head"),
+            state_size=key("d_state"),
+            n_groups=key("n_groups"),
+            conv_kernel=key("d_conv"),
+            chunk_size=key("chunk_size"),
+            expand=key("expand"),
+        )
+        if not bamba:
+            names |= dict(num_heads="num_heads", head_dim="head_dim", state_size="state_size")
+            names |= dict(conv_kernel="conv_kernel", expand="expand")
+        # transformers' defaults for keys a config.json may lack
+        defaults = dict(n_groups=1 if bamba else 8, conv_kernel=4, chunk_size=256, expand=2)
+        hidden = cfg["hidden_size"]
+        if bamba and cfg.get("mamba_d_head", "auto") == "auto":
+            heads = _int_at_least(cfg, names["num_heads"], arch, 1)
+            cfg = cfg | {"mamba_d_head": cfg.get("mamba_expand", 2) * hidden // heads}
+        sizes = {
+            field: _int_at_least(cfg, name, arch, 1, defaults.get(field))
+            for field, name in names.items()
+        }
+        expand = sizes.pop("expand")
+        if sizes["num_heads"] * sizes["head_dim"] != expand * hidden:
+            raise ValueError(
+                f"config.json for {arch}: {names['num_heads']} x {names['head_dim']} "
+                f"({sizes['num_heads']} x {sizes['head_dim']}) must equal {names['expand']} x "
+                f"hidden_size ({expand} x {hidden})"
+            )
+        if sizes["num_heads"] % sizes["n_groups"]:
+            raise ValueError(
+                f"config.json for {arch}: {names['n_groups']} ({sizes['n_groups']}) must "
+                f"divide {names['num_heads']} ({sizes['num_heads']})"
+            )
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"config.json for {arch}: hidden_act {cfg['hidden_act']!r} is not supported "
+                f"(the Mamba-2 mixer's convolution takes silu)"
+            )
+        limit = [_json_float(v) for v in cfg.get("time_step_limit") or (0.0, float("inf"))]
+        if limit != [0.0, float("inf")]:
+            raise ValueError(
+                f"config.json for {arch}: time_step_limit {limit} is not supported (only "
+                f"[0.0, inf]: step sizes are not clamped)"
+            )
+        eps = cfg.get("rms_norm_eps" if bamba else "layer_norm_epsilon", 1e-6 if bamba else 1e-5)
+        return cls(
+            conv_bias=bool(cfg.get(key("conv_bias") if bamba else "use_conv_bias", True)),
+            proj_bias=bool(cfg.get(key("proj_bias") if bamba else "use_bias", False)),
+            norm_eps=float(eps),
+            **sizes,
+        )
+
+
 NORMS = ("rms", "gemma_rms", "layer")
-NORM_PLACEMENTS = ("pre", "sandwich", "post", "parallel")
+NORM_PLACEMENTS = ("pre", "sandwich", "post", "parallel", "mamba")
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 
 
@@ -269,8 +382,9 @@ class ModelConfig:
     `norm`: "rms" (`ops.layers.rms_norm`), "gemma_rms" ((1 + weight) scale) or "layer"
     (LayerNorm with a bias), `rms_norm_eps` being the eps of every norm.
     `norm_placement`: "pre" (norm before attention and before the MLP), "sandwich"
-    (Gemma 2/3: before and after each), "post" (OLMo 2: after each) or "parallel"
-    (GPT-NeoX: attention and MLP both read the layer's input).
+    (Gemma 2/3: before and after each), "post" (OLMo 2: after each), "parallel"
+    (GPT-NeoX: attention and MLP both read the layer's input) or "mamba" (Mamba-2: one
+    norm before the mixer, no MLP).
     `hidden_act`: "silu", "gelu" or "gelu_tanh"; `gated_mlp`: gate/up projections
     (act(gate) * up) or a single up projection; `mlp_bias`, `o_proj_bias`: biases.
     `partial_rotary_factor`: the share of each head RoPE rotates; `local_rope_theta` and
@@ -283,8 +397,9 @@ class ModelConfig:
     mixture-of-experts family (None for a dense model). `mla` describes multi-head latent
     attention (DeepSeek-V2/V3; None for the decoder's attention), `head_dim` then being
     the q/k head size (nope + rope); `rope_interleaved` rotates pairs (2i, 2i + 1) (GPT-J's
-    layout, DeepSeek's) instead of (i, i + d/2).
-    mixture-of-experts family (None for a dense model).
+    layout, DeepSeek's) instead of (i, i + d/2). `mamba` describes the Mamba-2 mixer of
+    the "mamba" layers of `layer_types` (Mamba-2, Bamba; None without such layers);
+    `position_embedding` "none" means no positional signal (a pure state-space model).
     An encoder (BERT, `model.bert`) has `is_causal` False (every token attends to every
     token of its sequence), `type_vocab_size` token types (segment A / B of a pair)
     added to the embeddings, and `num_labels` outputs of its classification head (0: no
@@ -329,6 +444,7 @@ class ModelConfig:
     position_embedding: str = "rope"
     mla: MLAConfig | None = None
     rope_interleaved: bool = False
+    mamba: MambaConfig | None = None
     is_causal: bool = True
     type_vocab_size: int = 0
     num_labels: int = 0
@@ -347,7 +463,7 @@ class ModelConfig:
             ("norm_placement", NORM_PLACEMENTS),
             ("hidden_act", ACTIVATIONS),
             ("qk_norm", (None, "head", "projection")),
-            ("position_embedding", ("rope", "learned")),
+            ("position_embedding", ("rope", "learned", "none")),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -359,9 +475,11 @@ class ModelConfig:
             raise ValueError(
                 f"layer_types must name {self.num_hidden_layers} layers, got {self.layer_types}"
             )
-        kinds = {"full_attention", "sliding_attention"}
+        kinds = {"full_attention", "sliding_attention", "mamba"}
         if not set(self.layer_types) <= kinds:
             raise ValueError(f"layer_types must be among {sorted(kinds)}, got {self.layer_types}")
+        if ("mamba" in self.layer_types) != (self.mamba is not None):
+            raise ValueError("mamba layers need a mamba config, and a mamba config mamba layers")
         if "sliding_attention" in self.layer_types and not self.sliding_window:
             raise ValueError(
                 f"sliding_attention layers need a sliding_window, got {self.sliding_window!r}"
@@ -429,6 +547,7 @@ class ModelConfig:
             eos_token_id=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
             moe=MoEConfig.from_hf(arch, cfg) if arch in MOE_ARCHITECTURES else None,
             mla=MLAConfig.from_hf(arch, cfg) if arch in DEEPSEEK_ARCHITECTURES else None,
+            mamba=MambaConfig.from_hf(arch, cfg) if arch in MAMBA_ARCHITECTURES else None,
             raw=cfg,
             partial_rotary_factor=float(partial),
             hidden_act=hf_activation(cfg.get("hidden_act", "silu"), "hidden_act"),

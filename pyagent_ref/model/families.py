@@ -21,6 +21,11 @@ What differs from Llama:
   GELU MLP with biases, q/k/v interleaved per head in the checkpoint.
 - GPT-2: LayerNorm with bias, learned positions, Conv1D weights stored transposed, a
   plain GELU MLP with biases.
+- Mamba-2: no attention and no MLP; each layer an RMSNorm and a Mamba-2 mixer
+  (`model.mamba`), no positions; the checkpoint under `backbone.`.
+- Bamba: Llama's decoder (half-rotary RoPE) with a Mamba-2 mixer in place of attention
+  in every layer but those of `attn_layer_indices`; its MLP is `feed_forward`, the norm
+  before it `pre_ff_layernorm`.
 - DeepSeek-V2/V3: multi-head latent attention (`model.deepseek`) with interleaved RoPE
   and, under YaRN, a softmax scale multiplied by mscale(mscale_all_dim) squared; their
   MoE layers (`MoEConfig`) have shared experts and group-limited routers; V3's
@@ -44,7 +49,7 @@ from typing import Any
 
 from ..ops.rope import ROPE_TYPES
 
-SLIDING, FULL = "sliding_attention", "full_attention"
+SLIDING, FULL, MAMBA = "sliding_attention", "full_attention", "mamba"
 
 
 @dataclass(frozen=True)
@@ -344,6 +349,64 @@ DEEPSEEK = Family(
 )
 
 
+# --- state-space models: Mamba-2, Bamba ---------------------------------------------------
+
+
+def mamba2_keys(cfg: dict) -> dict:
+    """Mamba-2's config.json has no attention or MLP: the decoder's required keys are
+    filled from the mixer's (heads), and its norm eps is layer_norm_epsilon."""
+    return cfg | dict(
+        num_attention_heads=cfg.get("num_heads", 128),
+        intermediate_size=cfg.get("expand", 2) * cfg["hidden_size"],
+        rms_norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+    )
+
+
+def mamba2_fields(cfg: dict, fields: dict) -> dict:
+    return dict(
+        layer_types=(MAMBA,) * cfg["num_hidden_layers"],
+        norm_placement="mamba",
+        position_embedding="none",
+        sliding_window=None,
+    )
+
+
+def bamba_fields(cfg: dict, fields: dict) -> dict:
+    attention = set(cfg.get("attn_layer_indices") or ())
+    bias = bool(cfg.get("attention_bias", False))
+    return dict(
+        layer_types=tuple(
+            FULL if i in attention else MAMBA for i in range(cfg["num_hidden_layers"])
+        ),
+        attention_bias=bias,
+        o_proj_bias=bias,
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+    )
+
+
+MAMBA2 = Family(
+    mamba2_fields,
+    hf_keys=mamba2_keys,
+    renames=(
+        ("backbone.embeddings.", "embed_tokens."),
+        ("backbone.embedding.", "embed_tokens."),  # older checkpoints
+        ("backbone.norm_f.", "norm."),
+        ("backbone.layers.", "layers."),
+        (".mixer.", ".self_attn."),
+    ),
+)
+
+BAMBA = Family(
+    bamba_fields,
+    renames=(
+        (".feed_forward.", ".mlp."),
+        (".pre_ff_layernorm.", ".post_attention_layernorm."),
+        (".mamba.", ".self_attn."),
+        ("model.final_layernorm.", "model.norm."),
+    ),
+)
+
+
 # --- BERT -----------------------------------------------------------------------------------
 
 
@@ -455,6 +518,8 @@ FAMILIES: dict[str, Family] = {
     "GPT2LMHeadModel": GPT2,
     "DeepseekV2ForCausalLM": DEEPSEEK,
     "DeepseekV3ForCausalLM": DEEPSEEK,
+    "Mamba2ForCausalLM": MAMBA2,
+    "BambaForCausalLM": BAMBA,
     "BertModel": BERT,
     "BertForSequenceClassification": BERT_CLASSIFIER,
     "LlavaForConditionalGeneration": LLAVA,

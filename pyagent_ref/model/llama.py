@@ -225,6 +225,7 @@ NORM_PLACES: dict[str, tuple[str | None, str | None, str | None, str | None]] = 
     ),
     "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
     "parallel": ("input_layernorm", None, "post_attention_layernorm", None),
+    "mamba": ("norm", None, None, None),  # Mamba-2: a norm and the mixer, no MLP
 }
 
 
@@ -240,15 +241,17 @@ def add_and_norm(norm: Norm | None, hidden, residual):
 class DecoderLayer(nn.Module):
     """Attention and MLP, each added to the residual stream, with the family's norms.
 
-    The stream travels as (hidden, residual), its value hidden + residual (residual None
-    before the first layer), so that each add fuses into the next norm."""
+    `self_attn` is the layer's token mixer: attention, MLA or a Mamba-2 mixer
+    (`model.mamba`); `mlp` may be None (Mamba-2's layers have none). The stream travels
+    as (hidden, residual), its value hidden + residual (residual None before the first
+    layer), so that each add fuses into the next norm."""
 
     def __init__(
         self,
         config: ModelConfig,
         layer_index: int,
         ops: ModuleType,
-        mlp: nn.Module,
+        mlp: nn.Module | None,
         attention: nn.Module | None = None,
     ) -> None:
         super().__init__()
@@ -265,6 +268,8 @@ class DecoderLayer(nn.Module):
         )
         hidden, residual = add_and_norm(before_attn, hidden, residual)
         attn = self.self_attn(positions, hidden, meta, kv_cache, rotary)
+        if self.mlp is None:
+            return attn, residual
         if self.parallel:  # x + attn(norm1(x)) + mlp(norm2(x)), x = residual
             return attn + self.mlp(before_mlp(residual)), residual
         if after_attn is not None:
@@ -303,13 +308,15 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    def make_mlp(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> nn.Module:
-        """The MLP of decoder layer `layer_index`: the gated MLP (MoE families override it)."""
+    def make_mlp(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> nn.Module | None:
+        """The MLP of decoder layer `layer_index`: the gated MLP (MoE families override it;
+        Mamba-2's layers have none)."""
         return MLP(config, ops)
 
     def make_attention(self, config: ModelConfig, layer_index: int, ops: ModuleType) -> nn.Module:
-        """The attention of decoder layer `layer_index`: `Attention` (DeepSeek overrides it
-        with multi-head latent attention)."""
+        """The token mixer of decoder layer `layer_index`: `Attention` (DeepSeek overrides it
+        with multi-head latent attention, the state-space families with a Mamba-2 mixer in
+        their "mamba" layers)."""
         return Attention(config, layer_index, ops)
 
     def forward(

@@ -8,6 +8,7 @@ from .bert import BertForSequenceClassification, BertModel
 from .deepseek import DeepseekForCausalLM
 from .llama import LlamaForCausalLM
 from .llava import LlavaForConditionalGeneration
+from .mamba import Mamba2ForCausalLM, MambaHybridForCausalLM
 from .moe import MixtralForCausalLM, QwenMoeForCausalLM
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
@@ -30,6 +31,9 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     # multi-head latent attention on the MoE decoder (`deepseek`)
     "DeepseekV2ForCausalLM": DeepseekForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekForCausalLM,
+    # state-space layers (`mamba`): Mamba-2 alone, and among attention layers (Bamba)
+    "Mamba2ForCausalLM": Mamba2ForCausalLM,
+    "BambaForCausalLM": MambaHybridForCausalLM,
     # encoders (`bert`): bidirectional, prompts pooled instead of continued
     "BertModel": BertModel,
     "BertForSequenceClassification": BertForSequenceClassification,

@@ -24,6 +24,7 @@ from . import (
     rope,
     sampling,
     spec_decode,
+    ssm,
     structured,
 )
 
@@ -39,6 +40,7 @@ MODULES = (
     "moe",
     "lora",
     "pooling",
+    "ssm",
 )
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
@@ -56,6 +58,7 @@ __all__ = [
     "rope",
     "sampling",
     "spec_decode",
+    "ssm",
     "structured",
 ]
 
@@ -68,7 +71,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.pooling`).
+    result has one attribute per ops module (`.sampling`, ..., `.ssm`).
     """
     if name == "ref":
         return importlib.import_module(__name__)

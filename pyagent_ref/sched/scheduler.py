@@ -242,7 +242,7 @@ class Scheduler:
                     self._fail(request, self._too_large(request))
                 continue
             scheduled[request.request_id] = num_new
-            new_blocks[request.request_id] = blocks.get_block_ids() if blocks.num_blocks else ()
+            new_blocks[request.request_id] = blocks.get_block_ids() if any(blocks.blocks) else ()
             budget -= num_new
             if request.mm_features:
                 encoder_budget -= self._commit_images(

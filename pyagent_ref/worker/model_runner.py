@@ -8,7 +8,9 @@ token, and sample a token for every request whose known tokens are now all compu
 Layers in different KV cache groups (a hybrid model's full-attention and
 sliding-window layers) hold different blocks: each group has its own block table and
 slot mapping, and each layer reads its group's. Layer i of every group shares the i-th
-KV tensor (`KVCacheConfig`): a block id belongs to one group at a time.
+KV tensor (`KVCacheConfig`): a block id belongs to one group at a time. State-space
+layers (a `MambaSpec` group) keep tensors of their own, one row per state slot
+(`model.new_state_cache`); their group's block table holds each request's slot.
 
 Images: the runner holds the encoder outputs the scheduler's encoder cache accounts for
 (content hash -> the image's decoder rows): it drops those evicted, encodes the step's
@@ -31,7 +33,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from ..kv_cache import KVCacheGroup
+from ..kv_cache import KVCacheGroup, MambaSpec
 from ..model.llama import AttentionMetadata
 from ..model.pooling import Pooler, PoolerConfig
 from ..sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -56,7 +58,8 @@ class ModelRunner:
     Args:
         model: a model with forward(input_ids, positions, meta, kv_caches),
             compute_logits(hidden), new_kv_cache(num_blocks, block_size) (one layer's
-            cache tensors: key and value, or MLA's latent) and supports_cuda_graphs.
+            cache tensors: key and value, or MLA's latent) and supports_cuda_graphs;
+            with state layers, new_state_cache(num_slots) (one such layer's tensors).
         num_blocks, block_size: the KV cache geometry (from the KV cache manager).
         ops: the ops namespace of the sampler (ref or accel).
         max_num_reqs, max_model_len, max_num_tokens: buffer sizes.
@@ -80,6 +83,8 @@ class ModelRunner:
         rows_per_request: the decode rows one request may have in a step: 1, or 1 + k
             with linear speculative drafts of k tokens (graphs are recorded for up to
             max_num_reqs * rows_per_request rows).
+        num_state_slots: the slots of a state group's layers (`KVCacheConfig`), 0
+            without one.
         lora: the `lora.manager.LoRAManager` of a model with adapter slots, or None.
             Each step puts its requests' adapters into slots and gives every token its
             slot; a step with adapters runs eagerly (no CUDA graph: a graph records
@@ -88,7 +93,8 @@ class ModelRunner:
             (`model.pooling.Pooler`); None builds one from the model's config.
     Raises:
         ValueError: an unknown graph_mode or compile backend; kv_groups that name an
-            unknown layer or do not hold every layer exactly once.
+            unknown layer or do not hold every layer exactly once; a state group
+            without num_state_slots.
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class ModelRunner:
         logits_processors: Sequence[LogitsProcessor] = (),
         keep_hidden_states: bool = False,
         rows_per_request: int = 1,
+        num_state_slots: int = 0,
         lora=None,
         pooler: Pooler | None = None,
     ) -> None:
@@ -123,6 +130,14 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.num_blocks, self.block_size = num_blocks, block_size
         self.layer_groups = _layer_groups(kv_groups, len(model.layers))
+        self.state_groups = {
+            g for g, group in enumerate(kv_groups or ()) if isinstance(group.spec, MambaSpec)
+        }
+        if self.state_groups and num_state_slots < 2:
+            raise ValueError(
+                f"num_state_slots must be >= 2 with a state group, got {num_state_slots}"
+            )
+        self.num_state_slots = num_state_slots
         # per layer: its KV cache group, and its place in the group (the KV tensor it uses)
         self.group_of_layer, self.tensor_of_layer = [0] * len(model.layers), [0] * len(model.layers)
         for g, layers in enumerate(self.layer_groups):
@@ -160,14 +175,21 @@ class ModelRunner:
 
     def allocate_kv_cache(self) -> None:
         """Allocate zeroed KV cache tensors — one layer's tensors (`model.new_kv_cache`:
-        K and V, or MLA's latent) per layer of the largest group, layer i of every group
-        sharing set i — and, when graphs are on, capture them: a graph is tied to the
-        addresses of the tensors it was recorded on."""
+        K and V, or MLA's latent) per layer of the largest block group, layer i of every
+        group sharing set i; each state layer's own slots (`model.new_state_cache`) — and,
+        when graphs are on, capture them: a graph is tied to the addresses of the
+        tensors it was recorded on."""
+        blocks = [ls for g, ls in enumerate(self.layer_groups) if g not in self.state_groups]
         shared = [
             self.model.new_kv_cache(self.num_blocks, self.block_size)
-            for _ in range(max(len(layers) for layers in self.layer_groups))
+            for _ in range(max((len(layers) for layers in blocks), default=0))
         ]
-        self.kv_caches = [shared[i] for i in self.tensor_of_layer]
+        self.kv_caches = [
+            self.model.new_state_cache(self.num_state_slots)
+            if self.group_of_layer[layer] in self.state_groups
+            else shared[i]
+            for layer, i in enumerate(self.tensor_of_layer)
+        ]
         if self.dispatcher.enabled:
             self.graphs = CudaGraphRunner(
                 self.forward,

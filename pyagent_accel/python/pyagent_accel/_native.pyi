@@ -135,6 +135,63 @@ def pool_rows(hidden: np.ndarray, query_start_loc: np.ndarray, kind: int) -> np.
 def normalize_rows(x: np.ndarray, dimensions: int) -> np.ndarray: ...
 def classify_rows(logits: np.ndarray, kind: int) -> np.ndarray: ...
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray: ...
+def ssm_conv1d(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray,
+    state: np.ndarray,
+    query_start_loc: np.ndarray,
+    channels: int,
+    width: int,
+    silu: bool,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def ssm_ssd_scan(
+    x: np.ndarray,
+    dt: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    state: np.ndarray,
+    query_start_loc: np.ndarray,
+    d: np.ndarray,
+    dt_bias: np.ndarray,
+    dt_softplus: bool,
+    heads: int,
+    p: int,
+    groups: int,
+    n: int,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def ssm_selective_scan(
+    x: np.ndarray,
+    dt: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    state: np.ndarray,
+    query_start_loc: np.ndarray,
+    d: np.ndarray,
+    z: np.ndarray,
+    dt_bias: np.ndarray,
+    dt_softplus: bool,
+    channels: int,
+    n: int,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def ssm_state_update(
+    state: np.ndarray,
+    x: np.ndarray,
+    dt: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    d: np.ndarray,
+    dt_bias: np.ndarray,
+    dt_softplus: bool,
+    seqs: int,
+    heads: int,
+    p: int,
+    groups: int,
+    n: int,
+) -> tuple[np.ndarray, np.ndarray]: ...
 def route_topk_softmax(
     logits: np.ndarray, k: int, renormalize: bool
 ) -> tuple[np.ndarray, np.ndarray]: ...

@@ -17,6 +17,7 @@ from . import (
     rope,
     sampling,
     spec_decode,
+    ssm,
     structured,
 )
 
@@ -32,6 +33,7 @@ MODULES = (
     "moe",
     "lora",
     "pooling",
+    "ssm",
 )
 
 __all__ = [
@@ -46,5 +48,6 @@ __all__ = [
     "rope",
     "sampling",
     "spec_decode",
+    "ssm",
     "structured",
 ]

@@ -8,6 +8,7 @@ from . import pooling as pooling
 from . import rope as rope
 from . import sampling as sampling
 from . import spec_decode as spec_decode
+from . import ssm as ssm
 from . import structured as structured
 
 MODULES: tuple[str, ...]
@@ -24,5 +25,6 @@ __all__ = [
     "rope",
     "sampling",
     "spec_decode",
+    "ssm",
     "structured",
 ]
