@@ -20,6 +20,7 @@ from . import (
     layers,
     lora,
     moe,
+    quant,
     rope,
     sampling,
     spec_decode,
@@ -37,6 +38,7 @@ MODULES = (
     "spec_decode",
     "moe",
     "lora",
+    "quant",
 )
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
@@ -50,6 +52,7 @@ __all__ = [
     "load",
     "lora",
     "moe",
+    "quant",
     "rope",
     "sampling",
     "spec_decode",
@@ -65,7 +68,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.lora`).
+    result has one attribute per ops module (`.sampling`, ..., `.quant`).
     """
     if name == "ref":
         return importlib.import_module(__name__)
