@@ -1,5 +1,5 @@
 """Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling, structured,
-hashing, layers, rope, attention, moe and lora).
+hashing, layers, rope, attention, moe, lora and pooling).
 
     python benchmarks/bench_ops.py            # full grid (a few minutes)
     python benchmarks/bench_ops.py --quick    # smoke run for CI (seconds)
@@ -38,7 +38,10 @@ a prefill chunk, the same way. Batched LoRA (`bench_lora`) times lora_shrink and
 lora_expand (in place, with the q/k/v output slices) of a fused qkv projection at a
 Llama-3-8B shape divided by 8 (hidden 512, 4 KV heads of 16), 16 adapter slots of rank
 16 (B stored rank-major, as the engine's layers keep it), tokens spread over the 16
-adapters and none.
+adapters and none. Pooling (`bench_pooling_ops`) times pool (mean, cls),
+normalize, classify and cosine_similarity on the hidden states of a batch of 1 or 64
+sentences of ~12 tokens at all-MiniLM-L6-v2's width (384), float32 and bfloat16, the
+same way.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -65,6 +68,7 @@ from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
 from pyagent_ref.ops import layers as ref_layers  # noqa: E402
 from pyagent_ref.ops import lora as ref_lora  # noqa: E402
 from pyagent_ref.ops import moe as ref_moe  # noqa: E402
+from pyagent_ref.ops import pooling as ref_pooling  # noqa: E402
 from pyagent_ref.ops import rope as ref_rope  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
 from pyagent_ref.ops import spec_decode as ref_spec_decode  # noqa: E402
@@ -82,6 +86,7 @@ try:
     from pyagent_accel.ops import layers as accel_layers
     from pyagent_accel.ops import lora as accel_lora
     from pyagent_accel.ops import moe as accel_moe
+    from pyagent_accel.ops import pooling as accel_pooling
     from pyagent_accel.ops import rope as accel_rope
     from pyagent_accel.ops import sampling as accel_sampling
     from pyagent_accel.ops import spec_decode as accel_spec_decode
@@ -832,6 +837,58 @@ def bench_lora(token_counts: list[int], budget: float, min_reps: int) -> list[di
     return rows
 
 
+def pooling_cases(batch: int, rng: np.random.Generator) -> list[tuple[str, tuple]]:
+    """(op label, float32 numpy args) for a batch of sentences of 8-16 tokens, hidden 384."""
+    lens = rng.integers(8, 17, batch)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    hidden = rng.normal(0.0, 1.0, (int(qsl[-1]), 384)).astype(np.float32)
+    pooled = ref_pooling.pool(hidden, qsl, "mean")
+    logits = rng.normal(0.0, 3.0, (batch, 3)).astype(np.float32)
+    return [
+        ("pool mean", (hidden, qsl, "mean")),
+        ("pool cls", (hidden, qsl, "cls")),
+        ("normalize", (pooled,)),
+        ("normalize 128", (pooled, 128)),
+        ("classify", (logits, "softmax")),
+        ("cosine_similarity", (pooled, pooled[::-1].copy())),
+    ]
+
+
+def bench_pooling_ops(batches: list[int], budget: float, min_reps: int) -> list[dict]:
+    """The pooling ops: the reference on numpy (float32) and on torch CPU, accel on the
+    same tensors, in float32 and bfloat16 (hidden states as a bf16 model leaves them)."""
+    rows = []
+    header = (
+        f"{'op':<19} {'batch':>6} {'dtype':<8} {'ref_numpy ms':>13} {'ref_torch ms':>13} "
+        f"{'accel ms':>10} {'np/accel':>9} {'torch/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(5)
+    for batch in batches:
+        for label, args in pooling_cases(batch, rng):
+            op = label.split()[0]
+            ref_fn, acc_fn = getattr(ref_pooling, op), getattr(accel_pooling, op)
+            for dtype in ("float32", "bfloat16"):
+                targs = to_torch(args)
+                if dtype == "bfloat16":
+                    targs = (targs[0].to(torch.bfloat16), *targs[1:])
+                check_close(acc_fn(*targs), ref_fn(*targs), label)  # the same result first
+                t_np = None
+                if dtype == "float32":
+                    t_np = timeit(functools.partial(ref_fn, *args), budget, min_reps, 50)
+                t_torch = timeit(functools.partial(ref_fn, *targs), budget, min_reps, 50)
+                t_acc = timeit(functools.partial(acc_fn, *targs), budget, min_reps, 500)
+                rows.append(dict(op=label, batch=batch, np=t_np, accel=t_acc, torch=t_torch))
+                print(
+                    f"{label:<19} {batch:>6} {dtype:<8} {fmt_ms(t_np):>13} {fmt_ms(t_torch):>13} "
+                    f"{fmt_ms(t_acc):>10} {fmt_ratio(t_np, t_acc):>9} "
+                    f"{fmt_ratio(t_torch, t_acc):>11}",
+                    flush=True,
+                )
+    return rows
+
+
 TARGET_OPS = ("apply_top_k", "apply_top_p", "apply_min_p", "apply_penalties", "sample")
 
 
@@ -888,6 +945,8 @@ def main() -> None:
         bench_moe([8] if args.quick else [8, 128], budget, min_reps)
         print()
         bench_lora([8] if args.quick else [64, 512], budget, min_reps)
+        print()
+        bench_pooling_ops([64] if args.quick else [1, 64], budget, min_reps)
     print()
     bench_attention_ops(args.quick, budget, min_reps)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

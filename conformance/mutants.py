@@ -30,6 +30,7 @@ from pyagent_ref.ops import hashing as H
 from pyagent_ref.ops import layers as L
 from pyagent_ref.ops import lora as LO
 from pyagent_ref.ops import moe as M
+from pyagent_ref.ops import pooling as P
 from pyagent_ref.ops import quant as Q
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
@@ -1618,7 +1619,7 @@ def attention_ignores_window(*args: Any) -> Any:
 @mutant("attention", "paged_attention", "ignores the custom masks (tree attention)")
 def attention_ignores_custom_masks(*args: Any) -> Any:
     A.paged_attention(*args)  # the reference's errors for bad masks
-    return A.paged_attention(*args[:10])
+    return A.paged_attention(*args[:10], None, *args[11:])
 
 
 @mutant("attention", "paged_attention", "reads each mask's query rows in reverse order")
@@ -1628,7 +1629,13 @@ def attention_reverses_custom_masks(*args: Any) -> Any:
     if masks is None:
         return A.paged_attention(*args)
     flipped = [None if m is None else _back(m, _np(m)[::-1].copy()) for m in masks]
-    return A.paged_attention(*args[:10], flipped)
+    return A.paged_attention(*args[:10], flipped, *args[11:])
+
+
+@mutant("attention", "paged_attention", "always causal (an encoder sees only earlier keys)")
+def attention_always_causal(*args: Any) -> Any:
+    A.paged_attention(*args)  # the reference's errors
+    return A.paged_attention(*args[:11], True)
 
 
 @mutant("attention", "reshape_and_cache", "writes padding tokens too (slot -1: the last slot)")
@@ -3136,6 +3143,7 @@ def implementation(m: Mutant) -> Impl:
         ("spec_decode", SD),
         ("moe", M),
         ("lora", LO),
+        ("pooling", P),
         ("quant", Q),
     ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
@@ -3155,3 +3163,104 @@ def implementation(m: Mutant) -> Impl:
     return Impl(
         target=f"mutant:{m.name}", root=SimpleNamespace(**modules), label=f"mutant {m.name}"
     )
+
+
+# --- pooling --------------------------------------------------------------------------------
+
+
+def _spans_of(query_start_loc: Any) -> list[tuple[int, int]]:
+    q = [int(v) for v in _np(query_start_loc)]
+    return list(zip(q[:-1], q[1:], strict=True))
+
+
+@mutant("pooling", "pool", "mean divides by the span's length + 1 (counts a separator)")
+def pool_mean_off_by_one(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    out = P.pool(hidden, query_start_loc, pooling_type)
+    if pooling_type != "mean":
+        return out
+    fixed = _np(out)
+    for r, (s, e) in enumerate(_spans_of(query_start_loc)):
+        fixed[r] = fixed[r] * (e - s) / (e - s + 1)
+    return _back(hidden, fixed)
+
+
+@mutant("pooling", "pool", "last takes the row after the span (the next request's first)")
+def pool_last_reads_one_past(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    out = P.pool(hidden, query_start_loc, pooling_type)
+    if pooling_type != "last":
+        return out
+    h, fixed = _np(hidden), _np(out)
+    for r, (_, e) in enumerate(_spans_of(query_start_loc)):
+        if e < h.shape[0]:
+            fixed[r] = h[e]
+    return _back(hidden, fixed)
+
+
+@mutant("pooling", "pool", "cls takes the last row (pooling types swapped)")
+def pool_cls_is_last(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    P.pool(hidden, query_start_loc, pooling_type)
+    return P.pool(hidden, query_start_loc, "last" if pooling_type == "cls" else pooling_type)
+
+
+@mutant("pooling", "pool", "all returns the whole hidden array, padding rows included")
+def pool_all_keeps_padding(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    out = P.pool(hidden, query_start_loc, pooling_type)
+    if pooling_type != "all" or _np(out).shape[0] == 0:
+        return out
+    start = _spans_of(query_start_loc)[0][0]
+    return _back(hidden, _np(P.pool(hidden, np.array([start, hidden.shape[0]]), "all")))
+
+
+@mutant("pooling", "pool", "mean in the input's dtype (float16 sums overflow and round)")
+def pool_mean_in_input_dtype(hidden: Any, query_start_loc: Any, pooling_type: str) -> Any:
+    out = P.pool(hidden, query_start_loc, pooling_type)
+    h = _np(hidden)
+    if pooling_type != "mean" or h.dtype != np.float16:
+        return out
+    rows = [
+        np.sum(h[s:e], axis=0, dtype=np.float16) / np.float16(e - s)
+        for s, e in _spans_of(query_start_loc)
+    ]
+    fixed = np.stack(rows).astype(np.float32) if rows else _np(out)
+    return _back(hidden, fixed)
+
+
+@mutant("pooling", "normalize", "normalizes the whole row, then truncates (Matryoshka)")
+def normalize_then_truncate(x: Any, dimensions: int | None = None) -> Any:
+    P.normalize(x, dimensions)
+    full = _np(P.normalize(x))
+    return _back(x, np.ascontiguousarray(full[:, :dimensions]))
+
+
+@mutant("pooling", "normalize", "zero rows become NaN (no floor on the norm)")
+def normalize_without_floor(x: Any, dimensions: int | None = None) -> Any:
+    out = _np(P.normalize(x, dimensions))
+    y = _np(x).astype(out.dtype)[:, : out.shape[1]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _back(x, y / np.sqrt((y * y).sum(axis=1, keepdims=True)))
+
+
+@mutant("pooling", "classify", "softmax without subtracting the row's max (overflows)")
+def classify_softmax_unshifted(logits: Any, activation: str = "softmax") -> Any:
+    out = _np(P.classify(logits, activation))
+    if activation != "softmax":
+        return _back(logits, out)
+    x = _np(logits).astype(out.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(x)
+        return _back(logits, e / e.sum(axis=1, keepdims=True))
+
+
+@mutant("pooling", "classify", "sigmoid where softmax is asked (one label's rule for all)")
+def classify_sigmoid_for_softmax(logits: Any, activation: str = "softmax") -> Any:
+    P.classify(logits, activation)
+    return P.classify(logits, "sigmoid" if activation == "softmax" else activation)
+
+
+@mutant("pooling", "cosine_similarity", "divides by the norm of a twice (forgets b's)")
+def cosine_forgets_b(a: Any, b: Any) -> Any:
+    out = _np(P.cosine_similarity(a, b))
+    x, y = _np(a).astype(np.float64), _np(b).astype(np.float64)
+    na = np.maximum(np.sqrt((x * x).sum(axis=1)), 1e-8)
+    nb = np.maximum(np.sqrt((y * y).sum(axis=1)), 1e-8)
+    return _back(a, (out * nb / na).astype(out.dtype))

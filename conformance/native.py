@@ -130,6 +130,10 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
             np.ones(3, np.float32),
             np.zeros((2, 5), np.float32),
         ),
+        "pooling.pool": lambda: (x[:, :3].copy(), np.array([0, 1, 2]), "mean"),
+        "pooling.normalize": lambda: (x[:, :3].copy(), 2),
+        "pooling.classify": lambda: (x[:, :3].copy(), "softmax"),
+        "pooling.cosine_similarity": lambda: (x[:, :3].copy(), x[::-1, :3].copy()),
         "attention.paged_decode_attention": lambda: (
             np.ones((2, 4, 8), np.float32),
             np.ones((3, 2, 2, 8), np.float32),

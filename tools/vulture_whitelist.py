@@ -38,6 +38,8 @@ _.description
 _.owned_by
 annotations  # a Responses API output_text field
 created_at  # a Responses API response field
+document  # a rerank result field (Jina's and Cohere's shape)
+relevance_score  # a rerank result field
 _.should_exit  # uvicorn's server loop reads it
 _.binary_location  # selenium hands it to chromedriver (tests/server/test_playground.py)
 _.json_object  # StructuredOutputsParams field, read through getattr (kind)

@@ -105,6 +105,11 @@ CONFORMANCE_MISSING = {
         "groups by their best score, no bias, no renormalisation); tests/ops/test_moe.py "
         "compares both with the reference"
     ),
+    "pooling.*": (
+        "transformers has no pooling ops: its models return hidden states (and a classifier "
+        "its logits), sentence-transformers pools them; tests/ops/test_pooling.py compares "
+        "the ops with torch's and sentence-transformers' functions"
+    ),
     "tokenize.*": (
         "transformers' fast tokenizers are the tokenizers library: see "
         "conformance.adapters.hf_tokenizers"

@@ -117,6 +117,10 @@ CONFORMANCE_MISSING = {
         "in their constructor (a CustomOp that needs a VllmConfig context)"
     ),
     "attention.*": "vLLM's attention backends are CUDA/Triton kernels (no CPU function)",
+    "pooling.*": (
+        "not wrapped yet: vLLM's poolers are nn.Modules built from a model's PoolerConfig, "
+        "reading its pooling metadata (no stateless function with these signatures)"
+    ),
     "tokenize.*": (
         "vLLM encodes with the tokenizers library (conformance.adapters.hf_tokenizers); its "
         "stop strings and detokenizer are compared in tests/conformance/test_vllm_adapter.py"

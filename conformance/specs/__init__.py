@@ -1,7 +1,7 @@
 """One spec module per ops module of the reference (`pyagent_ref.ops.MODULES`):
 `specs.sampling`, `specs.hashing`, `specs.block_table`, `specs.layers`, `specs.rope`,
-`specs.attention`, `specs.structured`, `specs.spec_decode`, `specs.moe`; and one per contract that
-is not an ops module (`OTHER_CONTRACTS`): `specs.tokenize`, byte-level BPE
+`specs.attention`, `specs.structured`, `specs.spec_decode`, `specs.moe`, `specs.pooling`; and
+one per contract that is not an ops module (`OTHER_CONTRACTS`): `specs.tokenize`, byte-level BPE
 (`pyagent_ref.tokenize.bpe`), and `specs.matcher`, the token matchers of structured
 output (`pyagent_ref.structured`).
 

@@ -5,7 +5,8 @@ query tokens after 0-6 cached ones) or a single-token decode (after 0-10), 0-2 p
 query tokens, MHA / GQA / MQA head counts (1-2 KV heads, 1-3 query heads per KV head),
 head_size 1-8, block_size 1-8, every request's blocks distinct and shuffled over the
 cache (plus spare blocks), unused table entries pointing anywhere, float32 or float64,
-and optionally a sliding window (1-8), a soft cap (5 or 30) and ALiBi slopes.
+and optionally a sliding window (1-8), a soft cap (5 or 30) and ALiBi slopes; causal, or
+not (an encoder's bidirectional attention over each request's whole sequence).
 
 The oracle is a dense attention computed here in float64: each request's keys and
 values are read position by position through its block table, scores masked causally
@@ -64,7 +65,11 @@ int_dtypes = st.sampled_from((np.int32, np.int64))
 
 @st.composite
 def attention_cases(
-    draw: Any, window: bool | None = None, extras: bool = True, padding: bool = True
+    draw: Any,
+    window: bool | None = None,
+    extras: bool = True,
+    padding: bool = True,
+    causal: bool | None = None,
 ) -> Case:
     dtype = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="values seed"))
@@ -124,6 +129,7 @@ def attention_cases(
         soft_cap=soft_cap,
         alibi_slopes=alibi,
         custom_masks=masks,
+        causal=draw(st.booleans()) if causal is None else causal,
     )
 
 
@@ -214,7 +220,7 @@ def dense_attention(case: Case) -> tuple[np.ndarray, np.ndarray]:
                     score = score + float(case.alibi_slopes[h]) * (pos - p)
                 if case.soft_cap is not None:
                     score = case.soft_cap * np.tanh(score / case.soft_cap)
-                visible = pos <= p
+                visible = pos <= p if case.causal else pos < s
                 if case.sliding_window is not None:
                     visible &= pos > p - case.sliding_window
                 if case.custom_masks is not None and case.custom_masks[r] is not None:
@@ -233,15 +239,15 @@ def dense_attention(case: Case) -> tuple[np.ndarray, np.ndarray]:
 
 @spec.prop("paged_attention", attention_cases())
 def equals_dense_masked_attention(ctx: Ctx, case: Case) -> None:
-    """Each query token's output is the softmax (causal, windowed, soft-capped, ALiBi-biased)
-    attention over its own sequence read through the block table, as a dense float64
-    computation gives it, within TOL[dtype] * (1 + max |v|)."""
+    """Each query token's output is the softmax (causal or over the whole sequence,
+    windowed, soft-capped, ALiBi-biased) attention over its own sequence read through the
+    block table, as a dense float64 computation gives it, within TOL[dtype] * (1 + max |v|)."""
     out = attend(ctx, case)
     want, tol = dense_attention(case)
     assert_within(out, want, tol, "attention output")
 
 
-@spec.prop("paged_attention", attention_cases(window=False, extras=False))
+@spec.prop("paged_attention", attention_cases(window=False, extras=False, causal=True))
 def dense_causal_without_options(ctx: Ctx, case: Case) -> None:
     """Plain causal attention (no window, soft cap or ALiBi) equals the dense oracle, so a
     bug in an option's code path cannot hide the plain one."""
@@ -275,7 +281,7 @@ def invariant_to_permuting_block_ids(ctx: Ctx, pair: Any) -> None:
     assert_within(got, want, tol, "output after relabelling blocks")
 
 
-@spec.prop("paged_attention", attention_cases(extras=False))
+@spec.prop("paged_attention", attention_cases(extras=False, causal=True))
 def window_of_one_copies_own_value(ctx: Ctx, case: Case) -> None:
     """With sliding_window = 1 every query token sees only its own position: the output of
     head h is the value of KV head h // group at that position."""
@@ -295,6 +301,20 @@ def window_of_one_copies_own_value(ctx: Ctx, case: Case) -> None:
                 TOL[case.query.dtype.name] * (1 + np.abs(want)),
                 f"token {start + i} (request {r}, position {p})",
             )
+
+
+@spec.prop("paged_attention", attention_cases(window=False, extras=False, causal=False))
+def non_causal_output_follows_a_permutation_of_the_queries(ctx: Ctx, case: Case) -> None:
+    """Without the causal mask (and without a window, ALiBi or masks) every query token
+    of a request sees the same keys, whatever its position: reversing the order of each
+    request's query tokens reverses the order of their outputs."""
+    out = attend(ctx, case)
+    order = np.arange(case.query.shape[0])
+    for _, start, end in requests(case):
+        order[start:end] = order[start:end][::-1]
+    got = attend(ctx, case, query=np.ascontiguousarray(case.query[order]))
+    _, tol = dense_attention(case)
+    assert_within(got, out[order], 2 * tol, "outputs of the reversed queries")
 
 
 @spec.prop("paged_attention", attention_cases(), name="returns_documented_types")
@@ -352,6 +372,7 @@ def attention_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
         ("block_table one row short", {"block_table": table[:-1]}, ValueError),
         ("seq_len shorter than its query tokens", {"seq_lens": short}, ValueError),
         ("seq_len past its block table", {"seq_lens": long_}, ValueError),
+        ("causal not a bool", {"causal": 1}, TypeError),
         ("custom_masks one entry short", {"custom_masks": [None] * (len(lens) - 1)}, ValueError),
         (
             "custom mask one key too wide",
@@ -701,6 +722,7 @@ def as_flattened_batch(case: Case) -> tuple[Case, np.ndarray]:
         **{name: getattr(case, name) for name in DECODE_ARGS},
         query_start_loc=np.arange(len(real) + 1),
         custom_masks=None,
+        causal=True,
     )
     flat.query = case.query[real]
     flat.block_table = case.block_table[real]

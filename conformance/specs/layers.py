@@ -6,7 +6,9 @@ The oracle recomputes each formula in float64. Tolerance (both the oracle and th
 differential check): |got - want| <= TOL[dtype] * (|want| + scale), TOL = 2e-6 for float32
 and 1e-12 for float64, `scale` the magnitude of the operands (|weight| for rms_norm,
 |silu(gate)| * |up| + 1 for silu_and_mul): the spec computes in float32 and then rounds,
-so only a few ulps of reordered reductions are allowed.
+so only a few ulps of reordered reductions are allowed. Norms add GRID[dtype], two steps of
+the dtype's subnormal grid: a result below the smallest normal is rounded to that grid,
+where a relative tolerance is smaller than one step (a weight of 1e-45 in float32).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ SHAPES = reference_shapes("layers")
 
 def tol(dtype: Any) -> float:
     return TOL[np.dtype(dtype).name]
+
+
+def grid(dtype: Any) -> float:
+    """Two steps of the dtype's subnormal grid (the absolute floor of a rounded result)."""
+    return 2 * float(np.finfo(dtype).smallest_subnormal)
 
 
 # --- strategies -----------------------------------------------------------------------------
@@ -110,7 +117,7 @@ def silu_oracle(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @spec.prop("rms_norm", rms_cases())
 def matches_the_formula(ctx: Ctx, case: Case) -> None:
     """y = weight * x / sqrt(mean(x**2, last axis) + eps) (x + residual with a residual),
-    within TOL[dtype] * (|y| + |weight|) of a float64 oracle."""
+    within TOL[dtype] * (|y| + |weight|) + GRID[dtype] of a float64 oracle."""
     out = call(ctx, "rms_norm", case)
     if case.residual is not None:
         out = out[0]
@@ -118,7 +125,8 @@ def matches_the_formula(ctx: Ctx, case: Case) -> None:
     w = case.weight.astype(np.float64)
     want = w * normed
     t = tol(case.x.dtype)
-    assert_within(out, want, t * (np.abs(want) + np.abs(w) * (1 + np.abs(normed))), "rms_norm")
+    scale = np.abs(want) + np.abs(w) * (1 + np.abs(normed))
+    assert_within(out, want, t * scale + grid(case.x.dtype), "rms_norm")
 
 
 @spec.prop("rms_norm", rms_cases(unit_weight=True))
@@ -143,7 +151,8 @@ def residual_is_fused(ctx: Ctx, case: Case) -> None:
     h = case.x + case.residual
     checks.assert_equal(out[1], h, what="new residual")
     alone = ctx.call("rms_norm", h, case.weight, case.eps)
-    assert_within(out[0], alone, tol(h.dtype) * (np.abs(alone) + np.abs(case.weight)), "normed")
+    scale = np.abs(alone) + np.abs(case.weight)
+    assert_within(out[0], alone, tol(h.dtype) * scale + grid(h.dtype), "normed")
 
 
 @spec.prop("rms_norm", rms_cases(), name="returns_documented_types")
@@ -307,7 +316,7 @@ def _add_norm_properties(op: str) -> None:
         if case.residual is not None:
             out = out[0]
         want, scale = want_of(case)
-        assert_within(out, want, tol(case.x.dtype) * scale, op)
+        assert_within(out, want, tol(case.x.dtype) * scale + grid(case.x.dtype), op)
 
     def residual_is_fused(ctx: Ctx, case: Case) -> None:
         """With a residual: returns (op(x + residual), x + residual); the new residual is

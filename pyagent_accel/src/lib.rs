@@ -23,6 +23,7 @@ pub mod lora;
 pub mod moe;
 pub mod ngram;
 pub mod philox;
+pub mod pooling;
 pub mod py_util;
 pub mod rope;
 pub mod sampling;
@@ -38,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layers::register(m)?;
     moe::register(m)?;
     lora::register(m)?;
+    pooling::register(m)?;
     rope::register(m)?;
     attention::register(m)?;
     structured::register(m)?;

@@ -14,7 +14,11 @@ needs the model is checked here:
              dry_sequence_breaker_ids in [0, vocab_size)
     n        at most MAX_N completions per prompt (the OpenAI API's bound)
     logprobs and prompt_logprobs at most max_logprobs
-    length   prompt + max_tokens <= max_model_len (max_tokens=None takes the rest)
+    length   prompt + max_tokens <= max_model_len (max_tokens=None takes the rest); a
+             pooling request's prompt <= max_model_len, and an encoder's <=
+             max_num_batched_tokens (it runs whole in one step)
+    task     a generation request on an engine that generates, a pooling request's task
+             (embed, classify, score) among those the engine serves (`runner`, `task`)
 """
 
 from __future__ import annotations
@@ -33,11 +37,17 @@ MAX_N = 128
 @dataclass(frozen=True)
 class Limits:
     """What admission checks a request against: the model's vocabulary and context,
-    and the engine's bound on returned log-probabilities."""
+    the engine's bound on returned log-probabilities, the tasks it serves
+    (`model.pooling.supported_tasks`) under its runner, and, for an encoder, the most
+    prompt tokens one step computes."""
 
     vocab_size: int
     max_model_len: int
     max_logprobs: int
+    tasks: tuple[str, ...] = ("generate", "embed", "score")
+    runner: str = "auto"
+    architecture: str = ""
+    whole_prompt_tokens: int | None = None
 
 
 def prompt_token_ids(prompt: Any, encode) -> tuple[str | None, list[int]]:
@@ -78,6 +88,7 @@ def check_n(params: SamplingParams) -> None:
 
 def check_request(request: Request, limits: Limits) -> None:
     """Raise if `request` could never be served within `limits` (see the module doc)."""
+    _check_task(request, limits)
     params = request.sampling_params
     _check_ids("prompt", request.prompt_token_ids, limits.vocab_size)
     _check_ids("stop_token_ids", params.stop_token_ids, limits.vocab_size)
@@ -94,6 +105,9 @@ def check_request(request: Request, limits: Limits) -> None:
                 f"got {value}"
             )
     num_prompt = request.num_prompt_tokens
+    if request.pooling_params is not None:
+        _check_pooling_length(num_prompt, limits)
+        return
     if num_prompt >= limits.max_model_len:
         raise ValueError(
             f"the prompt has {num_prompt} tokens, which leaves no room to generate in "
@@ -104,6 +118,37 @@ def check_request(request: Request, limits: Limits) -> None:
             f"max_tokens={request.max_tokens} is too large: the prompt has {num_prompt} "
             f"tokens and max_model_len={limits.max_model_len} leaves room for "
             f"{limits.max_model_len - num_prompt}"
+        )
+
+
+def _check_task(request: Request, limits: Limits) -> None:
+    pooling = request.pooling_params
+    task = "generate" if pooling is None else pooling.task
+    if task in limits.tasks:
+        return
+    model = limits.architecture or "the model"
+    if task == "generate":
+        raise ValueError(
+            f"this engine does not generate (runner={limits.runner!r}, {model}): it serves "
+            f"{list(limits.tasks)}"
+        )
+    raise ValueError(
+        f"task {task!r} is not served by this engine (runner={limits.runner!r}, {model}): it "
+        f"serves {list(limits.tasks)}"
+    )
+
+
+def _check_pooling_length(num_prompt: int, limits: Limits) -> None:
+    if num_prompt > limits.max_model_len:
+        raise ValueError(
+            f"the prompt has {num_prompt} tokens, more than max_model_len={limits.max_model_len}"
+        )
+    whole = limits.whole_prompt_tokens
+    if whole is not None and num_prompt > whole:
+        raise ValueError(
+            f"the prompt has {num_prompt} tokens, more than max_num_batched_tokens={whole}: an "
+            "encoder computes a prompt whole in one step (bidirectional attention cannot be "
+            "chunked); raise max_num_batched_tokens"
         )
 
 

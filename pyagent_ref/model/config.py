@@ -284,6 +284,11 @@ class ModelConfig:
     attention (DeepSeek-V2/V3; None for the decoder's attention), `head_dim` then being
     the q/k head size (nope + rope); `rope_interleaved` rotates pairs (2i, 2i + 1) (GPT-J's
     layout, DeepSeek's) instead of (i, i + d/2).
+    mixture-of-experts family (None for a dense model).
+    An encoder (BERT, `model.bert`) has `is_causal` False (every token attends to every
+    token of its sequence), `type_vocab_size` token types (segment A / B of a pair)
+    added to the embeddings, and `num_labels` outputs of its classification head (0: no
+    head).
     """
 
     architecture: str
@@ -324,6 +329,9 @@ class ModelConfig:
     position_embedding: str = "rope"
     mla: MLAConfig | None = None
     rope_interleaved: bool = False
+    is_causal: bool = True
+    type_vocab_size: int = 0
+    num_labels: int = 0
 
     @property
     def rotary_dim(self) -> int:

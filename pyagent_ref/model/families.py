@@ -25,10 +25,15 @@ What differs from Llama:
   and, under YaRN, a softmax scale multiplied by mscale(mscale_all_dim) squared; their
   MoE layers (`MoEConfig`) have shared experts and group-limited routers; V3's
   multi-token-prediction layers in the checkpoint are skipped.
+- BERT (an encoder, run by `model.bert`, not the decoder): bidirectional attention,
+  learned absolute positions and token types, LayerNorm with bias after each residual
+  add, a plain GELU MLP, biases everywhere; a classification head on the [CLS] token
+  for BertForSequenceClassification.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -336,6 +341,60 @@ DEEPSEEK = Family(
 )
 
 
+# --- BERT -----------------------------------------------------------------------------------
+
+
+def bert_fields(cfg: dict, fields: dict) -> dict:
+    refuse(cfg, "position_embedding_type", "absolute")
+    refuse(cfg, "is_decoder", False)
+    refuse(cfg, "add_cross_attention", False)
+    labels = 0
+    if fields["architecture"] == "BertForSequenceClassification":
+        id2label = cfg.get("id2label")
+        labels = len(id2label) if isinstance(id2label, dict) else int(cfg.get("num_labels", 2))
+    return dict(
+        norm="layer",
+        norm_placement="post",
+        rms_norm_eps=cfg.get("layer_norm_eps", 1e-12),
+        gated_mlp=False,
+        mlp_bias=True,
+        attention_bias=True,
+        o_proj_bias=True,
+        position_embedding="learned",
+        tie_word_embeddings=False,
+        is_causal=False,
+        type_vocab_size=int(cfg.get("type_vocab_size", 2)),
+        num_labels=labels,
+    )
+
+
+BERT_CLASSIFIER = Family(
+    bert_fields,
+    renames=(
+        ("bert.", ""),  # BertForSequenceClassification keeps the encoder under bert.
+        ("embeddings.word_embeddings.", "embed_tokens."),
+        ("embeddings.position_embeddings.", "embed_positions."),
+        ("embeddings.token_type_embeddings.", "embed_token_types."),
+        ("embeddings.LayerNorm.", "embed_norm."),
+        ("encoder.layer.", "layers."),
+        (".attention.self.query.", ".self_attn.q_proj."),
+        (".attention.self.key.", ".self_attn.k_proj."),
+        (".attention.self.value.", ".self_attn.v_proj."),
+        (".attention.output.dense.", ".self_attn.o_proj."),
+        (".attention.output.LayerNorm.", ".attention_norm."),
+        (".intermediate.dense.", ".mlp.up_proj."),
+        (".output.dense.", ".mlp.down_proj."),
+        (".output.LayerNorm.", ".output_norm."),
+        ("pooler.dense.", "pooler."),
+    ),
+    ignored=("embeddings.position_ids",),
+)
+# BertModel keeps only the token states: the [CLS] pooler of HF's BertModel is unused
+BERT = dataclasses.replace(
+    BERT_CLASSIFIER, ignored=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
+)
+
+
 FAMILIES: dict[str, Family] = {
     "GemmaForCausalLM": Family(gemma_fields),
     "Gemma2ForCausalLM": GEMMA,
@@ -346,6 +405,8 @@ FAMILIES: dict[str, Family] = {
     "GPT2LMHeadModel": GPT2,
     "DeepseekV2ForCausalLM": DEEPSEEK,
     "DeepseekV3ForCausalLM": DEEPSEEK,
+    "BertModel": BERT,
+    "BertForSequenceClassification": BERT_CLASSIFIER,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .bert import BertForSequenceClassification, BertModel
 from .deepseek import DeepseekForCausalLM
 from .llama import LlamaForCausalLM
 from .moe import MixtralForCausalLM, QwenMoeForCausalLM
@@ -28,6 +29,9 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     # multi-head latent attention on the MoE decoder (`deepseek`)
     "DeepseekV2ForCausalLM": DeepseekForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekForCausalLM,
+    # encoders (`bert`): bidirectional, prompts pooled instead of continued
+    "BertModel": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
 }
 
 

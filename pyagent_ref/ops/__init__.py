@@ -20,6 +20,7 @@ from . import (
     layers,
     lora,
     moe,
+    pooling,
     quant,
     rope,
     sampling,
@@ -38,6 +39,7 @@ MODULES = (
     "spec_decode",
     "moe",
     "lora",
+    "pooling",
     "quant",
 )
 IMPLEMENTATIONS = ("ref", "accel", "auto")
@@ -52,6 +54,7 @@ __all__ = [
     "load",
     "lora",
     "moe",
+    "pooling",
     "quant",
     "rope",
     "sampling",
@@ -68,7 +71,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.quant`).
+    result has one attribute per ops module (`.sampling`, ..., `.pooling`, `.quant`).
     """
     if name == "ref":
         return importlib.import_module(__name__)

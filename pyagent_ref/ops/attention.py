@@ -246,8 +246,9 @@ def paged_attention(
     soft_cap: float | None = None,
     alibi_slopes: Any = None,
     custom_masks: Sequence[Any | None] | None = None,
+    causal: bool = True,
 ) -> Any:
-    """Causal multi-head attention of a flattened batch over the paged KV cache.
+    """Multi-head attention of a flattened batch over the paged KV cache, causal or not.
 
     For query token i of request r at position p (see the module docstring) and query
     head h, reading KV head g = h // (num_heads / num_kv_heads) (GQA; MQA when there is
@@ -255,11 +256,13 @@ def paged_attention(
         score_j = scale * (q . k_j)
         + alibi_slopes[h] * (j - p)            if alibi_slopes is given
         soft_cap * tanh(score_j / soft_cap)    if soft_cap is given (Gemma 2's capping)
-    A key is visible when j <= p, and j > p - sliding_window if a window is given, and
-    `custom_masks[r][i, j]` is true if a mask is given for r (AND-ed: for tree attention,
-    where the flattened drafts are in topological order). out = softmax over visible j
-    of the scores, applied to v_j. Scores and softmax are computed in float32 (float64
-    for float64 inputs). Query tokens past query_start_loc[-1] (padding) get zeros.
+    A key is visible when j <= p (with causal=False: when j < seq_lens[r], every
+    position of the sequence, as an encoder attends), and j > p - sliding_window if a
+    window is given, and `custom_masks[r][i, j]` is true if a mask is given for r
+    (AND-ed: for tree attention, where the flattened drafts are in topological order).
+    out = softmax over visible j of the scores, applied to v_j. Scores and softmax are
+    computed in float32 (float64 for float64 inputs). Query tokens past
+    query_start_loc[-1] (padding) get zeros.
 
     Args:
         query: float array, shape (num_tokens, num_heads, head_size).
@@ -274,10 +277,13 @@ def paged_attention(
         soft_cap: positive cap on the scores, or None.
         alibi_slopes: float array, shape (num_heads,), or None.
         custom_masks: per request, None or a boolean array (q_len_r, seq_lens[r]).
+        causal: whether a query token sees only the keys up to its own position
+            (decoders) or every key of its sequence (encoders: BERT).
     Returns:
         An array like query.
     Raises:
-        TypeError: non-float query, non-integer index arrays, a non-boolean custom mask.
+        TypeError: non-float query, non-integer index arrays, a non-boolean custom mask,
+            a causal that is not a bool.
         ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
             sequence longer than its block table, seq_lens[r] < q_len_r, a custom
             mask not of shape (q_len_r, seq_lens[r]).
@@ -294,6 +300,8 @@ def paged_attention(
         )
     if custom_masks is not None:
         _check_masks(custom_masks, qsl, lens)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
     out = xp.zeros(query.shape, dtype=query.dtype, device=device(query))
     # Requests with the same number of query tokens (all the decodes, typically) are
@@ -330,6 +338,7 @@ def paged_attention(
             soft_cap,
             alibi_slopes,
             masks,
+            causal,
         )
         out[index] = xp.astype(o, query.dtype, copy=False)
     return out
@@ -428,14 +437,16 @@ def _attend(
     soft_cap: float | None,
     alibi_slopes: Any,
     custom_masks: list[Any] | None,
+    causal: bool = True,
 ) -> Any:
     """Attention of n requests of `q_len` query tokens each (see `paged_attention`).
 
     query: (n * q_len, num_heads, d); table: (n, W) block ids; seq: int64 (n,) on the
     query's device, each request's sequence length. Keys and values of all W blocks are
     gathered (S = W * block_size positions); positions past a request's sequence lie
-    past all its query positions, so the causal mask hides them. Reads no device value
-    on the host. Returns (n * q_len, num_heads, d) in `compute`.
+    past all its query positions, so the causal mask hides them (without it, a mask of
+    the sequence's length does). Reads no device value on the host. Returns
+    (n * q_len, num_heads, d) in `compute`.
     """
     n, (_, num_heads, d) = table.shape[0], query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -465,7 +476,7 @@ def _attend(
         scores = scores + slopes * xp.astype(k_pos - q_pos, compute)
     if soft_cap is not None:
         scores = soft_cap * xp.tanh(scores / soft_cap)
-    visible = k_pos <= q_pos
+    visible = k_pos <= q_pos if causal else k_pos < xp.reshape(seq, (n, 1, 1, 1, 1))
     if sliding_window is not None:
         visible = visible & (k_pos > q_pos - sliding_window)
     if custom_masks is not None and any(m is not None for m in custom_masks):

@@ -34,6 +34,7 @@ class NewRequestData:
     pooling_params: PoolingParams | None = None
     mirostat_mu: float | None = None
     lora_request: LoRARequest | None = None
+    token_type_ids: tuple[int, ...] | None = None  # an encoder's segments (`Request`)
 
 
 @dataclass(slots=True)
@@ -86,7 +87,7 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[Logprobs] | None] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
-    pooled: dict[str, list[float]] = field(default_factory=dict)  # pooling requests done
+    pooled: dict[str, list] = field(default_factory=dict)  # pooling requests done: outputs
     # request -> (first prompt position, the Logprobs of the prompt tokens its chunk
     # predicts, from that position + 1 on), for requests with prompt_logprobs
     prompt_logprobs: dict[str, tuple[int, list[Logprobs]]] = field(default_factory=dict)
@@ -108,7 +109,7 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: int | str | None = None  # the stop token id, when a stop token ended it
     error: str | None = None  # what went wrong, when finish_reason is "error"
-    pooled: list[float] | None = None  # a pooling request's embedding
+    pooled: list | None = None  # a pooling request's output (`model.pooling.Pooler`)
     # with its first token, if asked for: the Logprobs of prompt tokens 1 .. P-1
     prompt_logprobs: tuple[Logprobs, ...] | None = None
 

@@ -105,8 +105,10 @@ class Request:
         error: why it finished with FINISHED_ERROR (its own failure, not another's).
         grammar: the `structured.matcher.GrammarMatcher` of a request with structured
             outputs: it masks each next token and follows the tokens drawn.
-        pooling_params: set for a pooling (embedding) request: its prompt is computed,
-            pooled into one vector (`model.pooling`), and it finishes without sampling.
+        pooling_params: set for a pooling request (embed, classify, score): its prompt
+            is computed, pooled (`model.pooling`), and it finishes without sampling.
+        token_type_ids: an encoder's segment of each prompt token (0 for the first text
+            of a pair, 1 for the second, as a cross-encoder reads them), or None (all 0).
         spec_token_ids: speculative decoding: the drafts proposed for its next tokens,
             verified in its next step (then cleared).
         spec_parents: None for linear drafts; for a draft tree (Medusa), draft i's
@@ -143,6 +145,7 @@ class Request:
     error: str | None = None
     grammar: Any = None
     pooling_params: PoolingParams | None = None
+    token_type_ids: list[int] | None = None
     spec_token_ids: list[int] = field(default_factory=list)
     spec_parents: list[int] | None = None
     prompt_logprobs: list[Any] = field(default_factory=list)
@@ -152,6 +155,12 @@ class Request:
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id!r}: prompt_token_ids must not be empty")
         self.prompt_token_ids = list(self.prompt_token_ids)
+        types = self.token_type_ids
+        if types is not None and len(types) != len(self.prompt_token_ids):
+            raise ValueError(
+                f"request {self.request_id!r}: token_type_ids must have one entry per prompt "
+                f"token ({len(self.prompt_token_ids)}), got {len(types)}"
+            )
         if not self.times.arrival:
             self.times.arrival = time.monotonic()
 

@@ -31,6 +31,12 @@ adapters, so no step needs more adapter slots than the model has. A waiting requ
 whose adapter would be one too many waits at its place: later requests with an adapter
 wait behind it (so it cannot starve), requests without one are admitted past it; it is
 admitted once a running adapter's last request ends. Never refused for that.
+An encoder (bidirectional attention: BERT) cannot split a prompt, as a chunk would not see
+the tokens after it: with `SchedulerConfig.bidirectional` every prompt is scheduled whole
+in one step (one that exceeds max_num_batched_tokens fails at once with a message) and
+never from the prefix cache (an encoder's KV of a block depends on every token of its
+prompt, so equal prefixes do not share it). Its requests are pooling requests: they finish
+in the step that computes them, and their blocks go back to the pool.
 
 Speculative decoding: a decoding request with drafts (`Request.spec_token_ids`) is
 scheduled 1 + k tokens, its last token and the k drafts (fewer if the budget is short),
@@ -67,7 +73,8 @@ from .request import Request, RequestStatus
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Limits of one step. max_model_len caps prompt + output tokens per request."""
+    """Limits of one step. max_model_len caps prompt + output tokens per request.
+    bidirectional: the model is an encoder (prompts scheduled whole, see the module)."""
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
@@ -76,6 +83,7 @@ class SchedulerConfig:
     policy: str = "fcfs"
     num_lookahead_tokens: int = 0
     max_loras: int = 0  # distinct LoRA adapters among the running requests; 0: no bound
+    bidirectional: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
@@ -110,7 +118,9 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
-        if request.num_prompt_tokens >= self.config.max_model_len:
+        # a pooling request generates nothing: its prompt may fill the context
+        longest = self.config.max_model_len - (request.pooling_params is None)
+        if request.num_prompt_tokens > longest:
             raise ValueError(
                 f"prompt of {request.num_prompt_tokens} tokens leaves no room in "
                 f"max_model_len={self.config.max_model_len}"
@@ -216,10 +226,10 @@ class Scheduler:
                 held_back.append(self.waiting.pop())  # waits, behind the first held back
                 continue
             computed, num_computed = self.kv.get_computed_blocks(
-                request, use_cache=not _needs_every_token(request)
+                request, use_cache=not (cfg.bidirectional or _needs_every_token(request))
             )
             num_new = request.num_tokens - num_computed
-            if num_new > budget and not cfg.enable_chunked_prefill:
+            if num_new > budget and (cfg.bidirectional or not cfg.enable_chunked_prefill):
                 if num_new > cfg.max_num_batched_tokens:  # no step could ever take it
                     self.waiting.pop()
                     self._fail(request, self._too_large(request, num_new))
@@ -279,6 +289,9 @@ class Scheduler:
                     pooling_params=request.pooling_params,
                     mirostat_mu=request.mirostat_mu,
                     lora_request=request.lora_request,
+                    token_type_ids=None
+                    if request.token_type_ids is None
+                    else tuple(request.token_type_ids),
                 )
             )
             self._known_to_runner.add(request.request_id)
@@ -435,9 +448,14 @@ class Scheduler:
 
     def _too_large(self, request: Request, num_new: int | None = None) -> str:
         """Why `request` can never be scheduled: its KV, or (num_new) its prompt."""
+        split = (
+            "an encoder's prompt runs whole in one step"
+            if self.config.bidirectional
+            else "chunked prefill is off"
+        )
         why = (
             f"its {num_new} uncached tokens exceed max_num_batched_tokens="
-            f"{self.config.max_num_batched_tokens} and chunked prefill is off"
+            f"{self.config.max_num_batched_tokens} and {split}"
             if num_new is not None
             else f"its KV does not fit even alone in the cache ({self.kv.pool.num_blocks - 1} "
             f"blocks of {self.kv.block_size} tokens)"

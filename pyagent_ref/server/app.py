@@ -2,6 +2,7 @@
 
     GET  /  (the chat playground)  /health  /version  /metrics  /v1/models
     POST /v1/completions  /v1/chat/completions  /v1/responses  /v1/embeddings
+         /v1/score (/score)  /rerank (/v1/rerank, /v2/rerank)  /classify
          /tokenize  /detokenize  /v1/load_lora_adapter  /v1/unload_lora_adapter
 
 LoRA adapters (the engine's enable_lora) are models of their own: ``model`` names one
@@ -33,6 +34,8 @@ from .engine import ServingEngine
 from .errors import APIError, install_error_handlers
 from .protocol import (
     ChatCompletionRequest,
+    ClassificationRequest,
+    ClassificationResponse,
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
@@ -41,12 +44,17 @@ from .protocol import (
     LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
+    RerankRequest,
+    RerankResponse,
     ResponsesRequest,
+    ScoreRequest,
+    ScoreResponse,
     TokenizeRequest,
     TokenizeResponse,
     UnloadLoRAAdapterRequest,
 )
 from .responses import create_response
+from .scoring import create_classification, create_rerank, create_score
 from .state import ServerConfig, ServerState
 
 _OPEN_PATHS = {"/", "/health", "/version", "/metrics"}
@@ -167,6 +175,21 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest, request: Request) -> EmbeddingResponse:
         return await create_embedding(req, state, request)
+
+    @app.post("/v1/score", response_model_exclude_none=True)
+    @app.post("/score", response_model_exclude_none=True)
+    async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
+        return await create_score(req, state, request)
+
+    @app.post("/rerank", response_model_exclude_none=True)
+    @app.post("/v1/rerank", response_model_exclude_none=True)
+    @app.post("/v2/rerank", response_model_exclude_none=True)
+    async def rerank(req: RerankRequest, request: Request) -> RerankResponse:
+        return await create_rerank(req, state, request)
+
+    @app.post("/classify")
+    async def classify(req: ClassificationRequest, request: Request) -> ClassificationResponse:
+        return await create_classification(req, state, request)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> TokenizeResponse:

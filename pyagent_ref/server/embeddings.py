@@ -1,20 +1,24 @@
 """POST /v1/embeddings: each input's final hidden states pooled into one vector.
 
 Every input is one pooling request of the engine (`AsyncLLM.embed`), batched with the
-generation requests in flight; the server's ``--pooling-type`` says how a prompt's
-states are pooled (`model.pooling`). ``encoding_format: "base64"`` sends each vector as
-the base64 of its little-endian float32 bytes, as OpenAI does.
+requests in flight. How a prompt is pooled is the model's (`model.pooling.PoolerConfig`:
+sentence-transformers' pooling and normalisation for an encoder such as
+all-MiniLM-L6-v2, the last token for a decoder) unless the server's ``--pooling-type``
+says otherwise; ``dimensions`` truncates a Matryoshka model's embedding (a 400 naming the
+field for another model), ``normalize`` (vLLM's extra) overrides the model's choice.
+``encoding_format: "base64"`` sends each vector as the base64 of its little-endian
+float32 bytes, as OpenAI does.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import uuid
 
 import numpy as np
 from fastapi import Request
 
+from ..engine.llm import _gather_all
 from ..model.pooling import PoolingParams
 from .completions import _prompts
 from .errors import APIError, bad_request
@@ -28,21 +32,21 @@ async def create_embedding(
 ) -> EmbeddingResponse:
     lora = state.check_model(req.model)
     state.check_serving()
-    if req.dimensions is not None:
-        raise APIError(
-            400,
-            f"dimensions is not supported (the model is not trained for truncated "
-            f"embeddings), got {req.dimensions}",
-            "dimensions",
-        )
     inputs = _prompts(req.input)
     if not inputs:
         raise APIError(400, "input must not be empty, got []", "input")
-    pooling = PoolingParams(state.config.pooling_type, normalize=req.normalize)
+    try:
+        pooling = PoolingParams(
+            state.config.pooling_type, normalize=req.normalize, dimensions=req.dimensions
+        )
+        state.engine.pooler_config.resolve(pooling)  # a 400 before any request is queued
+    except (ValueError, TypeError) as exc:
+        raise bad_request(exc, {"dimensions": "dimensions", "normalize": "normalize"}) from None
     rid = f"embd-{uuid.uuid4().hex}"
     state.seats.take(len(inputs))
     try:
-        outs = await until_disconnected(request, _embed_all(state, inputs, pooling, rid, lora))
+        jobs = [state.engine.embed(p, pooling, f"{rid}-{i}", lora) for i, p in enumerate(inputs)]
+        outs = await until_disconnected(request, _gather_all(jobs))
     except (ValueError, TypeError) as exc:
         raise bad_request(exc, {"prompt": "input"}) from None
     finally:
@@ -57,22 +61,6 @@ async def create_embedding(
     tokens = sum(len(o.prompt_token_ids) for o in outs)
     usage = EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens)
     return EmbeddingResponse(data=data, model=state.model_name(req.model), usage=usage)
-
-
-async def _embed_all(state: ServerState, inputs: list, pooling: PoolingParams, rid: str, lora):
-    """Every input's `EmbeddingOutput`, in order; the first admission error cancels (and
-    so aborts) the others."""
-    tasks = [
-        asyncio.ensure_future(state.engine.embed(p, pooling, f"{rid}-{i}", lora))
-        for i, p in enumerate(inputs)
-    ]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:

@@ -175,15 +175,15 @@ class ResponsesRequest(Request):
 
 class EmbeddingRequest(Request):
     """POST /v1/embeddings. ``input``: text, token ids, or a list of either.
-    ``dimensions`` (Matryoshka truncation) is refused: the served models are not trained
-    for it. ``normalize`` is vLLM's extra field (default true)."""
+    ``dimensions``: a Matryoshka model's shorter embedding (refused, naming the field,
+    for other models). ``normalize`` is vLLM's extra field (default: the model's)."""
 
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
-    normalize: bool = True
+    normalize: bool | None = None
 
 
 class EmbeddingData(BaseModel):
@@ -201,6 +201,95 @@ class EmbeddingResponse(BaseModel):
     object: Literal["list"] = "list"
     data: list[EmbeddingData]
     model: str
+    usage: EmbeddingUsage
+
+
+class ScoreRequest(Request):
+    """POST /v1/score (and /score), vLLM's: how well each text of ``text_2`` matches
+    ``text_1`` (one text against each, or list against list, pairwise).
+    ``activation``: a cross-encoder's sigmoid (default on)."""
+
+    model: str | None = None
+    text_1: str | list[str]
+    text_2: str | list[str]
+    activation: bool | None = None
+    user: str | None = None
+
+
+class ScoreData(BaseModel):
+    object: Literal["score"] = "score"
+    index: int
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ScoreData]
+    usage: EmbeddingUsage
+
+
+class RerankRequest(Request):
+    """POST /rerank, /v1/rerank, /v2/rerank (Jina's and Cohere's shape, as vLLM serves
+    it): the ``documents`` ordered by their relevance to ``query``, the best ``top_n``
+    (all by default), with their texts unless ``return_documents`` is false."""
+
+    model: str | None = None
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+    return_documents: bool = True
+    activation: bool | None = None
+    user: str | None = None
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    document: RerankDocument | None = None
+    relevance_score: float
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class ClassificationRequest(Request):
+    """POST /classify (vLLM's): the class probabilities of each ``input`` (text or token
+    ids, or a list of either); ``activation`` false returns the logits."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    activation: bool | None = None
+    user: str | None = None
+
+
+class ClassificationData(BaseModel):
+    object: Literal["classification"] = "classification"
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ClassificationData]
     usage: EmbeddingUsage
 
 

@@ -7,7 +7,6 @@ import logging
 from dataclasses import dataclass, field
 
 from ..lora import LoRARequest
-from ..model.pooling import PoolingParams
 from ..parsers import ReasoningParser, ToolParser, detect_tool_parser, get_reasoning_parser
 from ..parsers import get_tool_parser as _tool_parser_class
 from .engine import Seats, ServingEngine
@@ -27,7 +26,8 @@ class ServerConfig:
     reasoning_parser: a reasoning parser name, or None.
     max_queue: completions that may wait for a seat beyond the engine's max_num_seqs;
         more in flight is a 429. None: no limit.
-    pooling_type: how /v1/embeddings pools a prompt's hidden states (`PoolingParams`).
+    pooling_type: how /v1/embeddings pools a prompt's hidden states ("last", "mean" or
+        "cls"; None: the model's, `PoolerConfig`).
     lora_modules: LoRA adapters served from the start, name -> directory (PEFT's
         format); each is a model clients name (`model`). Needs the engine's enable_lora.
     """
@@ -37,11 +37,14 @@ class ServerConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     max_queue: int | None = None
-    pooling_type: str = "last"
+    pooling_type: str | None = None
     lora_modules: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        PoolingParams(self.pooling_type)  # raises for an unknown type
+        if self.pooling_type not in (None, "last", "mean", "cls"):
+            raise ValueError(
+                f"pooling_type must be 'last', 'mean', 'cls' or None, got {self.pooling_type!r}"
+            )
         if self.max_queue is not None and (
             not isinstance(self.max_queue, int) or self.max_queue < 0
         ):

@@ -280,6 +280,15 @@ class HFTokenizer(TokenizerBase):
         check_flag(add_special_tokens, "add_special_tokens")
         return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_pair(self, text: str, text_pair: str) -> tuple[list[int], list[int]]:
+        """The ids of two texts read together, as the tokenizer's pair template joins them
+        (BERT: [CLS] text [SEP] text_pair [SEP]: a cross-encoder's query and document),
+        and each id's segment: 0 for the first text, 1 for the second."""
+        check_text(text)
+        check_text(text_pair, "text_pair")
+        encoding = self._tk.encode(text, text_pair, add_special_tokens=True)
+        return encoding.ids, encoding.type_ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         ids = check_token_ids(ids, self._vocab_size)
         check_flag(skip_special_tokens, "skip_special_tokens")

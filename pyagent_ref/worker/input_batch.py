@@ -55,6 +55,7 @@ class PreparedBatch:
     num_tokens: int
     num_drafts: list[int]  # per request: the speculative drafts scheduled after its tokens
     draft_parents: list[list[int] | None]  # per request: its drafts' parents if a tree
+    token_type_ids: np.ndarray  # an encoder's segment of each token (0 without any)
 
 
 class InputBatch:
@@ -72,6 +73,7 @@ class InputBatch:
         self.input_ids = np.zeros(max_num_tokens, dtype=np.int64)
         self.positions = np.zeros(max_num_tokens, dtype=np.int64)
         self.slot_positions = np.zeros(max_num_tokens, dtype=np.int64)
+        self.token_type_ids = np.zeros(max_num_tokens, dtype=np.int64)
         self.query_start_loc = np.zeros(max_num_reqs + 1, dtype=np.int64)
         self.seq_lens = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_tables = np.zeros((num_groups, max_num_reqs, self.max_blocks), dtype=np.int64)
@@ -121,6 +123,10 @@ class InputBatch:
             self.input_ids[offset + known : offset + n] = drafts
             self.slot_positions[offset : offset + n] = np.arange(start, start + n)
             self.positions[offset : offset + n] = self.slot_positions[offset : offset + n]
+            types = state.data.token_type_ids
+            self.token_type_ids[offset : offset + n] = (
+                0 if types is None else types[start : start + n]
+            )
             parents = sched.scheduled_spec_decode_parents.get(rid)
             if parents is not None:  # node i + 1 of the tree at its depth after the root
                 depths = node_depths(parents)[1:]
@@ -153,6 +159,7 @@ class InputBatch:
             num_tokens=offset,
             num_drafts=num_drafts,
             draft_parents=draft_parents,
+            token_type_ids=self.token_type_ids[:offset],
         )
 
     def after_step(

@@ -27,7 +27,7 @@ import torch
 
 from ..kv_cache import KVCacheGroup
 from ..model.llama import AttentionMetadata
-from ..model.pooling import pool
+from ..model.pooling import Pooler, PoolerConfig
 from ..sample.logits_processor import BatchUpdate, LogitsProcessor
 from ..sample.logprobs import logprobs_rows
 from ..sample.sampler import Sampler, SamplingRow
@@ -78,6 +78,8 @@ class ModelRunner:
             Each step puts its requests' adapters into slots and gives every token its
             slot; a step with adapters runs eagerly (no CUDA graph: a graph records
             the layers without their adapters, see `_forward`).
+        pooler: what turns a finished pooling request's hidden states into its output
+            (`model.pooling.Pooler`); None builds one from the model's config.
     Raises:
         ValueError: an unknown graph_mode or compile backend; kv_groups that name an
             unknown layer or do not hold every layer exactly once.
@@ -101,6 +103,7 @@ class ModelRunner:
         keep_hidden_states: bool = False,
         rows_per_request: int = 1,
         lora=None,
+        pooler: Pooler | None = None,
     ) -> None:
         if graph_mode not in GRAPH_MODES:
             raise ValueError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
@@ -126,6 +129,8 @@ class ModelRunner:
         self.logits_processors = list(logits_processors)
         self.keep_hidden_states = keep_hidden_states
         self.lora = lora
+        self.pooler = pooler or Pooler(ops, model, PoolerConfig.from_model(model.config))
+        self.uses_token_types = getattr(model, "uses_token_types", False)
         self.sampler = Sampler(ops, logprobs_mode, self.logits_processors)
         self.forward = model.forward
         if compile:
@@ -299,11 +304,15 @@ class ModelRunner:
             )
             for group_slots, table in zip(slots, tables, strict=True)
         ]
+        extra = {}
+        if self.uses_token_types:  # an encoder's segments
+            extra["token_type_ids"] = torch.from_numpy(prep.token_type_ids).to(dev)
         return self.forward(
             torch.from_numpy(prep.input_ids).to(dev),
             torch.from_numpy(prep.positions).to(dev),
             [metas[g] for g in self.group_of_layer],
             self.kv_caches,
+            **extra,
         )
 
     def _tree_masks(self, prep) -> list[torch.Tensor | None] | None:
@@ -416,10 +425,11 @@ class ModelRunner:
             out[rid] = (start, logprobs_rows(topk, targets, [num] * len(targets)))
         return out
 
-    def _pool(self, prep, hidden: torch.Tensor) -> dict[str, list[float]]:
+    def _pool(self, prep, hidden: torch.Tensor) -> dict[str, list]:
         """Pooling requests: keep this step's hidden states of their prompt tokens (only
-        the last one for "last" pooling); pool those whose prompt is now done."""
-        pooled = {}
+        the last one for "last" pooling); those whose prompt is now done go through the
+        pooler together."""
+        done, items = [], []
         for i, rid in enumerate(prep.req_ids):
             state = self.batch.states[rid]
             params = state.data.pooling_params
@@ -428,11 +438,11 @@ class ModelRunner:
             start, end = int(prep.query_start_loc[i]), int(prep.query_start_loc[i + 1])
             if not params.needs_every_token:
                 start = end - 1
-            state.hidden_states.append(hidden[start:end].float().cpu())
+            state.hidden_states.append(hidden[start:end].clone())  # not a view of the step's
             if prep.samples[i]:
-                vector = pool(torch.cat(state.hidden_states), params)
-                pooled[rid] = vector.tolist()
-        return pooled
+                done.append(rid)
+                items.append((torch.cat(state.hidden_states), params))
+        return dict(zip(done, self.pooler(items), strict=True)) if done else {}
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], verify: bool):
         """(row, tokens, their logprobs or None, its next mirostat mu or None, error) per

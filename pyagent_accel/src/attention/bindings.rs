@@ -201,6 +201,7 @@ struct Batch<'a> {
     sliding_window: Option<i64>,
     soft_cap: Option<f64>,
     alibi: Option<&'a [f64]>,
+    causal: bool,
 }
 
 fn table_of<'a>(
@@ -229,7 +230,7 @@ fn count(x: i64, name: &str) -> PyResult<usize> {
 #[pyfunction]
 #[pyo3(signature = (
     query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale,
-    sliding_window=None, soft_cap=None, alibi_slopes=None, custom_masks=None
+    sliding_window=None, soft_cap=None, alibi_slopes=None, custom_masks=None, causal=true
 ))]
 #[allow(clippy::too_many_arguments)]
 fn paged_attention<'py>(
@@ -245,6 +246,7 @@ fn paged_attention<'py>(
     soft_cap: Option<f64>,
     alibi_slopes: Option<PyReadonlyArray1<'py, f64>>,
     custom_masks: Option<Vec<Option<PyReadonlyArray2<'py, bool>>>>,
+    causal: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let qsl = slice(&query_start_loc, "query_start_loc")?;
     let lens = slice(&seq_lens, "seq_lens")?;
@@ -301,6 +303,7 @@ fn paged_attention<'py>(
         sliding_window,
         soft_cap,
         alibi,
+        causal,
     };
     attend(py, query, key_cache, value_cache, &batch)
 }
@@ -345,6 +348,7 @@ fn paged_decode_attention<'py>(
         sliding_window,
         soft_cap,
         alibi,
+        causal: true,
     };
     let query_rows = query.getattr("shape")?.get_item(0)?.extract::<usize>()?;
     if query_rows != lens.len() {
@@ -418,6 +422,7 @@ fn attend_typed<'py, Q: Elem, E: Elem>(
         window: batch.sliding_window,
         soft_cap: batch.soft_cap.map(c),
         alibi: batch.alibi.map(|a| a.iter().map(|&x| c(x)).collect()),
+        causal: batch.causal,
     };
     // a 3-D view: iterating it is much faster than iterating a dynamic-dimension one
     let view = query

@@ -4,7 +4,8 @@
 //! so position j of a request lives in block `blocks[j / block_size]`, row
 //! `j % block_size`. Query token i of a request with q_len tokens and seq_len positions
 //! sits at position `seq_len - q_len + i` and sees the keys j with
-//! `max(0, p - window + 1) <= j <= p` (and `mask[i][j]` when the request has a mask).
+//! `max(0, p - window + 1) <= j <= p` (`j < seq_len` in place of `j <= p` when not
+//! causal) and `mask[i][j]` when the request has a mask.
 //!
 //! `attention` reads the cache in place (no gathered copy of K/V). One work item is a
 //! (request, KV head, run of query tokens): the `group = num_heads / num_kv_heads`
@@ -89,6 +90,8 @@ pub struct Scoring<C> {
     pub soft_cap: Option<C>,
     /// One slope per query head.
     pub alibi: Option<Vec<C>>,
+    /// A query sees the keys up to its own position (else every key of its sequence).
+    pub causal: bool,
 }
 
 impl<C: Compute> Scoring<C> {
@@ -103,6 +106,16 @@ impl<C: Compute> Scoring<C> {
             x = cap * (x / cap).tanh_();
         }
         x
+    }
+
+    /// The last position a query at position p of a sequence of seq_len sees.
+    #[inline(always)]
+    fn last_visible(&self, p: i64, seq_len: usize) -> i64 {
+        if self.causal {
+            p
+        } else {
+            seq_len as i64 - 1
+        }
     }
 
     /// The first position a query at position p sees.
@@ -201,7 +214,7 @@ pub fn check_batch<E, C>(
     Ok(())
 }
 
-/// Causal paged attention of a validated batch (`check_batch`): a (num_tokens,
+/// Paged attention (causal or not) of a validated batch (`check_batch`): a (num_tokens,
 /// num_heads, head_size) C-order result in `C`; tokens no request owns get zeros.
 pub fn attention<E: Elem, C: Compute>(
     cache: &Cache<'_, E>,
@@ -283,7 +296,7 @@ fn attend_item_imp<E: Elem, C: Compute>(
     }
     let position = |i: usize| (req.seq_len - req.q_len + i) as i64;
     let first_key = scoring.first_visible(position(tokens.start));
-    let last_key = position(tokens.end - 1);
+    let last_key = scoring.last_visible(position(tokens.end - 1), req.seq_len);
 
     let mut keys = KeyTile {
         data: vec![C::ZERO; TILE * dp],
@@ -311,7 +324,7 @@ fn attend_item_imp<E: Elem, C: Compute>(
         for (ti, i) in tokens.clone().enumerate() {
             let p = position(i);
             let lo = scoring.first_visible(p).max(j0);
-            let hi = p.min(j0 + n as i64 - 1);
+            let hi = scoring.last_visible(p, req.seq_len).min(j0 + n as i64 - 1);
             if lo > hi {
                 continue;
             }

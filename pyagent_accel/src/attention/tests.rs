@@ -12,29 +12,43 @@ fn value(i: usize) -> f64 {
     ((i.wrapping_mul(2_654_435_761) % 2000) as f64) / 1000.0 - 1.0
 }
 
-/// Dense causal attention of one query row in f64 (window, no mask).
+/// Dense attention of one query row in f64 (window, no mask): causal, or over every key
+/// when `causal` is false.
 fn dense(
     q: &[f64],
     keys: &[Vec<f64>],
     values: &[Vec<f64>],
     p: usize,
     window: Option<i64>,
+    causal: bool,
 ) -> Vec<f64> {
     let lo = window.map_or(0, |w| (p as i64 - w + 1).max(0) as usize);
-    let scores: Vec<f64> = (lo..=p)
+    let hi = if causal { p } else { keys.len() - 1 };
+    let scores: Vec<f64> = (lo..=hi)
         .map(|j| q.iter().zip(&keys[j]).map(|(a, b)| a * b).sum::<f64>() * 0.5)
         .collect();
     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let sum: f64 = w.iter().sum();
     (0..q.len())
-        .map(|c| (lo..=p).map(|j| w[j - lo] * values[j][c]).sum::<f64>() / sum)
+        .map(|c| (lo..=hi).map(|j| w[j - lo] * values[j][c]).sum::<f64>() / sum)
         .collect()
 }
 
 /// One request of `q_len` tokens at the end of `seq_len` positions, `group` query heads
 /// per KV head, blocks in reverse order; the kernel's result against `dense`.
 fn check_against_dense(q_len: usize, seq_len: usize, group: usize, d: usize, window: Option<i64>) {
+    check_against_dense_causal(q_len, seq_len, group, d, window, true);
+}
+
+fn check_against_dense_causal(
+    q_len: usize,
+    seq_len: usize,
+    group: usize,
+    d: usize,
+    window: Option<i64>,
+    causal: bool,
+) {
     let (bs, kvh) = (3, 2);
     let heads = group * kvh;
     let nb = seq_len.div_ceil(bs) + 1;
@@ -67,6 +81,7 @@ fn check_against_dense(q_len: usize, seq_len: usize, group: usize, d: usize, win
         window,
         soft_cap: None,
         alibi: None,
+        causal,
     };
     check_batch(&cache, &queries, &requests, &scoring).unwrap();
     let out = attention(&cache, &queries, &requests, &scoring);
@@ -80,7 +95,8 @@ fn check_against_dense(q_len: usize, seq_len: usize, group: usize, d: usize, win
         for i in 0..q_len {
             for h in g * group..(g + 1) * group {
                 let row = (i * heads + h) * d;
-                let want = dense(&query[row..row + d], &k, &v, seq_len - q_len + i, window);
+                let p = seq_len - q_len + i;
+                let want = dense(&query[row..row + d], &k, &v, p, window, causal);
                 for c in 0..d {
                     assert!((out[row + c] - want[c]).abs() < 1e-12, "token {i} head {h}");
                 }
@@ -106,6 +122,12 @@ fn prefill_rows_use_transposed_tiles_and_match_dense() {
 }
 
 #[test]
+fn non_causal_rows_see_every_key_of_their_sequence() {
+    check_against_dense_causal(45, 45, 2, 8, None, false); // an encoder's whole prompt
+    check_against_dense_causal(3, 7, 1, 16, Some(4), false); // after cached keys, windowed
+}
+
+#[test]
 fn check_batch_rejects_what_the_kernel_cannot_read() {
     let data = vec![0.0f32; 2 * 2 * 4]; // 2 blocks of 2 slots, 1 KV head of 4
     let cache = Cache {
@@ -127,6 +149,7 @@ fn check_batch_rejects_what_the_kernel_cannot_read() {
         window: None,
         soft_cap: None,
         alibi: None,
+        causal: true,
     };
     let blocks = [0i64, 5];
     let req = |first_token, q_len, seq_len| Request {

@@ -13,6 +13,7 @@ from . import (
     layers,
     lora,
     moe,
+    pooling,
     rope,
     sampling,
     spec_decode,
@@ -30,6 +31,7 @@ MODULES = (
     "spec_decode",
     "moe",
     "lora",
+    "pooling",
 )
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "layers",
     "lora",
     "moe",
+    "pooling",
     "rope",
     "sampling",
     "spec_decode",

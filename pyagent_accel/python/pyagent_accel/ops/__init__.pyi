@@ -4,6 +4,7 @@ from . import hashing as hashing
 from . import layers as layers
 from . import lora as lora
 from . import moe as moe
+from . import pooling as pooling
 from . import rope as rope
 from . import sampling as sampling
 from . import spec_decode as spec_decode
@@ -19,6 +20,7 @@ __all__ = [
     "layers",
     "lora",
     "moe",
+    "pooling",
     "rope",
     "sampling",
     "spec_decode",

@@ -290,8 +290,9 @@ def paged_attention(
     soft_cap: float | None = None,
     alibi_slopes: Any = None,
     custom_masks: Sequence[Any | None] | None = None,
+    causal: bool = True,
 ) -> Any:
-    """Causal multi-head attention of a flattened batch over the paged KV cache.
+    """Multi-head attention of a flattened batch over the paged KV cache, causal or not.
 
     Contract: `pyagent_ref.ops.attention.paged_attention`.
     """
@@ -307,6 +308,8 @@ def paged_attention(
         )
     if custom_masks is not None:
         _check_masks(custom_masks, qsl, lens)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     attended = decreasing = False
     for r, seq_len in enumerate(lens):
         q_len = qsl[r + 1] - qsl[r]
@@ -342,6 +345,7 @@ def paged_attention(
         None if soft_cap is None else float(soft_cap),
         slopes,
         masks,
+        causal,
     )
     return _c.wrap_float(out, query, torch_in)
 

@@ -24,6 +24,7 @@ def paged_attention(
     soft_cap: float | None = None,
     alibi_slopes: Any = None,
     custom_masks: Sequence[Any | None] | None = None,
+    causal: bool = True,
 ) -> Any: ...
 def paged_decode_attention(
     query: Any,
