@@ -14,6 +14,7 @@ from . import (
     lora,
     moe,
     pooling,
+    quant,
     rope,
     sampling,
     spec_decode,
@@ -32,6 +33,7 @@ MODULES = (
     "moe",
     "lora",
     "pooling",
+    "quant",
 )
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "lora",
     "moe",
     "pooling",
+    "quant",
     "rope",
     "sampling",
     "spec_decode",
