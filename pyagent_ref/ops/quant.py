@@ -101,7 +101,9 @@ def _per_column(xp: Any, a: Any, group_size: int) -> Any:
 # --- the ops --------------------------------------------------------------------------------
 
 
-def quantize(weight: Any, bits: int, group_size: int | None = None, symmetric: bool = True):
+def quantize(
+    weight: Any, bits: int, group_size: int | None = None, symmetric: bool = True
+) -> tuple[Any, Any, Any]:
     """Round-to-nearest quantization of a weight to signed b-bit codes per row and group.
 
     For each row o and group g (the columns [g * group_size, (g + 1) * group_size); one

@@ -84,7 +84,9 @@ def _floats(x: Any, name: str, torch_in: bool) -> np.ndarray:
     return np.ascontiguousarray(_c.float_view(x, name, torch_in))
 
 
-def quantize(weight: Any, bits: int, group_size: int | None = None, symmetric: bool = True):
+def quantize(
+    weight: Any, bits: int, group_size: int | None = None, symmetric: bool = True
+) -> tuple[Any, Any, Any]:
     """Round-to-nearest quantization of a weight to signed b-bit codes per row and group.
 
     Contract: `pyagent_ref.ops.quant.quantize`.
