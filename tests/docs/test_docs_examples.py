@@ -12,7 +12,15 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 @pytest.mark.parametrize(
     "page",
-    ["kv_cache.md", "model.md", "spec_decode.md", "logits_processors.md", "lora.md", "pooling.md"],
+    [
+        "kv_cache.md",
+        "model.md",
+        "spec_decode.md",
+        "logits_processors.md",
+        "lora.md",
+        "pooling.md",
+        "quantization.md",
+    ],
 )
 def test_doc_examples_run(page):
     result = doctest.testfile(str(DOCS / page), module_relative=False, optionflags=doctest.ELLIPSIS)
