@@ -274,7 +274,8 @@ def follows_the_rtn_formula(ctx: Ctx, case: Case) -> None:
 
 @spec.prop("quantize", quantize_cases())
 def dequantizes_within_half_a_scale(ctx: Ctx, case: Case) -> None:
-    """Every weight is within s / 2 of (q - z) * s (plus the compute type's rounding), and a
+    """Every weight is within s / 2 of (q - z) * s (plus the compute type's rounding; a
+    subnormal s is off by up to half the smallest subnormal, times |q - z| <= 2^b), and a
     weight of 0 is exactly 0 after the round trip."""
     codes, scales, zeros = call(ctx, "quantize", case)
     columns = case.weight.shape[1]
@@ -282,8 +283,10 @@ def dequantizes_within_half_a_scale(ctx: Ctx, case: Case) -> None:
     z = 0 if zeros is None else spread(zeros, columns).astype(np.float64)
     back = (codes.astype(np.float64) - z) * s
     w = case.weight.astype(np.float64)
-    eps = np.finfo(compute(case.weight.dtype)).eps
-    assert_within(back, w, s / 2 * (1 + 4 * eps) + 4 * eps * np.abs(w), "dequantized weight")
+    info = np.finfo(compute(case.weight.dtype))
+    eps, tiny = info.eps, 2**case.bits * float(info.smallest_subnormal)
+    tol = s / 2 * (1 + 4 * eps) + 4 * eps * np.abs(w) + tiny
+    assert_within(back, w, tol, "dequantized weight")
     zero = case.weight == 0
     checks.assert_equal(back[zero], np.zeros(int(zero.sum())), what="dequantized zero weights")
 

@@ -1,13 +1,15 @@
 //! Kernels of `pyagent_accel.ops.quant` (weight-only integer quantization) and their
 //! Python bindings (contract: `pyagent_ref.ops.quant`).
 //!
-//! `dequant_matmul` is the fused linear layer on packed codes: for each output row, its
-//! int32 words are decoded into the row's float weights, (q - z) * s rounded once in the
-//! compute type exactly as `dequantize` gives them, in a buffer of one row (the float
-//! weight matrix is never built), and the row is dotted with every token (`LANES`-wide
-//! partial sums, four tokens per read of the row), compiled for AVX-512/AVX2/baseline;
-//! rows in parallel for large layers. Sums run in another order than BLAS's, so results
-//! differ from the reference in the last bits (within the specification's tolerance).
+//! `dequant_matmul` is the fused linear layer on packed codes (the float weight matrix is
+//! never built), compiled for AVX-512/AVX2/baseline, rows in parallel for large layers.
+//! For 1-3 tokens (GEMV, memory-bound) each row's words are read once per token and
+//! decoded in registers: q - z exactly, times x, summed per block of codes of one group,
+//! times the group's scale (`fused_dot`). For more tokens each row is decoded once into
+//! float weights, (q - z) * s as `dequantize` gives them, in a buffer of one row, and
+//! dotted with four tokens per read of the row. Sums run in another order than BLAS's
+//! (and GEMV scales a block's sum instead of each weight), so results differ from the
+//! reference in the last bits (within the specification's tolerance).
 //!
 //! `quantize`, `dequantize`, `pack_int32` and `unpack_int32` follow the contract's
 //! formulas step by step (correctly rounded divisions, ties to even), so they give the
@@ -30,12 +32,21 @@ const ROW_BLOCK: usize = 16;
 
 /// A compute type that small integers convert to exactly.
 pub trait Lane: Compute {
+    /// 2^m, m the mantissa width: `biased(f) - BIAS` is f exactly, for f < 2^16.
+    const BIAS: Self;
     fn of_i32(v: i32) -> Self;
+    /// BIAS + f, made from bits (no conversion instruction): f placed in the mantissa.
+    fn biased(f: u32) -> Self;
     fn round_even(self) -> Self;
     fn to_i32(self) -> i32;
 }
 
 impl Lane for f32 {
+    const BIAS: f32 = 8_388_608.0;
+    #[inline(always)]
+    fn biased(f: u32) -> f32 {
+        f32::from_bits(0x4B00_0000 | f)
+    }
     #[inline(always)]
     fn of_i32(v: i32) -> f32 {
         v as f32
@@ -51,6 +62,11 @@ impl Lane for f32 {
 }
 
 impl Lane for f64 {
+    const BIAS: f64 = 4_503_599_627_370_496.0;
+    #[inline(always)]
+    fn biased(f: u32) -> f64 {
+        f64::from_bits(0x4330_0000_0000_0000 | f as u64)
+    }
     #[inline(always)]
     fn of_i32(v: i32) -> f64 {
         v as f64
@@ -149,10 +165,12 @@ fn dot4<C: Compute>(w: &[C], x: [&[C]; 4]) -> [C; 4] {
     out
 }
 
-/// The dot of one row's packed words with one token, decoding and scaling on the fly:
-/// LANES words at a time, field j of word l meeting `xp[j * LANES + l]` of the block (the
-/// token permuted by `permute`), every weight (q - z) * s rounded once as `dequantize`
-/// gives it. Each block of LANES words lies in one group (`fusable`).
+/// The dot of one row's packed words with one token, decoding on the fly: LANES words
+/// at a time, field j of word l meeting `xp[j * LANES + l]` of the block (the token
+/// permuted by `permute`). Each field f becomes q - z = f - 2^(b-1) - z exactly, as
+/// `biased(f) - (BIAS + 2^(b-1) + z)` (no int-to-float conversion), is multiplied by x
+/// and summed per lane over the block; the block's sum is then multiplied by its
+/// group's scale once. Each block of LANES words lies in one group (`fusable`).
 #[inline(always)]
 fn fused_dot<C: Lane, const BITS: usize>(
     words: &[i32],
@@ -165,31 +183,28 @@ fn fused_dot<C: Lane, const BITS: usize>(
     let block = LANES * per;
     let mask = (1u32 << BITS) - 1;
     let offset = 1i32 << (BITS - 1);
-    let mut acc = [C::ZERO; LANES];
+    let mut total = C::ZERO;
     for (b, (ws, xs)) in words
         .chunks_exact(LANES)
         .zip(xp.chunks_exact(block))
         .enumerate()
     {
         let g = b * block / group;
-        let (s, z) = (scales[g], offset + zeros.map_or(0, |z| z[g] as i32));
-        let mut lanes = [0u32; LANES];
-        for l in 0..LANES {
-            lanes[l] = ws[l] as u32;
-        }
-        for xj in xs.chunks_exact(LANES) {
+        let s = scales[g];
+        let bias = C::BIAS + C::of_i32(offset + zeros.map_or(0, |z| z[g] as i32));
+        let ws: &[i32; LANES] = ws.try_into().unwrap();
+        let mut part = [C::ZERO; LANES];
+        for (j, xj) in xs.chunks_exact(LANES).enumerate() {
             let xj: &[C; LANES] = xj.try_into().unwrap();
-            let mut w = [C::ZERO; LANES];
             for l in 0..LANES {
-                w[l] = C::of_i32((lanes[l] & mask) as i32 - z) * s;
-                lanes[l] >>= BITS;
-            }
-            for l in 0..LANES {
-                acc[l] = acc[l] + w[l] * xj[l];
+                let field = ((ws[l] as u32) >> (j * BITS)) & mask;
+                part[l] = part[l] + (C::biased(field) - bias) * xj[l];
             }
         }
+        // folded per block: LANES sums carried across blocks stay in 128-bit registers
+        total = total + fold(part) * s;
     }
-    fold(acc)
+    total
 }
 
 /// Whether `fused_dot` serves a layer: every block of LANES words in one group.
@@ -229,6 +244,29 @@ pub struct Weight<'a, C> {
     pub permuted: Option<&'a [C]>,
 }
 
+/// `rows_impl` on the permuted tokens `xp`: `fused_dot` per row and token.
+#[inline(always)]
+fn fused_rows<C: Lane, const BITS: usize>(
+    weight: Weight<'_, C>,
+    xp: &[C],
+    tokens: usize,
+    yt: &mut [C],
+) {
+    let n = weight.in_features;
+    let rows = yt.len() / tokens;
+    let per_row = weight.words.len() / rows.max(1);
+    let groups = weight.scales.len() / rows.max(1);
+    let group = n / groups;
+    for (o, out) in yt.chunks_exact_mut(tokens).enumerate() {
+        let words = &weight.words[o * per_row..(o + 1) * per_row];
+        let scales = &weight.scales[o * groups..(o + 1) * groups];
+        let zeros = weight.zeros.map(|z| &z[o * groups..(o + 1) * groups]);
+        for (t, y) in out.iter_mut().enumerate() {
+            *y = fused_dot::<C, BITS>(words, scales, zeros, &xp[t * n..(t + 1) * n], group);
+        }
+    }
+}
+
 /// y rows (one per output row of `weight`, `tokens` entries each) of x (tokens, in): with
 /// `permuted`, `fused_dot` per token; else each row decoded once into float weights and
 /// dotted with four tokens per read.
@@ -240,19 +278,12 @@ fn rows_impl<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, yt: &mut [C
     let groups = weight.scales.len() / rows.max(1);
     let token = |t: usize| &x[t * n..(t + 1) * n];
     if let Some(xp) = weight.permuted {
-        let group = n / groups;
-        for (o, out) in yt.chunks_exact_mut(tokens).enumerate() {
-            let words = &weight.words[o * per_row..(o + 1) * per_row];
-            let scales = &weight.scales[o * groups..(o + 1) * groups];
-            let zeros = weight.zeros.map(|z| &z[o * groups..(o + 1) * groups]);
-            for (t, y) in out.iter_mut().enumerate() {
-                let xt = &xp[t * n..(t + 1) * n];
-                *y = match weight.bits {
-                    2 => fused_dot::<C, 2>(words, scales, zeros, xt, group),
-                    4 => fused_dot::<C, 4>(words, scales, zeros, xt, group),
-                    _ => fused_dot::<C, 8>(words, scales, zeros, xt, group),
-                };
-            }
+        // one instance per width, the match outside the loops (inside them, LLVM keeps
+        // the decoding in 128-bit registers)
+        match weight.bits {
+            2 => fused_rows::<C, 2>(weight, xp, tokens, yt),
+            4 => fused_rows::<C, 4>(weight, xp, tokens, yt),
+            _ => fused_rows::<C, 8>(weight, xp, tokens, yt),
         }
         return;
     }

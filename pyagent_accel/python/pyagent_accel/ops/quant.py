@@ -5,10 +5,11 @@ the reference, whose docstrings are the contract. Inputs are numpy arrays or tor
 tensors (float16, bfloat16, float32 or float64 floats); results come back in the input's
 library. Each op is one native call with the GIL released.
 
-`dequant_matmul` is a fused kernel: each output row's packed codes are decoded and scaled
-into one row of float weights (exactly the values `dequantize` gives) and dotted with
-every token, rows in parallel for large layers; the float weight matrix is never built.
-Its sums run in another order than BLAS's: results agree with the reference within the
+`dequant_matmul` is a fused kernel that never builds the float weight matrix: for 1-3
+tokens each row's codes are decoded in registers and dotted with the token, a block's sum
+scaled once; for more, each row is decoded into float weights (the values `dequantize`
+gives) and dotted with four tokens per read; rows in parallel for large layers. Its sums
+run in another order than BLAS's: results agree with the reference within the
 specification's tolerance. The other ops give the reference's results bit for bit.
 
 Differences from the reference:
