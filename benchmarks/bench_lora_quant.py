@@ -182,7 +182,8 @@ def bench_quant_layers(quick: bool) -> None:
         packed = {}
         for bits, group, symmetric in ((4, 128, False), (8, None, True)):
             codes, scales, zeros = quant.quantize(weight, bits, group, symmetric)
-            packed[bits] = (quant.pack_int32(codes, bits), scales, zeros, bits)
+            arrays = (quant.pack_int32(codes, bits), scales, zeros)
+            packed[bits] = (*(None if a is None else torch.from_numpy(a) for a in arrays), bits)
         for batch in (1, 64):
             x = torch.from_numpy(rng.normal(0.0, 1.0, (batch, n)).astype(np.float32))
             x16 = x.to(torch.bfloat16)
