@@ -376,7 +376,8 @@ pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize
 }
 
 /// RTN quantization of one row (contract: `quantize`), into codes, scales and zeros.
-pub fn quantize_row<C: Lane>(
+#[inline(always)]
+fn quantize_row_impl<C: Lane>(
     w: &[C],
     bits: usize,
     size: usize,
@@ -412,6 +413,20 @@ pub fn quantize_row<C: Lane>(
             *c = ((v / s).round_even().to_i32() + z).clamp(qmin, qmax) as i8;
         }
     }
+}
+
+multiversion! {
+    /// `quantize_row_impl` compiled per instruction set (the rounding to even is one
+    /// instruction from SSE4.1 on, a library call in baseline x86-64).
+    pub fn quantize_row<C: Lane>(
+        w: &[C],
+        bits: usize,
+        size: usize,
+        symmetric: bool,
+        codes: &mut [i8],
+        scales: &mut [C],
+        zeros: &mut [i8],
+    ) -> () = quantize_row_impl;
 }
 
 // ---------------------------------------------------------------------------------
@@ -450,6 +465,13 @@ fn to_compute<C: Lane>(a: &Bound<'_, PyAny>, name: &str, len: usize) -> PyResult
     })
 }
 
+/// `quantize`'s result: codes, scales, and zeros (None when symmetric).
+type Quantized<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+);
+
 /// quantize(weight, bits, group_size, symmetric)
 /// --
 ///
@@ -462,11 +484,7 @@ fn quantize<'py>(
     bits: usize,
     group_size: usize,
     symmetric: bool,
-) -> PyResult<(
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-    Option<Bound<'py, PyAny>>,
-)> {
+) -> PyResult<Quantized<'py>> {
     check_bits(bits)?;
     with_elem!(dtype_of(weight, "weight")?, E => {
         let arr = float_array::<E>(weight, "weight")?;
@@ -610,7 +628,7 @@ fn pack_int32<'py>(
             }
         }
     })?;
-    Ok(numpy::PyArray1::from_vec(py, out).reshape([rows, words])?)
+    numpy::PyArray1::from_vec(py, out).reshape([rows, words])
 }
 
 /// unpack_int32(packed, bits, size)
@@ -642,7 +660,7 @@ fn unpack_int32<'py>(
             }
         }
     })?;
-    Ok(numpy::PyArray1::from_vec(py, out).reshape([rows, size])?)
+    numpy::PyArray1::from_vec(py, out).reshape([rows, size])
 }
 
 /// dequant_matmul(x, packed, scales, zeros, bits)
