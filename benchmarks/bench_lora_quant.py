@@ -1,6 +1,8 @@
-"""Serving cost of LoRA adapters (part a) on the embedded model.
+"""Serving cost of LoRA adapters (part a) on the embedded model, and the quantized
+linear layer (part b).
 
-    python benchmarks/bench_lora_quant.py [--quick] [--ops auto|ref|accel] [--rank 16]
+    python benchmarks/bench_lora_quant.py [--quick] [--part a|b|all] [--ops auto|ref|accel]
+        [--rank 16]
 
 (a) A batch of 64 decoding requests on the embedded model, timed over its decode steps
 only (the prompts are prefilled first, untimed): without LoRA (an engine with no
@@ -10,14 +12,25 @@ gate/up/down, max_loras 16). It prints decode tokens/s of each and the ratio to 
 LoRA (the target: >= 0.75 at 16 adapters). The adapters are written in PEFT's format
 with random factors, so the run needs no PEFT. Median of 5 runs after a warm-up, the
 cases interleaved run by run.
+
+(b) `dequant_matmul` of Qwen3-0.6B's linear layers (hidden 1024, 16 query heads and 8 KV
+heads of 128, intermediate 3072: fused qkv 1024 -> 4096, o 2048 -> 1024, fused gate/up
+1024 -> 6144, down 3072 -> 1024) on one core: pyagent_accel's fused kernel on int4 codes
+in groups of 128 (asymmetric) and on int8 codes per channel (symmetric), against torch's
+`x @ W.T` on the float32 and the bfloat16 weight, at batch 1 (decode: memory-bound) and
+64. Each figure is the median CPU time of one call (`time.process_time`, so other load on
+the machine does not count; torch and the kernel's thread pool both use one thread), and
+the last line sums the four layers at batch 1 (the target: int4 >= 2x float32 torch).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,9 +119,100 @@ def decode_seconds(core: EngineCore, loras: list[LoRARequest | None], steps: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few steps, one run (CI smoke)")
+    parser.add_argument("--part", default="all", choices=["a", "b", "all"])
     parser.add_argument("--ops", default="auto", choices=["ref", "accel", "auto"])
     parser.add_argument("--rank", type=int, default=16)
     args = parser.parse_args()
+    if args.part in ("a", "all"):
+        bench_lora(args)
+    if args.part == "b":
+        bench_quant_layers(args.quick)
+    elif args.part == "all":  # in a process of its own: its thread pool of one thread
+        print(flush=True)
+        argv = [sys.executable, __file__, "--part", "b"] + (["--quick"] if args.quick else [])
+        subprocess.run(argv, check=True, env=os.environ | {"RAYON_NUM_THREADS": "1"})
+
+
+# Qwen3-0.6B: (layer, in_features, out_features)
+QWEN3_LAYERS = (
+    ("qkv", 1024, 4096),
+    ("o", 2048, 1024),
+    ("gate_up", 1024, 6144),
+    ("down", 3072, 1024),
+)
+
+
+def cpu_ms(fn, repeats: int) -> float:
+    """Median CPU milliseconds (all threads of the process) of one call of fn."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times) * 1e3
+
+
+def bench_quant_layers(quick: bool) -> None:
+    """Part (b): the fused int4 / int8 linear layer against torch's float32 and bf16."""
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before the kernel's pool starts
+    from pyagent_accel.ops import quant as accel_quant
+
+    from pyagent_ref.ops import quant
+
+    torch.set_num_threads(1)
+    print(
+        f"(b) dequant_matmul, Qwen3-0.6B layers, one core ({torch.get_num_threads()} torch "
+        f"thread, RAYON_NUM_THREADS={os.environ['RAYON_NUM_THREADS']}), median CPU ms per "
+        f"call, load {os.getloadavg()[0]:.2f}"
+    )
+    header = (
+        f"{'layer':<8} {'batch':>5} {'f32 torch':>10} {'bf16 torch':>10} {'int4 accel':>10} "
+        f"{'int8 accel':>10} {'f32/int4':>9} {'f32/int8':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(0)
+    repeats = 5 if quick else 50
+    total = {"f32": 0.0, "int4": 0.0}
+    for layer, n, out in QWEN3_LAYERS:
+        weight = rng.normal(0.0, n**-0.5, (out, n)).astype(np.float32)
+        w32 = torch.from_numpy(weight)
+        w16 = w32.to(torch.bfloat16)
+        packed = {}
+        for bits, group, symmetric in ((4, 128, False), (8, None, True)):
+            codes, scales, zeros = quant.quantize(weight, bits, group, symmetric)
+            arrays = (quant.pack_int32(codes, bits), scales, zeros)
+            packed[bits] = (*(None if a is None else torch.from_numpy(a) for a in arrays), bits)
+        for batch in (1, 64):
+            x = torch.from_numpy(rng.normal(0.0, 1.0, (batch, n)).astype(np.float32))
+            x16 = x.to(torch.bfloat16)
+            reps = repeats if batch == 1 else max(3, repeats // 5)
+            t = {
+                "f32": cpu_ms(lambda: x @ w32.T, reps),  # noqa: B023
+                "bf16": cpu_ms(lambda: x16 @ w16.T, reps),  # noqa: B023
+            }
+            for bits in (4, 8):
+                call = functools.partial(accel_quant.dequant_matmul, x, *packed[bits])
+                want = quant.dequant_matmul(x, *packed[bits])
+                assert torch.allclose(call(), want, rtol=1e-4, atol=1e-4), (layer, bits)
+                t[f"int{bits}"] = cpu_ms(call, reps)
+            if batch == 1:
+                total["f32"] += t["f32"]
+                total["int4"] += t["int4"]
+            print(
+                f"{layer:<8} {batch:>5} {t['f32']:10.3f} {t['bf16']:10.3f} {t['int4']:10.3f} "
+                f"{t['int8']:10.3f} {t['f32'] / t['int4']:8.2f}x {t['f32'] / t['int8']:8.2f}x",
+                flush=True,
+            )
+    ratio = total["f32"] / total["int4"]
+    verdict = "met" if ratio >= 2 else "NOT met"
+    print(f"target: int4 accel >= 2x float32 torch at batch 1 (4 layers): {ratio:.2f}x ({verdict})")
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+
+
+def bench_lora(args: argparse.Namespace) -> None:
+    """Part (a)."""
     steps, runs = (4, 1) if args.quick else (32, 5)
     batch = 64
     print(

@@ -1,5 +1,5 @@
 """Side-by-side timings of pyagent_ref.ops and pyagent_accel.ops (sampling, structured,
-hashing, layers, rope, attention, moe, lora, pooling and ssm).
+hashing, layers, rope, attention, moe, lora, pooling, ssm and quant).
 
     python benchmarks/bench_ops.py            # full grid (a few minutes)
     python benchmarks/bench_ops.py --quick    # smoke run for CI (seconds)
@@ -47,6 +47,11 @@ group of 128 state features, a width-4 convolution over 2304 channels, chunks of
 and Mamba-1's selective_scan at mamba-370m's (2048 channels, 16 state features), step
 by step and by chunks, for one prefill of 512 tokens (64 with --quick) and a decode
 batch of 8, float32: the reference on numpy and torch CPU, accel on the same tensors.
+Weight-only quantization (`bench_quant`) times dequant_matmul of Qwen3-0.6B's
+MLP projections (gate/up 1024 -> 3072, down 3072 -> 1024) with int4 codes in groups of
+128 (asymmetric) and int8 per channel (symmetric), for 1 and 64 tokens, float32 and
+bfloat16 activations, the same way, with float32 torch `x @ W.T` on the float weight
+beside it (the layer unquantized), and quantize (RTN) of the same weights.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -74,6 +79,7 @@ from pyagent_ref.ops import layers as ref_layers  # noqa: E402
 from pyagent_ref.ops import lora as ref_lora  # noqa: E402
 from pyagent_ref.ops import moe as ref_moe  # noqa: E402
 from pyagent_ref.ops import pooling as ref_pooling  # noqa: E402
+from pyagent_ref.ops import quant as ref_quant  # noqa: E402
 from pyagent_ref.ops import rope as ref_rope  # noqa: E402
 from pyagent_ref.ops import sampling as ref_sampling  # noqa: E402
 from pyagent_ref.ops import spec_decode as ref_spec_decode  # noqa: E402
@@ -93,6 +99,7 @@ try:
     from pyagent_accel.ops import lora as accel_lora
     from pyagent_accel.ops import moe as accel_moe
     from pyagent_accel.ops import pooling as accel_pooling
+    from pyagent_accel.ops import quant as accel_quant
     from pyagent_accel.ops import rope as accel_rope
     from pyagent_accel.ops import sampling as accel_sampling
     from pyagent_accel.ops import spec_decode as accel_spec_decode
@@ -984,6 +991,79 @@ def bench_ssm(tokens: int, decode: int, budget: float, min_reps: int) -> list[di
             f"{fmt_ratio(t_torch, t_acc):>11}",
             flush=True,
         )
+
+
+# --- quant ----------------------------------------------------------------------------------
+
+# Qwen3-0.6B's MLP: (label, in_features, out_features)
+QUANT_LAYERS = (("gate/up", 1024, 3072), ("down", 3072, 1024))
+# (label, bits, group_size, symmetric)
+QUANT_FORMATS = (("int4 g128", 4, 128, False), ("int8", 8, None, True))
+
+
+def bench_quant(token_counts: list[int], budget: float, min_reps: int) -> list[dict]:
+    """dequant_matmul: the reference on numpy and on torch CPU, accel on the same tensors,
+    x in float32 and bfloat16; `float W` is torch's x @ W.T on the float32 weight (the
+    layer unquantized, x in float32). quantize of the weight (float32), per format."""
+    rows = []
+    header = (
+        f"{'op':<14} {'layer':<8} {'format':<10} {'tokens':>6} {'dtype':<8} "
+        f"{'ref_numpy ms':>13} {'ref_torch ms':>13} {'accel ms':>10} {'float W ms':>10} "
+        f"{'np/accel':>9} {'torch/accel':>11} {'floatW/accel':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(5)
+
+    def row(op, layer, fmt, tokens, dtype, t_np, t_torch, t_acc, t_float=None) -> None:
+        rows.append(dict(op=op, layer=layer, fmt=fmt, tokens=tokens, accel=t_acc))
+        print(
+            f"{op:<14} {layer:<8} {fmt:<10} {tokens:>6} {dtype:<8} {fmt_ms(t_np):>13} "
+            f"{fmt_ms(t_torch):>13} {fmt_ms(t_acc):>10} {fmt_ms(t_float):>10} "
+            f"{fmt_ratio(t_np, t_acc):>9} {fmt_ratio(t_torch, t_acc):>11} "
+            f"{fmt_ratio(t_float, t_acc):>12}",
+            flush=True,
+        )
+
+    for layer, n, out in QUANT_LAYERS:
+        weight = rng.normal(0.0, n**-0.5, (out, n)).astype(np.float32)
+        tw = torch.from_numpy(weight)
+        for fmt, bits, group, symmetric in QUANT_FORMATS:
+            qargs = (weight, bits, group, symmetric)
+            got, want = (
+                tuple(a for a in f(*to_torch(qargs)) if a is not None)
+                for f in (accel_quant.quantize, ref_quant.quantize)
+            )
+            check_close(got, want, "quantize")
+            t_np = timeit(functools.partial(ref_quant.quantize, *qargs), budget, min_reps, 20)
+            t_acc = timeit(functools.partial(accel_quant.quantize, *qargs), budget, min_reps, 50)
+            row("quantize", layer, fmt, out, "float32", t_np, None, t_acc)
+            codes, scales, zeros = ref_quant.quantize(*qargs)
+            packed = ref_quant.pack_int32(codes, bits)
+            for tokens in token_counts:
+                x = rng.normal(0.0, 1.0, (tokens, n)).astype(np.float32)
+                args = (x, packed, scales, zeros, bits)
+                t_float = timeit(
+                    functools.partial(torch.matmul, torch.from_numpy(x), tw.T),
+                    budget,
+                    min_reps,
+                    200,
+                )
+                for dtype in ("float32", "bfloat16"):
+                    targs = to_torch(args)
+                    if dtype == "bfloat16":
+                        targs = (targs[0].to(torch.bfloat16), *targs[1:])
+                    fn = ref_quant.dequant_matmul
+                    check_close(accel_quant.dequant_matmul(*targs), fn(*targs), "dequant_matmul")
+                    t_np = None
+                    if dtype == "float32":
+                        t_np = timeit(functools.partial(fn, *args), budget, min_reps, 20)
+                    t_torch = timeit(functools.partial(fn, *targs), budget, min_reps, 20)
+                    t_acc = timeit(
+                        functools.partial(accel_quant.dequant_matmul, *targs), budget, min_reps, 200
+                    )
+                    shown = t_float if dtype == "float32" else None
+                    row("dequant_matmul", layer, fmt, tokens, dtype, t_np, t_torch, t_acc, shown)
     return rows
 
 
@@ -1047,6 +1127,7 @@ def main() -> None:
         bench_pooling_ops([64] if args.quick else [1, 64], budget, min_reps)
         print()
         bench_ssm(64 if args.quick else 512, 8, budget, min_reps)
+        bench_quant([1] if args.quick else [1, 64], budget, min_reps)
     print()
     bench_attention_ops(args.quick, budget, min_reps)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

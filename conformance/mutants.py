@@ -31,6 +31,7 @@ from pyagent_ref.ops import layers as L
 from pyagent_ref.ops import lora as LO
 from pyagent_ref.ops import moe as M
 from pyagent_ref.ops import pooling as P
+from pyagent_ref.ops import quant as Q
 from pyagent_ref.ops import rope as R
 from pyagent_ref.ops import sampling as S
 from pyagent_ref.ops import spec_decode as SD
@@ -2961,6 +2962,174 @@ def expand_not_in_place(*args: Any, **kwargs: Any) -> Any:
     return _expand(*args, **kwargs, new_array=True)
 
 
+# --- quant ----------------------------------------------------------------------------------
+
+
+def _rtn(weight: Any, bits: int, group_size: Any, symmetric: bool, **bug: bool) -> Any:
+    """quantize in numpy, with one of the bugs below."""
+    Q.quantize(weight, bits, group_size, symmetric)
+    w = _np(weight)
+    c = np.float64 if w.dtype == np.float64 else np.float32
+    rows, columns = w.shape
+    size = group_size or columns
+    w = w.astype(c).reshape(rows, columns // size, size)
+    lo, hi = np.minimum(w.min(axis=2), c(0)), np.maximum(w.max(axis=2), c(0))
+    if bug.get("range_without_zero"):
+        lo, hi = w.min(axis=2), w.max(axis=2)
+    qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    half_range = qmax if bug.get("absmax_over_qmax") else (qmax - qmin) / 2
+    s = np.maximum(-lo, hi) / c(half_range) if symmetric else (hi - lo) / c(qmax - qmin)
+    s = np.where(s == 0, c(1), s).astype(c)
+    z = np.zeros_like(s) if symmetric else np.clip(qmin - np.round(lo / s), qmin, qmax)
+    v = w / s[:, :, None]
+    v = np.floor(v + 0.5) if bug.get("half_up") else np.round(v)
+    q = np.clip(v + z[:, :, None], qmin, qmax).reshape(rows, columns).astype(np.int8)
+    zeros = None if symmetric and not bug.get("zeros_when_symmetric") else z.astype(np.int8)
+    return tuple(None if a is None else _back(weight, a) for a in (q, s, zeros))
+
+
+@mutant("quant", "quantize", "symmetric scale absmax / qmax (7 for int4) instead of / 7.5")
+def quantize_over_qmax(*args: Any) -> Any:
+    return _rtn(*args, absmax_over_qmax=True)
+
+
+@mutant("quant", "quantize", "rounds ties up (floor(v + 0.5)) instead of to even")
+def quantize_rounds_half_up(*args: Any) -> Any:
+    return _rtn(*args, half_up=True)
+
+
+@mutant("quant", "quantize", "leaves 0 out of an asymmetric group's range")
+def quantize_range_without_zero(*args: Any) -> Any:
+    return _rtn(*args, range_without_zero=True)
+
+
+@mutant("quant", "quantize", "returns zero points of 0 for symmetric instead of None")
+def quantize_zeros_when_symmetric(*args: Any) -> Any:
+    return _rtn(*args, zeros_when_symmetric=True)
+
+
+def _dequant(codes: Any, scales: Any, zeros: Any = None, **bug: bool) -> Any:
+    """dequantize in numpy, with one of the bugs below."""
+    Q.dequantize(codes, scales, zeros)
+    q, s = _np(codes), _np(scales)
+    c = np.float64 if s.dtype == np.float64 else np.float32
+    rows, columns = q.shape
+    groups = s.shape[1]
+    group = (
+        np.arange(columns) % groups
+        if bug.get("interleaved")
+        else np.arange(columns) // (columns // groups)
+    )
+    v = q.astype(c)
+    if zeros is not None:
+        z = _np(zeros).astype(c)[:, group]
+        v = v + z if bug.get("adds_zero") else v - z
+    if bug.get("half_precision") and s.dtype == np.float16:
+        return _back(codes, (v.astype(np.float16) * s[:, group]).astype(c))
+    return _back(codes, v * s.astype(c)[:, group])
+
+
+@mutant("quant", "dequantize", "adds the zero point instead of subtracting it")
+def dequantize_adds_zero(*args: Any) -> Any:
+    return _dequant(*args, adds_zero=True)
+
+
+@mutant("quant", "dequantize", "column i in group i % groups instead of i // group_size")
+def dequantize_interleaved_groups(*args: Any) -> Any:
+    return _dequant(*args, interleaved=True)
+
+
+@mutant("quant", "dequantize", "multiplies in float16 for float16 scales")
+def dequantize_in_half(*args: Any) -> Any:
+    return _dequant(*args, half_precision=True)
+
+
+def _words(codes: Any, bits: int, **bug: bool) -> Any:
+    """pack_int32 in numpy, with one of the bugs below."""
+    Q.pack_int32(codes, bits)
+    q = _np(codes).astype(np.int64)
+    per_word = 32 // bits
+    rows, n = q.shape
+    words = -(-n // per_word)
+    fields = np.zeros((rows, words * per_word), np.int64)
+    fields[:, :n] = (q & (2**bits - 1)) if bug.get("twos_complement") else q + 2 ** (bits - 1)
+    fields = fields.reshape(rows, words, per_word)
+    shifts = np.arange(per_word) * bits
+    if bug.get("msb_first"):
+        shifts = shifts[::-1]
+    packed = (fields << shifts).sum(axis=2) & 0xFFFFFFFF
+    return _back(codes, packed.astype(np.uint32).view(np.int32))
+
+
+@mutant("quant", "pack_int32", "stores codes in two's complement instead of offset by 2^(b-1)")
+def pack_twos_complement(codes: Any, bits: int) -> Any:
+    return _words(codes, bits, twos_complement=True)
+
+
+@mutant("quant", "pack_int32", "masks codes outside the b-bit range instead of refusing them")
+def pack_wraps_out_of_range(codes: Any, bits: int) -> Any:
+    q = _np(codes)
+    if q.dtype == np.int8 and q.ndim == 2 and bits in Q.BITS:
+        wrapped = ((q.astype(np.int64) + 2 ** (bits - 1)) % 2**bits) - 2 ** (bits - 1)
+        codes = _back(codes, wrapped.astype(np.int8))
+    return Q.pack_int32(codes, bits)
+
+
+@mutant("quant", "pack_int32", "puts the first code in the top bits of the word")
+def pack_msb_first(codes: Any, bits: int) -> Any:
+    return _words(codes, bits, msb_first=True)
+
+
+def _fields(packed: Any, bits: int, size: int, **bug: bool) -> Any:
+    """unpack_int32 in numpy, with one of the bugs below."""
+    Q.unpack_int32(packed, bits, size)
+    p = _np(packed).view(np.uint32).astype(np.int64)
+    per_word = 32 // bits
+    order = np.arange(per_word)
+    if bug.get("awq_order") and per_word == 8:  # AWQ's interleaving of int4 columns
+        order = np.array([0, 4, 1, 5, 2, 6, 3, 7])
+    fields = (p[:, :, None] >> (order * bits)) & (2**bits - 1)
+    if bug.get("sign_extends"):
+        fields = np.where(fields >= 2 ** (bits - 1), fields - 2**bits, fields)
+    else:
+        fields = fields - 2 ** (bits - 1)
+    return _back(
+        packed, fields.reshape(p.shape[0], p.shape[1] * per_word)[:, :size].astype(np.int8)
+    )
+
+
+@mutant("quant", "unpack_int32", "sign-extends each field instead of subtracting the offset")
+def unpack_sign_extends(packed: Any, bits: int, size: int) -> Any:
+    return _fields(packed, bits, size, sign_extends=True)
+
+
+@mutant("quant", "unpack_int32", "reads int4 words in AWQ's interleaved column order")
+def unpack_awq_order(packed: Any, bits: int, size: int) -> Any:
+    return _fields(packed, bits, size, awq_order=True)
+
+
+def _linear(x: Any, packed: Any, scales: Any, zeros: Any, bits: int, **bug: bool) -> Any:
+    """dequant_matmul in numpy, with one of the bugs below."""
+    Q.dequant_matmul(x, packed, scales, zeros, bits)
+    xs = _np(x)
+    c = np.float64 if xs.dtype == np.float64 else np.float32
+    codes = Q.unpack_int32(_np(packed), bits, xs.shape[1])
+    z = None if bug.get("ignores_zeros") else zeros if zeros is None else _np(zeros)
+    w = Q.dequantize(codes, _np(scales).astype(c), z)
+    y = xs.astype(c) @ w.T
+    return _back(x, y if bug.get("compute_dtype") else y.astype(xs.dtype))
+
+
+@mutant("quant", "dequant_matmul", "ignores the zero points")
+def matmul_ignores_zeros(*args: Any) -> Any:
+    return _linear(*args, ignores_zeros=True)
+
+
+@mutant("quant", "dequant_matmul", "returns the compute dtype instead of x's")
+def matmul_returns_compute_dtype(*args: Any) -> Any:
+    return _linear(*args, compute_dtype=True)
+
+
 def implementation(m: Mutant) -> Impl:
     """An Impl that is the reference except for mutant `m`."""
     modules = {}
@@ -2977,6 +3146,7 @@ def implementation(m: Mutant) -> Impl:
         ("lora", LO),
         ("pooling", P),
         ("ssm", SS),
+        ("quant", Q),
     ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:

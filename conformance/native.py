@@ -134,6 +134,21 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
         "pooling.normalize": lambda: (x[:, :3].copy(), 2),
         "pooling.classify": lambda: (x[:, :3].copy(), "softmax"),
         "pooling.cosine_similarity": lambda: (x[:, :3].copy(), x[::-1, :3].copy()),
+        "quant.quantize": lambda: (np.array([[0.5, -1.0, 2.0, 0.0]], np.float32), 4, 2, False),
+        "quant.dequantize": lambda: (
+            np.array([[1, -2, 7, 0]], np.int8),
+            np.array([[0.5, 0.25]], np.float32),
+            np.array([[0, 1]], np.int8),
+        ),
+        "quant.pack_int32": lambda: (np.array([[1, -2, 7, 0, 3, -8, 0, 1]], np.int8), 4),
+        "quant.unpack_int32": lambda: (np.array([[0x12345678]], np.int32), 4, 8),
+        "quant.dequant_matmul": lambda: (
+            np.ones((2, 8), np.float32),
+            np.array([[0x12345678], [-1]], np.int32),
+            np.array([[0.5, 0.25], [1.0, 2.0]], np.float32),
+            None,
+            4,
+        ),
         "attention.paged_decode_attention": lambda: (
             np.ones((2, 4, 8), np.float32),
             np.ones((3, 2, 2, 8), np.float32),

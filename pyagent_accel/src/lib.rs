@@ -25,6 +25,7 @@ pub mod ngram;
 pub mod philox;
 pub mod pooling;
 pub mod py_util;
+pub mod quant;
 pub mod rope;
 pub mod sampling;
 pub mod spec_decode;
@@ -41,6 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     moe::register(m)?;
     lora::register(m)?;
     pooling::register(m)?;
+    quant::register(m)?;
     rope::register(m)?;
     attention::register(m)?;
     structured::register(m)?;

@@ -21,6 +21,7 @@ from . import (
     lora,
     moe,
     pooling,
+    quant,
     rope,
     sampling,
     spec_decode,
@@ -41,6 +42,7 @@ MODULES = (
     "lora",
     "pooling",
     "ssm",
+    "quant",
 )
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
@@ -55,6 +57,7 @@ __all__ = [
     "lora",
     "moe",
     "pooling",
+    "quant",
     "rope",
     "sampling",
     "spec_decode",
@@ -71,7 +74,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.ssm`).
+    result has one attribute per ops module (`.sampling`, ..., `.ssm`, `.quant`).
     """
     if name == "ref":
         return importlib.import_module(__name__)

@@ -21,6 +21,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
         "pooling.md",
         "operating.md",
         "multimodal.md",
+        "quantization.md",
     ],
 )
 def test_doc_examples_run(page):

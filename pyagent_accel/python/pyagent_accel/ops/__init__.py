@@ -14,6 +14,7 @@ from . import (
     lora,
     moe,
     pooling,
+    quant,
     rope,
     sampling,
     spec_decode,
@@ -34,6 +35,7 @@ MODULES = (
     "lora",
     "pooling",
     "ssm",
+    "quant",
 )
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "lora",
     "moe",
     "pooling",
+    "quant",
     "rope",
     "sampling",
     "spec_decode",

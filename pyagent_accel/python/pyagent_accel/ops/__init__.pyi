@@ -5,6 +5,7 @@ from . import layers as layers
 from . import lora as lora
 from . import moe as moe
 from . import pooling as pooling
+from . import quant as quant
 from . import rope as rope
 from . import sampling as sampling
 from . import spec_decode as spec_decode
@@ -22,6 +23,7 @@ __all__ = [
     "lora",
     "moe",
     "pooling",
+    "quant",
     "rope",
     "sampling",
     "spec_decode",

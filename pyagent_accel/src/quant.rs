@@ -1,0 +1,840 @@
+//! Kernels of `pyagent_accel.ops.quant` (weight-only integer quantization) and their
+//! Python bindings (contract: `pyagent_ref.ops.quant`).
+//!
+//! `dequant_matmul` is the fused linear layer on packed codes (the float weight matrix is
+//! never built), compiled for AVX-512/AVX2/baseline, rows in parallel for large layers.
+//! For 1-3 tokens (GEMV, memory-bound) each row's words are read once per token and
+//! decoded in registers: q - z exactly, times x, summed per block of codes of one group,
+//! times the group's scale (`fused_dot`). For more tokens each row is decoded once into
+//! float weights, (q - z) * s as `dequantize` gives them, in a buffer of one row, and
+//! dotted with four tokens per read of the row. Sums run in another order than BLAS's
+//! (and GEMV scales a block's sum instead of each weight), so results differ from the
+//! reference in the last bits (within the specification's tolerance).
+//!
+//! `quantize`, `dequantize`, `pack_int32` and `unpack_int32` follow the contract's
+//! formulas step by step (correctly rounded divisions, ties to even), so they give the
+//! reference's results bit for bit.
+
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use rayon::prelude::*;
+
+use crate::elem::{dtype_of, float_array, new_array, with_elem, Compute, Elem};
+use crate::float::{multiversion, Float};
+use crate::py_util::{detached, slice, value_error};
+
+/// Width of the vectorised dot products (one AVX-512 vector of f32).
+const LANES: usize = 16;
+/// Multiply-adds below which `dequant_matmul` stays on the calling thread.
+const PARALLEL: usize = 1 << 18;
+/// Output rows per task of the thread pool.
+const ROW_BLOCK: usize = 16;
+
+/// A compute type that small integers convert to exactly.
+pub trait Lane: Compute {
+    /// 2^m, m the mantissa width: `biased(f) - BIAS` is f exactly, for f < 2^16.
+    const BIAS: Self;
+    fn of_i32(v: i32) -> Self;
+    /// BIAS + f, made from bits (no conversion instruction): f placed in the mantissa.
+    fn biased(f: u32) -> Self;
+    fn round_even(self) -> Self;
+    fn to_i32(self) -> i32;
+}
+
+impl Lane for f32 {
+    const BIAS: f32 = 8_388_608.0;
+    #[inline(always)]
+    fn biased(f: u32) -> f32 {
+        f32::from_bits(0x4B00_0000 | f)
+    }
+    #[inline(always)]
+    fn of_i32(v: i32) -> f32 {
+        v as f32
+    }
+    #[inline(always)]
+    fn round_even(self) -> f32 {
+        self.round_ties_even()
+    }
+    #[inline(always)]
+    fn to_i32(self) -> i32 {
+        self as i32
+    }
+}
+
+impl Lane for f64 {
+    const BIAS: f64 = 4_503_599_627_370_496.0;
+    #[inline(always)]
+    fn biased(f: u32) -> f64 {
+        f64::from_bits(0x4330_0000_0000_0000 | f as u64)
+    }
+    #[inline(always)]
+    fn of_i32(v: i32) -> f64 {
+        v as f64
+    }
+    #[inline(always)]
+    fn round_even(self) -> f64 {
+        self.round_ties_even()
+    }
+    #[inline(always)]
+    fn to_i32(self) -> i32 {
+        self as i32
+    }
+}
+
+/// The codes of one row of words: field j of word k (bits [j b, (j + 1) b)) minus
+/// 2^(b-1) into `codes[k * 32 / b + j]`, for the first `codes.len()` codes.
+#[inline(always)]
+fn decode_words<const BITS: usize>(words: &[i32], codes: &mut [i32]) {
+    let per = 32 / BITS;
+    let mask = (1u32 << BITS) - 1;
+    let offset = 1i32 << (BITS - 1);
+    let full = codes.len() / per;
+    for (k, chunk) in codes.chunks_exact_mut(per).enumerate().take(full) {
+        let word = words[k] as u32;
+        for (j, c) in chunk.iter_mut().enumerate() {
+            *c = ((word >> (j * BITS)) & mask) as i32 - offset;
+        }
+    }
+    let done = full * per;
+    for (j, c) in codes[done..].iter_mut().enumerate() {
+        *c = (((words[full] as u32) >> (j * BITS)) & mask) as i32 - offset;
+    }
+}
+
+fn decode(bits: usize, words: &[i32], codes: &mut [i32]) {
+    match bits {
+        2 => decode_words::<2>(words, codes),
+        4 => decode_words::<4>(words, codes),
+        _ => decode_words::<8>(words, codes),
+    }
+}
+
+/// One row of the float weight: (q - z) * s per group of `codes.len() / scales.len()`
+/// columns, rounded once in C.
+#[inline(always)]
+fn scale_row<C: Lane>(codes: &[i32], scales: &[C], zeros: Option<&[i8]>, w: &mut [C]) {
+    let size = codes.len() / scales.len().max(1);
+    for (g, &s) in scales.iter().enumerate() {
+        let z = zeros.map_or(0, |z| z[g] as i32);
+        let (q, out) = (
+            &codes[g * size..(g + 1) * size],
+            &mut w[g * size..(g + 1) * size],
+        );
+        for (o, &c) in out.iter_mut().zip(q) {
+            *o = C::of_i32(c - z) * s;
+        }
+    }
+}
+
+/// The sum of LANES partial sums, pairwise (a tree the compiler vectorises).
+#[inline(always)]
+fn fold<C: Compute>(mut acc: [C; LANES]) -> C {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] = acc[l] + acc[l + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
+/// The dots of row `w` with four token rows `x`, the row read once for the four.
+#[inline(always)]
+fn dot4<C: Compute>(w: &[C], x: [&[C]; 4]) -> [C; 4] {
+    let n = w.len();
+    let body = n - n % LANES;
+    let mut acc = [[C::ZERO; LANES]; 4];
+    for c in (0..body).step_by(LANES) {
+        let a: &[C; LANES] = w[c..c + LANES].try_into().unwrap();
+        for (v, sums) in x.iter().zip(acc.iter_mut()) {
+            let v: &[C; LANES] = v[c..c + LANES].try_into().unwrap();
+            for l in 0..LANES {
+                sums[l] = sums[l] + a[l] * v[l];
+            }
+        }
+    }
+    let mut out = [C::ZERO; 4];
+    for (j, (v, sums)) in x.iter().zip(acc).enumerate() {
+        let mut sum = fold(sums);
+        for i in body..n {
+            sum = sum + w[i] * v[i];
+        }
+        out[j] = sum;
+    }
+    out
+}
+
+/// The dot of one row's packed words with one token, decoding on the fly: LANES words
+/// at a time, field j of word l meeting `xp[j * LANES + l]` of the block (the token
+/// permuted by `permute`). Each field f becomes q - z = f - 2^(b-1) - z exactly, as
+/// `biased(f) - (BIAS + 2^(b-1) + z)` (no int-to-float conversion), is multiplied by x
+/// and summed per lane over the block; the block's sum is then multiplied by its
+/// group's scale once. Each block of LANES words lies in one group (`fusable`).
+#[inline(always)]
+fn fused_dot<C: Lane, const BITS: usize>(
+    words: &[i32],
+    scales: &[C],
+    zeros: Option<&[i8]>,
+    xp: &[C],
+    group: usize,
+) -> C {
+    let per = 32 / BITS;
+    let block = LANES * per;
+    let mask = (1u32 << BITS) - 1;
+    let offset = 1i32 << (BITS - 1);
+    let mut total = C::ZERO;
+    for (b, (ws, xs)) in words
+        .chunks_exact(LANES)
+        .zip(xp.chunks_exact(block))
+        .enumerate()
+    {
+        let g = b * block / group;
+        let s = scales[g];
+        let bias = C::BIAS + C::of_i32(offset + zeros.map_or(0, |z| z[g] as i32));
+        let ws: &[i32; LANES] = ws.try_into().unwrap();
+        let mut part = [C::ZERO; LANES];
+        for (j, xj) in xs.chunks_exact(LANES).enumerate() {
+            let xj: &[C; LANES] = xj.try_into().unwrap();
+            for l in 0..LANES {
+                let field = ((ws[l] as u32) >> (j * BITS)) & mask;
+                part[l] = part[l] + (C::biased(field) - bias) * xj[l];
+            }
+        }
+        // folded per block: LANES sums carried across blocks stay in 128-bit registers
+        total = total + fold(part) * s;
+    }
+    total
+}
+
+/// Whether `fused_dot` serves a layer: every block of LANES words in one group.
+fn fusable(bits: usize, in_features: usize, groups: usize) -> bool {
+    let block = LANES * 32 / bits;
+    groups > 0 && (in_features / groups) % block == 0
+}
+
+/// A token (rows of `n`) in `fused_dot`'s order: within each block of LANES words, field
+/// j of word l at j * LANES + l.
+fn permute<C: Compute>(x: &[C], n: usize, bits: usize) -> Vec<C> {
+    let per = 32 / bits;
+    let block = LANES * per;
+    let mut out = vec![C::ZERO; x.len()];
+    for (src, dst) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        for (sb, db) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
+            for l in 0..LANES {
+                for j in 0..per {
+                    db[j * LANES + l] = sb[l * per + j];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What `rows_impl` reads: the packed words and the per-group parameters of a block of
+/// rows, in the compute type.
+#[derive(Clone, Copy)]
+pub struct Weight<'a, C> {
+    pub words: &'a [i32],
+    pub scales: &'a [C],
+    pub zeros: Option<&'a [i8]>,
+    pub bits: usize,
+    pub in_features: usize,
+    /// x in `fused_dot`'s order, when the layer is `fusable` and tokens are few.
+    pub permuted: Option<&'a [C]>,
+}
+
+/// `rows_impl` on the permuted tokens `xp`: `fused_dot` per row and token.
+#[inline(always)]
+fn fused_rows<C: Lane, const BITS: usize>(
+    weight: Weight<'_, C>,
+    xp: &[C],
+    tokens: usize,
+    yt: &mut [C],
+) {
+    let n = weight.in_features;
+    let rows = yt.len() / tokens;
+    let per_row = weight.words.len() / rows.max(1);
+    let groups = weight.scales.len() / rows.max(1);
+    let group = n / groups;
+    for (o, out) in yt.chunks_exact_mut(tokens).enumerate() {
+        let words = &weight.words[o * per_row..(o + 1) * per_row];
+        let scales = &weight.scales[o * groups..(o + 1) * groups];
+        let zeros = weight.zeros.map(|z| &z[o * groups..(o + 1) * groups]);
+        for (t, y) in out.iter_mut().enumerate() {
+            *y = fused_dot::<C, BITS>(words, scales, zeros, &xp[t * n..(t + 1) * n], group);
+        }
+    }
+}
+
+/// y rows (one per output row of `weight`, `tokens` entries each) of x (tokens, in): with
+/// `permuted`, `fused_dot` per token; else each row decoded once into float weights and
+/// dotted with four tokens per read.
+#[inline(always)]
+fn rows_impl<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, yt: &mut [C]) {
+    let n = weight.in_features;
+    let rows = yt.len() / tokens.max(1);
+    let per_row = weight.words.len() / rows.max(1);
+    let groups = weight.scales.len() / rows.max(1);
+    let token = |t: usize| &x[t * n..(t + 1) * n];
+    if let Some(xp) = weight.permuted {
+        // one instance per width, the match outside the loops (inside them, LLVM keeps
+        // the decoding in 128-bit registers)
+        match weight.bits {
+            2 => fused_rows::<C, 2>(weight, xp, tokens, yt),
+            4 => fused_rows::<C, 4>(weight, xp, tokens, yt),
+            _ => fused_rows::<C, 8>(weight, xp, tokens, yt),
+        }
+        return;
+    }
+    let mut codes = vec![0i32; n];
+    let mut w = vec![C::ZERO; n];
+    for (o, out) in yt.chunks_exact_mut(tokens.max(1)).enumerate() {
+        decode(
+            weight.bits,
+            &weight.words[o * per_row..(o + 1) * per_row],
+            &mut codes,
+        );
+        let zeros = weight.zeros.map(|z| &z[o * groups..(o + 1) * groups]);
+        scale_row(
+            &codes,
+            &weight.scales[o * groups..(o + 1) * groups],
+            zeros,
+            &mut w,
+        );
+        let mut t = 0;
+        while t + 4 <= tokens {
+            let sums = dot4(&w, [token(t), token(t + 1), token(t + 2), token(t + 3)]);
+            out[t..t + 4].copy_from_slice(&sums);
+            t += 4;
+        }
+        for (i, y) in out[t..].iter_mut().enumerate() {
+            *y = dot1(&w, token(t + i));
+        }
+    }
+}
+
+/// The dot of row `w` with one token row `x` (LANES partial sums).
+#[inline(always)]
+fn dot1<C: Compute>(w: &[C], x: &[C]) -> C {
+    let n = w.len();
+    let body = n - n % LANES;
+    let mut acc = [C::ZERO; LANES];
+    for c in (0..body).step_by(LANES) {
+        let a: &[C; LANES] = w[c..c + LANES].try_into().unwrap();
+        let v: &[C; LANES] = x[c..c + LANES].try_into().unwrap();
+        for l in 0..LANES {
+            acc[l] = acc[l] + a[l] * v[l];
+        }
+    }
+    let mut sum = fold(acc);
+    for i in body..n {
+        sum = sum + w[i] * x[i];
+    }
+    sum
+}
+
+multiversion! {
+    fn rows_kernel<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, yt: &mut [C]) -> ()
+        = rows_impl;
+}
+
+/// The whole matmul: yt (out, tokens), rows in blocks, in parallel for large layers.
+pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize) -> Vec<C> {
+    let mut yt = vec![C::ZERO; out * tokens];
+    if tokens == 0 || out == 0 {
+        return yt;
+    }
+    let per_row = weight.words.len() / out;
+    let groups = weight.scales.len() / out;
+    let fused = tokens < 4 && fusable(weight.bits, weight.in_features, groups);
+    let permuted = fused.then(|| permute(x, weight.in_features, weight.bits));
+    let weight = Weight {
+        permuted: permuted.as_deref(),
+        ..weight
+    };
+    let block = |(b, chunk): (usize, &mut [C])| {
+        let first = b * ROW_BLOCK;
+        let rows = chunk.len() / tokens;
+        let part = Weight {
+            words: &weight.words[first * per_row..(first + rows) * per_row],
+            scales: &weight.scales[first * groups..(first + rows) * groups],
+            zeros: weight
+                .zeros
+                .map(|z| &z[first * groups..(first + rows) * groups]),
+            ..weight
+        };
+        rows_kernel(part, x, tokens, chunk);
+    };
+    let chunks = yt.chunks_mut(ROW_BLOCK * tokens).enumerate();
+    if tokens * out * weight.in_features >= PARALLEL {
+        chunks.par_bridge().for_each(block);
+    } else {
+        chunks.for_each(block);
+    }
+    yt
+}
+
+/// RTN quantization of one row (contract: `quantize`), into codes, scales and zeros.
+#[inline(always)]
+fn quantize_row_impl<C: Lane>(
+    w: &[C],
+    bits: usize,
+    size: usize,
+    symmetric: bool,
+    codes: &mut [i8],
+    scales: &mut [C],
+    zeros: &mut [i8],
+) {
+    let (qmin, qmax) = (-(1i32 << (bits - 1)), (1i32 << (bits - 1)) - 1);
+    for (g, group) in w.chunks_exact(size).enumerate() {
+        let (mut lo, mut hi) = (C::ZERO, C::ZERO);
+        for &v in group {
+            lo = if v < lo { v } else { lo };
+            hi = if v > hi { v } else { hi };
+        }
+        let mut s = if symmetric {
+            let m = if C::ZERO - lo > hi { C::ZERO - lo } else { hi };
+            m / C::from_f64((qmax - qmin) as f64 / 2.0)
+        } else {
+            (hi - lo) / C::of_i32(qmax - qmin)
+        };
+        if s == C::ZERO {
+            s = C::ONE;
+        }
+        let z = if symmetric {
+            0
+        } else {
+            (qmin - (lo / s).round_even().to_i32()).clamp(qmin, qmax)
+        };
+        scales[g] = s;
+        zeros[g] = z as i8;
+        for (c, &v) in codes[g * size..(g + 1) * size].iter_mut().zip(group) {
+            *c = ((v / s).round_even().to_i32() + z).clamp(qmin, qmax) as i8;
+        }
+    }
+}
+
+multiversion! {
+    /// `quantize_row_impl` compiled per instruction set (the rounding to even is one
+    /// instruction from SSE4.1 on, a library call in baseline x86-64).
+    pub fn quantize_row<C: Lane>(
+        w: &[C],
+        bits: usize,
+        size: usize,
+        symmetric: bool,
+        codes: &mut [i8],
+        scales: &mut [C],
+        zeros: &mut [i8],
+    ) -> () = quantize_row_impl;
+}
+
+// ---------------------------------------------------------------------------------
+// Bindings
+
+fn check_bits(bits: usize) -> PyResult<()> {
+    if matches!(bits, 2 | 4 | 8) {
+        Ok(())
+    } else {
+        Err(value_error(format!("bits must be 2, 4 or 8, got {bits}")))
+    }
+}
+
+/// The elements of a C-contiguous 2-D array with its shape.
+fn matrix<'a, T: numpy::Element>(
+    a: &'a PyReadonlyArray2<'_, T>,
+    name: &str,
+) -> PyResult<(&'a [T], usize, usize)> {
+    let (r, c) = (a.shape()[0], a.shape()[1]);
+    Ok((slice(a, name)?, r, c))
+}
+
+/// Float array `a` (any float dtype) converted to C, checking it has `len` elements.
+fn to_compute<C: Lane>(a: &Bound<'_, PyAny>, name: &str, len: usize) -> PyResult<Vec<C>> {
+    with_elem!(dtype_of(a, name)?, S => {
+        let arr = float_array::<S>(a, name)?;
+        let values = arr
+            .as_slice()
+            .map_err(|_| value_error(format!("{name} must be a C-contiguous array")))?;
+        if values.len() != len {
+            return Err(value_error(format!("{name} must have {len} elements, got {}", values.len())));
+        }
+        let mut out = vec![C::ZERO; len];
+        C::widen(values, &mut out);
+        Ok(out)
+    })
+}
+
+/// `quantize`'s result: codes, scales, and zeros (None when symmetric).
+type Quantized<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+);
+
+/// quantize(weight, bits, group_size, symmetric)
+/// --
+///
+/// `weight` (out, in) C-contiguous of any float dtype, finite; group_size divides in.
+/// Returns (codes int8, scales in the compute type, zeros int8 or None).
+#[pyfunction]
+fn quantize<'py>(
+    py: Python<'py>,
+    weight: &Bound<'py, PyAny>,
+    bits: usize,
+    group_size: usize,
+    symmetric: bool,
+) -> PyResult<Quantized<'py>> {
+    check_bits(bits)?;
+    with_elem!(dtype_of(weight, "weight")?, E => {
+        let arr = float_array::<E>(weight, "weight")?;
+        let shape = arr.shape().to_vec();
+        if shape.len() != 2 || group_size == 0 || shape[1] % group_size != 0 {
+            return Err(value_error(format!(
+                "weight must be 2-D with group_size {group_size} dividing its columns, got {shape:?}"
+            )));
+        }
+        let values = arr.as_slice().map_err(|_| value_error("weight must be C-contiguous"))?;
+        let (rows, n) = (shape[0], shape[1]);
+        let groups = n / group_size;
+        let mut codes = vec![0i8; rows * n];
+        let mut scales = vec![<E as Elem>::C::ZERO; rows * groups];
+        let mut zeros = vec![0i8; rows * groups];
+        detached(py, || {
+            let mut w = vec![<E as Elem>::C::ZERO; n];
+            for r in 0..rows {
+                <E as Elem>::C::widen(&values[r * n..(r + 1) * n], &mut w);
+                quantize_row(
+                    &w,
+                    bits,
+                    group_size,
+                    symmetric,
+                    &mut codes[r * n..(r + 1) * n],
+                    &mut scales[r * groups..(r + 1) * groups],
+                    &mut zeros[r * groups..(r + 1) * groups],
+                );
+            }
+        })?;
+        let codes = numpy::PyArray1::from_vec(py, codes).reshape([rows, n])?;
+        let scales = numpy::PyArray1::from_vec(py, scales).reshape([rows, groups])?;
+        let zeros = if symmetric {
+            None
+        } else {
+            Some(numpy::PyArray1::from_vec(py, zeros).reshape([rows, groups])?.into_any())
+        };
+        Ok((codes.into_any(), scales.into_any(), zeros))
+    })
+}
+
+/// dequantize(codes, scales, zeros)
+/// --
+///
+/// `codes` int8 (out, in), `scales` (out, groups) of any float dtype, `zeros` None or
+/// int8 (out, groups), all C-contiguous: the weight in the scales' compute type.
+#[pyfunction]
+fn dequantize<'py>(
+    py: Python<'py>,
+    codes: PyReadonlyArray2<'py, i8>,
+    scales: &Bound<'py, PyAny>,
+    zeros: Option<PyReadonlyArray2<'py, i8>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (q, rows, n) = matrix(&codes, "codes")?;
+    let z = match &zeros {
+        Some(z) => Some(slice(z, "zeros")?),
+        None => None,
+    };
+    fn run<'py, C: Lane + Elem>(
+        py: Python<'py>,
+        q: &[i8],
+        scales: &Bound<'py, PyAny>,
+        z: Option<&[i8]>,
+        rows: usize,
+        n: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let shape = scales.cast::<numpy::PyUntypedArray>()?.shape().to_vec();
+        let groups = if shape.len() == 2 { shape[1] } else { 0 };
+        if shape.len() != 2 || shape[0] != rows || groups == 0 || n % groups != 0 {
+            return Err(value_error(format!(
+                "scales must have shape ({rows}, groups dividing {n}), got {shape:?}"
+            )));
+        }
+        if z.is_some_and(|z| z.len() != rows * groups) {
+            return Err(value_error("zeros must have scales' shape"));
+        }
+        let s = to_compute::<C>(scales, "scales", rows * groups)?;
+        // SAFETY: every element is written below.
+        let out = unsafe { new_array::<C>(py, &[rows, n]) };
+        {
+            let mut w = out.readwrite();
+            let wd = w.as_slice_mut()?;
+            detached(py, || {
+                let mut codes = vec![0i32; n];
+                for r in 0..rows {
+                    for (c, &v) in codes.iter_mut().zip(&q[r * n..(r + 1) * n]) {
+                        *c = v as i32;
+                    }
+                    let zr = z.map(|z| &z[r * groups..(r + 1) * groups]);
+                    scale_row(
+                        &codes,
+                        &s[r * groups..(r + 1) * groups],
+                        zr,
+                        &mut wd[r * n..(r + 1) * n],
+                    );
+                }
+            })?;
+        }
+        Ok(out.into_any())
+    }
+    if dtype_of(scales, "scales")? == crate::elem::Dtype::F64 {
+        run::<f64>(py, q, scales, z, rows, n)
+    } else {
+        run::<f32>(py, q, scales, z, rows, n)
+    }
+}
+
+/// pack_int32(codes, bits)
+/// --
+///
+/// `codes` int8 (rows, n) C-contiguous, each in the b-bit range: int32 (rows, ceil(n / k)).
+#[pyfunction]
+fn pack_int32<'py>(
+    py: Python<'py>,
+    codes: PyReadonlyArray2<'py, i8>,
+    bits: usize,
+) -> PyResult<Bound<'py, PyArray2<i32>>> {
+    check_bits(bits)?;
+    let (q, rows, n) = matrix(&codes, "codes")?;
+    let per = 32 / bits;
+    let words = n.div_ceil(per);
+    let half = 1i32 << (bits - 1);
+    if let Some(&bad) = q
+        .iter()
+        .find(|&&c| (c as i32) < -half || (c as i32) >= half)
+    {
+        return Err(value_error(format!(
+            "codes holds {bad}, outside the {bits}-bit range"
+        )));
+    }
+    let mut out = vec![0i32; rows * words];
+    detached(py, || {
+        for r in 0..rows {
+            let row = &q[r * n..(r + 1) * n];
+            for (k, word) in out[r * words..(r + 1) * words].iter_mut().enumerate() {
+                let mut value = 0u32;
+                for (j, &c) in row[k * per..((k + 1) * per).min(n)].iter().enumerate() {
+                    value |= ((c as i32 + half) as u32) << (j * bits);
+                }
+                *word = value as i32;
+            }
+        }
+    })?;
+    numpy::PyArray1::from_vec(py, out).reshape([rows, words])
+}
+
+/// unpack_int32(packed, bits, size)
+/// --
+///
+/// `packed` int32 (rows, words) C-contiguous, size filling exactly `words` words: int8
+/// (rows, size).
+#[pyfunction]
+fn unpack_int32<'py>(
+    py: Python<'py>,
+    packed: PyReadonlyArray2<'py, i32>,
+    bits: usize,
+    size: usize,
+) -> PyResult<Bound<'py, PyArray2<i8>>> {
+    check_bits(bits)?;
+    let (p, rows, words) = matrix(&packed, "packed")?;
+    if size.div_ceil(32 / bits) != words {
+        return Err(value_error(format!(
+            "size {size} does not fill {words} words"
+        )));
+    }
+    let mut out = vec![0i8; rows * size];
+    detached(py, || {
+        let mut codes = vec![0i32; size];
+        for r in 0..rows {
+            decode(bits, &p[r * words..(r + 1) * words], &mut codes);
+            for (o, &c) in out[r * size..(r + 1) * size].iter_mut().zip(&codes) {
+                *o = c as i8;
+            }
+        }
+    })?;
+    numpy::PyArray1::from_vec(py, out).reshape([rows, size])
+}
+
+/// dequant_matmul(x, packed, scales, zeros, bits)
+/// --
+///
+/// `x` (tokens, in) of any float dtype, `packed` int32 (out, in * bits / 32), `scales`
+/// (out, groups) of any float dtype, `zeros` None or int8 (out, groups), all
+/// C-contiguous: y (tokens, out) of x's dtype.
+#[pyfunction]
+fn dequant_matmul<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    packed: PyReadonlyArray2<'py, i32>,
+    scales: &Bound<'py, PyAny>,
+    zeros: Option<PyReadonlyArray2<'py, i8>>,
+    bits: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_bits(bits)?;
+    let (p, out_features, words) = matrix(&packed, "packed")?;
+    let z = match &zeros {
+        Some(z) => Some(slice(z, "zeros")?),
+        None => None,
+    };
+    with_elem!(dtype_of(x, "x")?, E => {
+        let xa = float_array::<E>(x, "x")?;
+        let shape = xa.shape().to_vec();
+        let per = 32 / bits;
+        if shape.len() != 2 || shape[1] % per != 0 || words != shape[1] / per {
+            return Err(value_error(format!(
+                "dequant_matmul shapes disagree: x {shape:?}, packed ({out_features}, {words}), {bits} bits"
+            )));
+        }
+        let (tokens, n) = (shape[0], shape[1]);
+        let sshape = scales.cast::<numpy::PyUntypedArray>()?.shape().to_vec();
+        let groups = if sshape.len() == 2 { sshape[1] } else { 0 };
+        if sshape.len() != 2 || sshape[0] != out_features || groups == 0 || n % groups != 0 {
+            return Err(value_error(format!(
+                "scales must have shape ({out_features}, groups dividing {n}), got {sshape:?}"
+            )));
+        }
+        if z.is_some_and(|z| z.len() != out_features * groups) {
+            return Err(value_error("zeros must have scales' shape"));
+        }
+        let s = to_compute::<<E as Elem>::C>(scales, "scales", out_features * groups)?;
+        let xd = xa.as_slice().map_err(|_| value_error("x must be C-contiguous"))?;
+        // SAFETY: every element is written below.
+        let out = unsafe { new_array::<E>(py, &[tokens, out_features]) };
+        {
+            let mut w = out.readwrite();
+            let yd = w.as_slice_mut()?;
+            detached(py, || {
+                let mut xs = vec![<E as Elem>::C::ZERO; xd.len()];
+                <E as Elem>::C::widen(xd, &mut xs);
+                let weight = Weight { words: p, scales: &s, zeros: z, bits, in_features: n, permuted: None };
+                let yt = matmul(weight, &xs, tokens, out_features);
+                for t in 0..tokens {
+                    for o in 0..out_features {
+                        yd[t * out_features + o] = E::store(yt[o * tokens + t]);
+                    }
+                }
+            })?;
+        }
+        Ok(out.into_any())
+    })
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_int32, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack_int32, m)?)?;
+    m.add_function(wrap_pyfunction!(dequant_matmul, m)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_each_field_minus_the_offset() {
+        // int4: codes 0..8 stored as 8..16 -> nibbles 8, 9, ..., 15
+        let word = 0xFEDC_BA98u32 as i32;
+        let mut codes = [0i32; 8];
+        decode(4, &[word], &mut codes);
+        assert_eq!(codes, [0, 1, 2, 3, 4, 5, 6, 7]);
+        let mut three = [0i32; 3];
+        decode(8, &[0x0180_FF00u32 as i32], &mut three);
+        assert_eq!(three, [-128, 127, 0]);
+    }
+
+    #[test]
+    fn matmul_is_x_times_the_dequantized_rows() {
+        // 2 rows, 16 int4 codes each (2 words), 2 groups of 8; 5 tokens (a partial block)
+        let codes: Vec<i32> = (0..32).map(|i| (i * 7 % 16) - 8).collect();
+        let mut words = vec![0i32; 4];
+        for (i, &c) in codes.iter().enumerate() {
+            words[i / 8] |= (((c + 8) as u32) << ((i % 8) * 4)) as i32;
+        }
+        let scales = [0.5f64, 0.25, 2.0, 1.0];
+        let zeros = [1i8, -2, 0, 3];
+        let x: Vec<f64> = (0..5 * 16).map(|i| (i as f64 * 0.37).sin()).collect();
+        let weight = Weight {
+            words: &words,
+            scales: &scales,
+            zeros: Some(&zeros),
+            bits: 4,
+            in_features: 16,
+            permuted: None,
+        };
+        let yt = matmul(weight, &x, 5, 2);
+        for o in 0..2 {
+            for t in 0..5 {
+                let want: f64 = (0..16)
+                    .map(|i| {
+                        let g = o * 2 + i / 8;
+                        (codes[o * 16 + i] - zeros[g] as i32) as f64 * scales[g] * x[t * 16 + i]
+                    })
+                    .sum();
+                assert!((yt[o * 5 + t] - want).abs() < 1e-12, "{o} {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn fused_gemv_equals_the_decoded_rows() {
+        // int4 and int8, 3 rows of 256 columns in groups of 128: tokens 1 (fused) and 4
+        for bits in [4usize, 8] {
+            let (n, rows, per) = (256usize, 3usize, 32 / bits);
+            let words: Vec<i32> = (0..rows * n / per)
+                .map(|i| (i as u32).wrapping_mul(2_654_435_761) as i32)
+                .collect();
+            let scales = [0.5f32, 0.25, 2.0, 1.0, 0.125, 3.0];
+            let zeros = [1i8, -2, 0, 3, -1, 2];
+            let x: Vec<f32> = (0..4 * n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let weight = Weight {
+                words: &words,
+                scales: &scales,
+                zeros: Some(&zeros),
+                bits,
+                in_features: n,
+                permuted: None,
+            };
+            assert!(fusable(bits, n, 2));
+            let one = matmul(weight, &x[..n], 1, rows);
+            let four = matmul(weight, &x, 4, rows);
+            for o in 0..rows {
+                let got = one[o];
+                let want = four[o * 4];
+                assert!(
+                    (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                    "{bits} {o}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn quantize_row_follows_the_formula() {
+        let w = [0.0f32, 1.5, -3.0, 0.75];
+        let (mut codes, mut scales, mut zeros) = ([0i8; 4], [0f32; 1], [0i8; 1]);
+        quantize_row(&w, 4, 4, true, &mut codes, &mut scales, &mut zeros);
+        assert_eq!(scales[0], 3.0 / 7.5);
+        // 1.5 / 0.4 = 3.75 -> 4; -3 / 0.4 rounds to -7.5 in f32, a tie -> -8 (even)
+        assert_eq!(codes, [0, 4, -8, 2]);
+        quantize_row(
+            &[0.0f32; 4],
+            4,
+            2,
+            false,
+            &mut codes,
+            &mut [0f32; 2],
+            &mut [0i8; 2],
+        );
+        assert_eq!(codes, [-8; 4]);
+    }
+}
