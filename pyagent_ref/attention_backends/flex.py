@@ -152,11 +152,14 @@ def _flex(
     def mask_mod(b, h, q_idx, kv_idx):
         return visible[q_idx, kv_idx]
 
+    # a captured Python float would reach flex's tracing as a SymFloat, which it refuses
+    cap = None if soft_cap is None else torch.tensor(soft_cap, dtype=torch.float64, device=dev)
+
     def score_mod(score, b, h, q_idx, kv_idx):
         if bias is not None:
             score = score + bias[h, q_idx, kv_idx].to(score.dtype)
-        if soft_cap is not None:
-            score = soft_cap * torch.tanh(score / soft_cap)
+        if cap is not None:
+            score = cap.to(score.dtype) * torch.tanh(score / cap.to(score.dtype))
         return score
 
     compute = q.dtype
@@ -170,7 +173,7 @@ def _flex(
     out = flex_attention(
         q.to(compute).transpose(0, 1)[None],
         *kv,
-        score_mod=score_mod if bias is not None or soft_cap is not None else None,
+        score_mod=score_mod if bias is not None or cap is not None else None,
         block_mask=block_mask,
         scale=scale,
         enable_gqa=num_heads != num_kv_heads,
