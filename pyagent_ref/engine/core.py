@@ -38,8 +38,11 @@ from ..kv_cache import (
     SlidingWindowSpec,
     group_layers,
 )
+from ..distributed.parallel import BACKENDS
 from ..kv_cache.eviction import EVICTION_POLICIES
 from ..lora import LoRAConfig, LoRARequest
+from ..distributed.engine import check_distributed, model_skeleton, start_executor
+from ..distributed.executor import UniProcExecutor
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..model.eplb import EPLBConfig, ExpertBalancer
@@ -194,6 +197,17 @@ class EngineConfig:
         are refused at admission, naming the runner.
     task: "auto", or the one task the engine is for ("generate", "embed", "classify",
         "score"; its runner follows): refused at start if the model cannot do it.
+    tensor_parallel_size: ranks each layer is split across (heads, MLP features,
+        vocabulary: `distributed.tensor_parallel`).
+    pipeline_parallel_size: stages the decoder layers are split into, micro-batches of
+        a step flowing through them (`distributed.model`).
+    distributed_executor_backend: how the ranks run: "uni" (in this process; one rank
+        only), "mp" (a process per rank, torch.distributed: gloo on CPU, NCCL on CUDA)
+        or "ray" (Ray actors in a placement group); None: "uni" for one rank, else "mp".
+        With "mp" or "ray" every rank loads the model directory itself.
+    ray_address: with the "ray" backend, the cluster to join ("host:port",
+        "ray://host:port", "auto"); None: the Ray instance this process already joined,
+        else a local one.
     """
 
     model: str | Path | None = None
@@ -228,6 +242,10 @@ class EngineConfig:
     max_cpu_loras: int | None = None
     runner: str = "auto"
     task: str = "auto"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -251,6 +269,17 @@ class EngineConfig:
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(
                 f"max_cpu_loras must be >= max_loras={self.max_loras}, got {self.max_cpu_loras}"
+            )
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        if self.distributed_executor_backend == "uni" and world > 1:
+            raise ValueError(
+                "distributed_executor_backend='uni' runs one rank, but tensor_parallel_size "
+                f"x pipeline_parallel_size = {world}; use 'mp' or 'ray'"
+            )
+        if self.ray_address is not None and self.distributed_executor_backend != "ray":
+            raise ValueError(
+                f"ray_address={self.ray_address!r} needs distributed_executor_backend='ray', "
+                f"got {self.distributed_executor_backend!r}"
             )
         if self.kv_offload is not None and not self.enable_prefix_caching:
             raise ValueError(
@@ -311,6 +340,14 @@ _CONFIG_RULES = {
     "max_cpu_loras": (_OPTIONAL_INT, lambda v: v is None or v >= 1, "None or an int >= 1"),
     "runner": (str, lambda v: v in RUNNERS, f"one of {RUNNERS}"),
     "task": (str, lambda v: v in TASKS, f"one of {TASKS}"),
+    "tensor_parallel_size": (int, lambda v: v >= 1, "an int >= 1"),
+    "pipeline_parallel_size": (int, lambda v: v >= 1, "an int >= 1"),
+    "distributed_executor_backend": (
+        (str, type(None)),
+        lambda v: v is None or v in BACKENDS,
+        f"None or one of {BACKENDS}",
+    ),
+    "ray_address": ((str, type(None)), _ANY, "None or a str"),
 }
 
 
@@ -372,6 +409,7 @@ class EngineCore:
                 f"(max_position_embeddings={mcfg.max_position_embeddings}); lower it"
             )
         self.logits_processor_classes = load_logits_processors(config.logits_processors)
+        self.backend = check_distributed(config, mcfg)
         self.lora = None
         if config.enable_lora:  # before the runner: CUDA graphs record the adapted layers
             from ..lora.manager import LoRAManager
@@ -410,24 +448,32 @@ class EngineCore:
             bidirectional=self.encoder,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.kv, clock)
-        self.runner = ModelRunner(
-            model,
-            kv_config.num_blocks,
-            config.block_size,
-            self.ops,
+        runner_args = dict(
+            num_blocks=kv_config.num_blocks,
+            block_size=config.block_size,
             max_num_reqs=config.max_num_seqs,
             max_model_len=max_model_len,
             max_num_tokens=config.max_num_batched_tokens,
-            graph_mode="eager" if config.enforce_eager or config.eplb else config.graph_mode,
-            capture_sizes=config.cudagraph_capture_sizes,
-            compile=config.compile,
             kv_groups=groups,
             logprobs_mode=config.logprobs_mode,
-            logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
-            rows_per_request=_rows_per_request(config.speculative_config),
-            lora=self.lora,
-            pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
         )
+        if self.backend == "uni":
+            self.runner = ModelRunner(
+                model,
+                ops=self.ops,
+                graph_mode="eager" if config.enforce_eager or config.eplb else config.graph_mode,
+                capture_sizes=config.cudagraph_capture_sizes,
+                compile=config.compile,
+                logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
+                rows_per_request=_rows_per_request(config.speculative_config),
+                lora=self.lora,
+                pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
+                **runner_args,
+            )
+            self.executor = UniProcExecutor(self.runner)
+        else:  # the ranks hold the model and its runners; the engine talks to them
+            self.runner = None
+            self.executor = start_executor(config, mcfg, runner_args, self.logits_processor_classes)
         if config.kv_offload is not None:
             self.kv.enable_offload(
                 BlockOffloader(
@@ -452,7 +498,8 @@ class EngineCore:
         spec = config.speculative_config
         self.proposer = make_proposer(spec, self.ops, model) if spec is not None else None
         # a proposer drafting from the target's hidden states (Medusa) gets the last ones
-        self.runner.keep_hidden_states = getattr(self.proposer, "needs_hidden_states", False)
+        if self.runner is not None:
+            self.runner.keep_hidden_states = getattr(self.proposer, "needs_hidden_states", False)
         self._hidden_states: dict = {}
         self._lock = threading.RLock()
         self.eplb = ExpertBalancer(model, config.eplb) if config.eplb is not None else None
@@ -502,10 +549,11 @@ class EngineCore:
     def from_config(cls, config: EngineConfig) -> EngineCore:
         from ..model import default_model_path
 
-        model = load_model(
-            config.model or default_model_path(), config.dtype, config.device, progress=False
-        )
-        return cls(model, config)
+        path = config.model or default_model_path()
+        if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+            # the ranks load the weights; the engine needs the architecture alone
+            return cls(model_skeleton(path, config.dtype), config)
+        return cls(load_model(path, config.dtype, config.device, progress=False), config)
 
     # --- requests ----------------------------------------------------------------------
 
@@ -609,7 +657,7 @@ class EngineCore:
             sched = self.scheduler.schedule()
             grammar_errors = self._fill_grammar_bitmasks(sched)
             try:
-                result = self.runner.execute(sched)
+                result = self.executor.execute_model(sched)
             except BaseException as exc:
                 self._fail_step(sched, exc)
                 if not isinstance(exc, Exception):
@@ -632,7 +680,7 @@ class EngineCore:
         step will come (nothing left to run), an empty one tells it now, so that an idle
         engine holds no state of ended requests."""
         if not self.has_unfinished_requests() and self.scheduler.has_finished_requests():
-            self.runner.execute(self.scheduler.schedule())
+            self.executor.execute_model(self.scheduler.schedule())
 
     def _finish_proposals(self, outputs: list[EngineCoreOutput], known: dict) -> None:
         """Tell the proposer which requests ended, and their outputs (`known`: the
@@ -729,7 +777,7 @@ class EngineCore:
         step was to write out of the prefix cache (`Scheduler.fail_step`); the runner
         forgets them, so that its state matches the scheduler's again."""
         logger.error("the forward pass of a step failed", exc_info=exc)
-        self.runner.batch.forget(
+        self.executor.forget(
             [*sched.num_scheduled_tokens, *sched.finished_req_ids, *sched.preempted_req_ids]
         )
         self.scheduler.fail_step(
@@ -747,14 +795,14 @@ class EngineCore:
                     "cannot sleep with unfinished requests; abort or drain them first"
                 )
             self.kv.reset_prefix_cache()
-            self.runner.release_kv_cache()
+            self.executor.release_kv_cache()
             self.asleep = True
 
     def wake_up(self) -> None:
         with self._lock:
             if not self.asleep:
                 return
-            self.runner.allocate_kv_cache()
+            self.executor.allocate_kv_cache()
             self.asleep = False
 
     def stop_accepting(self) -> None:
@@ -766,10 +814,12 @@ class EngineCore:
         with self._lock:
             self.stop_accepting()
             if not drain:
-                return [EngineCoreOutputs(self.abort_requests(self.unfinished_request_ids()))]
-            steps = []
-            while self.has_unfinished_requests():
-                steps.append(self.step())
+                steps = [EngineCoreOutputs(self.abort_requests(self.unfinished_request_ids()))]
+            else:
+                steps = []
+                while self.has_unfinished_requests():
+                    steps.append(self.step())
+            self.executor.shutdown()  # the worker processes of "mp" and "ray" end
             return steps
 
 

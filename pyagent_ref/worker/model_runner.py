@@ -155,10 +155,15 @@ class ModelRunner:
         """Allocate zeroed KV cache tensors — one layer's tensors (`model.new_kv_cache`:
         K and V, or MLA's latent) per layer of the largest group, layer i of every group
         sharing set i — and, when graphs are on, capture them: a graph is tied to the
-        addresses of the tensors it was recorded on."""
+        addresses of the tensors it was recorded on. A model that runs only some layers
+        here (a pipeline stage: `owns_layer`) gets no tensors for a set none of its
+        layers uses."""
+        owns = getattr(self.model, "owns_layer", lambda layer: True)
+        used = {self.tensor_of_layer[layer] for layer in range(len(self.model.layers))
+                if owns(layer)}
         shared = [
-            self.model.new_kv_cache(self.num_blocks, self.block_size)
-            for _ in range(max(len(layers) for layers in self.layer_groups))
+            self.model.new_kv_cache(self.num_blocks, self.block_size) if i in used else ()
+            for i in range(max(len(layers) for layers in self.layer_groups))
         ]
         self.kv_caches = [shared[i] for i in self.tensor_of_layer]
         if self.dispatcher.enabled:
