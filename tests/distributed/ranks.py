@@ -11,7 +11,6 @@ from multiprocessing.connection import wait
 
 import torch
 
-
 def _rank_main(fn, rank, world_size, port, args, conn):
     import torch.distributed as dist
 
@@ -26,7 +25,6 @@ def _rank_main(fn, rank, world_size, port, args, conn):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
 
 def run_ranks(fn, args=(), world_size: int = 2, timeout_s: float = 120.0) -> list:
     """fn(rank, *args) on each of world_size gloo ranks; their results in rank order.
@@ -65,20 +63,41 @@ def run_ranks(fn, args=(), world_size: int = 2, timeout_s: float = 120.0) -> lis
                 proc.kill()
                 proc.join()
 
+def _step(model, caches, tables, lengths, chunks: dict[int, list[int]]) -> torch.Tensor:
+    """Logits of one step (request -> new tokens) on a paged cache of 4-token blocks,
+    each request owning blocks 1 + 16 * request onward."""
+    from pyagent_ref.model.llama import AttentionMetadata
+
+    ids, positions, qsl, seq_lens, slots = [], [], [0], [], []
+    for rid, tokens in chunks.items():
+        start = lengths.get(rid, 0)
+        lengths[rid] = start + len(tokens)
+        ids += tokens
+        positions += range(start, start + len(tokens))
+        slots += [(1 + 16 * rid) * 4 + p for p in range(start, start + len(tokens))]
+        qsl.append(qsl[-1] + len(tokens))
+        seq_lens.append(lengths[rid])
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_table=torch.tensor([tables[rid] for rid in chunks]),
+        query_start_loc=torch.tensor(qsl),
+        seq_lens=torch.tensor(seq_lens),
+    )
+    with torch.no_grad():
+        return model.compute_logits(model(torch.tensor(ids), torch.tensor(positions), meta, caches))
+
 
 def _steps(model, prompts):
-    """Logits of a prefill of every prompt in one batch, then two decode steps of all
+    """Logits of a prefill of every prompt in one batch, then a decode step of all
     (the greedy token fed back), on a fresh paged cache."""
-    from tests.model.test_hf_parity import PagedRunner
-
-    runner = PagedRunner(model)
-    logits = runner.step(dict(enumerate(prompts)))
+    caches = [model.new_kv_cache(64, 4) for _ in model.layers]
+    tables = {rid: list(range(1 + 16 * rid, 17 + 16 * rid)) for rid in range(len(prompts))}
+    lengths: dict[int, int] = {}
+    first = _step(model, caches, tables, lengths, dict(enumerate(prompts)))
     ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
-    out = [logits]
-    for _ in range(2):
-        nxt = out[-1][ends if len(out) == 1 else torch.arange(len(prompts))].argmax(-1)
-        out.append(runner.step({i: [int(t)] for i, t in enumerate(nxt)}))
-    return torch.cat(out)
+    nxt = first[ends].argmax(-1)
+    second = _step(model, caches, tables, lengths, {i: [int(t)] for i, t in enumerate(nxt)})
+    return torch.cat([first, second])
 
 
 def compare_families(rank: int, families: dict[str, str], prompts) -> dict:
@@ -86,14 +105,18 @@ def compare_families(rank: int, families: dict[str, str], prompts) -> dict:
     ValueError message when the family cannot be split that way}."""
     from pyagent_ref.distributed.model import DistributedModel
     from pyagent_ref.distributed.parallel import ParallelContext, check_parallel_sizes
-    from pyagent_ref.model import load_model
 
+    from pyagent_ref.model import load_model
+    from pyagent_ref.ops import load as load_ops
+
+    ops = load_ops("auto")  # the accelerator's ops where it is installed: faster
     contexts = {"tp": ParallelContext.create(rank, 2, 1), "pp": ParallelContext.create(rank, 1, 2)}
     out = {}
     for family, path in families.items():
-        whole = _steps(load_model(path, progress=False), prompts)
+        loaded = load_model(path, progress=False, ops=ops)
+        whole = _steps(loaded, prompts)
         for mode, ctx in contexts.items():
-            model = load_model(path, progress=False)
+            model = load_model(path, progress=False, ops=ops)
             try:
                 check_parallel_sizes(model.config, ctx.tp_size, ctx.pp_size)
             except ValueError as exc:
