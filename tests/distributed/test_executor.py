@@ -65,25 +65,36 @@ def one_process(model_dir):
     return run(EngineCore.from_config(EngineConfig(model=str(model_dir), **ENGINE)), workload())
 
 
-@pytest.mark.parametrize(
-    "sizes",
-    [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)],
-    ids=["tp2", "pp2"],
-)
-def test_two_ranks_draw_the_tokens_of_one_process(model_dir, one_process, sizes):
-    core = EngineCore.from_config(EngineConfig(model=str(model_dir), **ENGINE, **sizes))
+@pytest.fixture(scope="module")
+def tp_engine(model_dir):
+    """An engine on two tensor-parallel ranks, shared by the tests below (the last one
+    kills a worker)."""
+    core = EngineCore.from_config(
+        EngineConfig(model=str(model_dir), **ENGINE, tensor_parallel_size=2)
+    )
+    yield core
+    core.shutdown()
+    assert not any(p.is_alive() for p in core.executor.procs)
+
+
+def test_tensor_parallel_ranks_draw_the_tokens_of_one_process(tp_engine, one_process):
+    assert tp_engine.executor.backend == "mp" and tp_engine.runner is None
+    assert run(tp_engine, workload()) == one_process
+
+
+def test_pipeline_stages_draw_the_tokens_of_one_process(model_dir, one_process):
+    core = EngineCore.from_config(
+        EngineConfig(model=str(model_dir), **ENGINE, pipeline_parallel_size=2)
+    )
     try:
-        assert core.executor.backend == "mp" and core.runner is None
         assert run(core, workload()) == one_process
     finally:
         core.shutdown()
     assert not any(p.is_alive() for p in core.executor.procs)
 
 
-def test_a_killed_worker_ends_every_request(model_dir):
-    core = EngineCore.from_config(
-        EngineConfig(model=str(model_dir), **ENGINE, tensor_parallel_size=2)
-    )
+def test_a_killed_worker_ends_every_request(tp_engine):
+    core = tp_engine
     requests = workload(n=40)
     for r in requests:
         core.add_request(r)
@@ -97,7 +108,6 @@ def test_a_killed_worker_ends_every_request(model_dir):
     assert all(r.status == RequestStatus.FINISHED_ERROR for r in requests)
     assert all("worker rank 1" in r.error and "died" in r.error for r in requests)
     assert not any(p.is_alive() for p in core.executor.procs)
-    core.shutdown()  # idempotent after the executor went down
 
 
 @pytest.mark.parametrize(
