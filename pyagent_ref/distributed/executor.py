@@ -50,6 +50,7 @@ class Executor(ABC):
     @abstractmethod
     def release_kv_cache(self) -> None: ...
 
+    @abstractmethod
     def shutdown(self) -> None:
         """Stop the workers (idempotent)."""
 
@@ -73,6 +74,9 @@ class UniProcExecutor(Executor):
 
     def release_kv_cache(self) -> None:
         self.runner.release_kv_cache()
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the runner lives in this process."""
 
 
 class _RemoteExecutor(Executor):
@@ -229,13 +233,11 @@ class RayExecutor(_RemoteExecutor):
         self, spec: WorkerSpec, ray_address: str | None = None, timeout_s: float = 300.0
     ) -> None:
         import ray
-        import torch.distributed as dist
         from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.timeout_s, self.world_size = timeout_s, spec.world_size
         self._ray, self._remove_pg = ray, remove_placement_group
-        self.started_ray = False
+        self.started_ray, self.actors, self.pg = False, [], None
         if not ray.is_initialized():
             if ray_address is not None:
                 check_ray_address(ray_address)
@@ -261,17 +263,30 @@ class RayExecutor(_RemoteExecutor):
                 f"no placement of {spec.world_size} x {{{resource!r}: 1}} on the Ray cluster "
                 f"within {timeout_s} s (are the {resource}s taken?)"
             ) from None
+        try:
+            self._start_actors(spec, resource)
+        except BaseException:
+            self.shutdown()  # no actor or placement group outlives a failed start
+            raise
+
+    def _start_actors(self, spec: WorkerSpec, resource: str) -> None:
+        import torch.distributed as dist
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray = self._ray
         host = ray.util.get_node_ip_address()
         self._store = dist.TCPStore(host, 0, None, True, wait_for_workers=False)
         self.spec = spec = WorkerSpec(
             **{**vars(spec), "store_host": host, "store_port": self._store.port}
         )
-        actor = ray.remote(num_cpus=0 if resource == "GPU" else 1,
-                           num_gpus=1 if resource == "GPU" else 0)(RayWorker)
+        gpu = resource == "GPU"
+        actor = ray.remote(num_cpus=0 if gpu else 1, num_gpus=1 if gpu else 0)(RayWorker)
         env = {"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}}
         self.actors = [
             actor.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=rank
+                ),
                 runtime_env=env,
             ).remote(spec, rank)
             for rank in range(spec.world_size)
@@ -281,7 +296,7 @@ class RayExecutor(_RemoteExecutor):
     def _call(self, method: str, *args) -> list:
         ray = self._ray
         refs = [ray.put(a) for a in args]  # one copy in the object store for every rank
-        futures = [getattr(a, "call").remote(method, *refs) for a in self.actors]
+        futures = [a.call.remote(method, *refs) for a in self.actors]
         try:
             return ray.get(futures, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -291,10 +306,10 @@ class RayExecutor(_RemoteExecutor):
 
     def shutdown(self) -> None:
         ray = self._ray
-        for actor in getattr(self, "actors", []):
+        for actor in self.actors:
             ray.kill(actor)
         self.actors = []
-        if getattr(self, "pg", None) is not None:
+        if self.pg is not None:
             self._remove_pg(self.pg)
             self.pg = None
         if self.started_ray:
@@ -321,7 +336,9 @@ def check_ray_address(address: str, timeout_s: float = 5.0) -> None:
         return
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"ray_address must be 'host:port', 'ray://host:port' or 'auto', got {address!r}")
+        raise ValueError(
+            f"ray_address must be 'host:port', 'ray://host:port' or 'auto', got {address!r}"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:

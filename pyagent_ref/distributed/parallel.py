@@ -22,9 +22,7 @@ import torch
 BACKENDS = ("uni", "mp", "ray")
 
 
-def check_parallel_sizes(
-    config, tensor_parallel_size: int, pipeline_parallel_size: int
-) -> None:
+def check_parallel_sizes(config, tensor_parallel_size: int, pipeline_parallel_size: int) -> None:
     """Raise ValueError (naming the value) if a model of `config` (`ModelConfig`) cannot be
     split over tensor_parallel_size ranks per stage and pipeline_parallel_size stages.
 
@@ -55,8 +53,7 @@ def check_parallel_sizes(
     for name, size in sizes:
         if size % tp:
             raise ValueError(
-                f"tensor_parallel_size={tp} does not divide {name}={size} of "
-                f"{config.architecture}"
+                f"tensor_parallel_size={tp} does not divide {name}={size} of {config.architecture}"
             )
     if kv_heads % tp and tp % kv_heads:
         raise ValueError(
@@ -64,7 +61,11 @@ def check_parallel_sizes(
             f"num_key_value_heads={kv_heads} of {config.architecture}"
         )
     if config.mla is not None or config.qk_norm == "projection":
-        what = "multi-head latent attention" if config.mla is not None else "a q/k norm over the projection"
+        what = (
+            "multi-head latent attention"
+            if config.mla is not None
+            else "a q/k norm over the projection"
+        )
         raise ValueError(
             f"tensor_parallel_size={tp}: {config.architecture} has {what}, which this "
             "engine does not split across ranks; use tensor_parallel_size=1 (pipeline "

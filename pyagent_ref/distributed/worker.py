@@ -74,9 +74,7 @@ class Worker:
             device = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device)
         timeout = timedelta(seconds=spec.timeout_s)
-        store = dist.TCPStore(
-            spec.store_host, spec.store_port, is_master=False, timeout=timeout
-        )
+        store = dist.TCPStore(spec.store_host, spec.store_port, is_master=False, timeout=timeout)
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
             store=store,

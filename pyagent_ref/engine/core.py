@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..distributed.engine import check_distributed, model_skeleton, start_executor
+from ..distributed.executor import UniProcExecutor
+from ..distributed.parallel import BACKENDS
 from ..kv_cache import (
     BlockOffloader,
     CPUTier,
@@ -38,11 +41,8 @@ from ..kv_cache import (
     SlidingWindowSpec,
     group_layers,
 )
-from ..distributed.parallel import BACKENDS
 from ..kv_cache.eviction import EVICTION_POLICIES
 from ..lora import LoRAConfig, LoRARequest
-from ..distributed.engine import check_distributed, model_skeleton, start_executor
-from ..distributed.executor import UniProcExecutor
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..model.eplb import EPLBConfig, ExpertBalancer

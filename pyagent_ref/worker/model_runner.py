@@ -159,8 +159,9 @@ class ModelRunner:
         here (a pipeline stage: `owns_layer`) gets no tensors for a set none of its
         layers uses."""
         owns = getattr(self.model, "owns_layer", lambda layer: True)
-        used = {self.tensor_of_layer[layer] for layer in range(len(self.model.layers))
-                if owns(layer)}
+        used = {
+            self.tensor_of_layer[layer] for layer in range(len(self.model.layers)) if owns(layer)
+        }
         shared = [
             self.model.new_kv_cache(self.num_blocks, self.block_size) if i in used else ()
             for i in range(max(len(layers) for layers in self.layer_groups))

@@ -11,6 +11,7 @@ from multiprocessing.connection import wait
 
 import torch
 
+
 def _rank_main(fn, rank, world_size, port, args, conn):
     import torch.distributed as dist
 
@@ -25,6 +26,7 @@ def _rank_main(fn, rank, world_size, port, args, conn):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
 
 def run_ranks(fn, args=(), world_size: int = 2, timeout_s: float = 120.0) -> list:
     """fn(rank, *args) on each of world_size gloo ranks; their results in rank order.
@@ -62,6 +64,7 @@ def run_ranks(fn, args=(), world_size: int = 2, timeout_s: float = 120.0) -> lis
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+
 
 def _step(model, caches, tables, lengths, chunks: dict[int, list[int]]) -> torch.Tensor:
     """Logits of one step (request -> new tokens) on a paged cache of 4-token blocks,
@@ -105,7 +108,6 @@ def compare_families(rank: int, families: dict[str, str], prompts) -> dict:
     ValueError message when the family cannot be split that way}."""
     from pyagent_ref.distributed.model import DistributedModel
     from pyagent_ref.distributed.parallel import ParallelContext, check_parallel_sizes
-
     from pyagent_ref.model import load_model
     from pyagent_ref.ops import load as load_ops
 

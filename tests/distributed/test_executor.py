@@ -113,7 +113,10 @@ def test_a_killed_worker_ends_every_request(tp_engine):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(tensor_parallel_size=3), "tensor_parallel_size=3 does not divide num_attention_heads=4"),
+        (
+            dict(tensor_parallel_size=3),
+            "tensor_parallel_size=3 does not divide num_attention_heads=4",
+        ),
         (dict(pipeline_parallel_size=3), "pipeline_parallel_size=3 exceeds the 2 decoder layers"),
         (dict(tensor_parallel_size=2, device="cuda"), "2 ranks, but this machine has 0 CUDA"),
         (dict(tensor_parallel_size=2, enable_lora=True), "enable_lora=True"),

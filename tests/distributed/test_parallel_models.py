@@ -74,7 +74,12 @@ def _config(**overrides) -> ModelConfig:
     "overrides, tp, pp, message",
     [
         ({}, 3, 1, "does not divide num_attention_heads=4"),
-        ({"num_attention_heads": 6, "num_key_value_heads": 6}, 4, 1, "does not divide num_attention_heads=6"),
+        (
+            {"num_attention_heads": 6, "num_key_value_heads": 6},
+            4,
+            1,
+            "does not divide num_attention_heads=6",
+        ),
         ({"num_attention_heads": 8, "num_key_value_heads": 3}, 2, 1, "num_key_value_heads=3"),
         ({"intermediate_size": 90}, 4, 1, "intermediate_size=90"),
         ({}, 1, 3, "pipeline_parallel_size=3 exceeds the 2 decoder layers"),
