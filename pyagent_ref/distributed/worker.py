@@ -70,6 +70,8 @@ class Worker:
 
         self.spec, self.rank = spec, rank
         device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:  # the ranks of a machine share its cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
         if spec.device == "cuda":
             device = torch.device("cuda", rank % torch.cuda.device_count())
             torch.cuda.set_device(device)

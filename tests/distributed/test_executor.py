@@ -147,3 +147,19 @@ def test_more_ranks_than_cpu_cores_is_refused(model_dir, monkeypatch):
 def test_config_refuses_inconsistent_fields(fields, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**fields)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
+)
+def test_nccl_tensor_parallel_ranks_draw_the_tokens_of_one_process(model_dir):
+    cuda = dict(ENGINE, device="cuda", ops="auto")
+    want = run(EngineCore.from_config(EngineConfig(model=str(model_dir), **cuda)), workload())
+    core = EngineCore.from_config(
+        EngineConfig(model=str(model_dir), **cuda, tensor_parallel_size=2)
+    )
+    try:
+        assert run(core, workload()) == want
+    finally:
+        core.shutdown()

@@ -39,7 +39,8 @@ def local_ray():
     ray.shutdown()
 
 
-def test_ray_actors_draw_the_tokens_of_one_process(model_dir, local_ray):  # noqa: F811
+@pytest.mark.usefixtures("local_ray")
+def test_ray_actors_draw_the_tokens_of_one_process(model_dir):  # noqa: F811
     want = run(EngineCore.from_config(EngineConfig(model=str(model_dir), **ENGINE)), workload())
     core = EngineCore.from_config(
         EngineConfig(
