@@ -27,8 +27,9 @@ def check_distributed(config, model_config) -> str:
 
     Raises:
         ValueError: sizes the model cannot be split by (`check_parallel_sizes`), more
-            ranks than devices ("mp"), or an engine feature this engine does not run on
-            several ranks (LoRA, speculative decoding, EPLB, KV offloading, compile).
+            ranks than devices ("mp"), "mp" asked of a daemon process, or an engine
+            feature this engine does not run on several ranks (LoRA, speculative
+            decoding, EPLB, KV offloading, compile).
     """
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     check_parallel_sizes(model_config, tp, pp)
@@ -43,6 +44,14 @@ def check_distributed(config, model_config) -> str:
             )
     if backend == "mp":
         check_devices(config.device, tp * pp)
+        import multiprocessing
+
+        if multiprocessing.current_process().daemon:
+            raise ValueError(
+                "distributed_executor_backend='mp' starts a process per rank, which a daemon "
+                "process (the engine-core process of engine_process=True) may not do: run the "
+                "engine in the frontend's process, or use distributed_executor_backend='ray'"
+            )
     return backend
 
 
