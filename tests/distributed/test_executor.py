@@ -129,6 +129,15 @@ def test_refused_at_start_naming_the_value(model_dir, overrides, message):
         EngineCore.from_config(EngineConfig(model=str(model_dir), **ENGINE, **overrides))
 
 
+def test_mp_from_a_daemon_process_is_refused(model_dir, monkeypatch):
+    import multiprocessing
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: SimpleNamespace(daemon=True))
+    with pytest.raises(ValueError, match="a daemon process"):
+        EngineCore.from_config(EngineConfig(model=str(model_dir), **ENGINE, tensor_parallel_size=2))
+
+
 def test_more_ranks_than_cpu_cores_is_refused(model_dir, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     with pytest.raises(ValueError, match="2 ranks, but this machine has 1 CPU cores"):

@@ -6,6 +6,8 @@ so that PP runs two micro-batches, then a decode step)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -91,14 +93,19 @@ def test_sizes_that_do_not_split_are_named(overrides, tp, pp, message):
         check_parallel_sizes(_config(**overrides), tp, pp)
 
 
-def test_stages_hold_every_layer_once():
-    for layers in range(1, 9):
-        for pp in range(1, layers + 1):
-            split = [list(stage_layers(layers, s, pp)) for s in range(pp)]
-            assert sum(split, []) == list(range(layers)) and all(split)
+@given(st.integers(1, 200), st.data())
+def test_stages_hold_every_layer_once_in_order(layers, data):
+    pp = data.draw(st.integers(1, layers))
+    split = [list(stage_layers(layers, s, pp)) for s in range(pp)]
+    assert sum(split, []) == list(range(layers)) and all(split)
+    assert max(map(len, split)) - min(map(len, split)) <= 1
 
 
-def test_micro_batches_cut_whole_requests():
-    assert micro_batches(0, 2) == []
-    assert micro_batches(1, 2) == [(0, 1)]
-    assert micro_batches(5, 2) == [(0, 2), (2, 5)]
+@given(st.integers(0, 300), st.integers(1, 16))
+def test_micro_batches_cut_whole_requests(num_reqs, count):
+    bounds = micro_batches(num_reqs, count)
+    assert len(bounds) == min(num_reqs, count)
+    assert [a for a, _ in bounds[1:]] == [b for _, b in bounds[:-1]]  # contiguous
+    assert all(b > a for a, b in bounds)
+    if bounds:
+        assert bounds[0][0] == 0 and bounds[-1][1] == num_reqs
