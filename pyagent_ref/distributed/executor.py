@@ -163,6 +163,17 @@ class MultiprocExecutor(_RemoteExecutor):
         proc.join(timeout=1)
         return f"worker rank {rank} (pid {proc.pid}) died (exit code {proc.exitcode})"
 
+    def _died_besides(self, rank: int, sentinels: dict) -> int | None:
+        """Another rank that ended abnormally (killed, crashed) within the last second,
+        or None (a rank that reported its error and returned exits with 0)."""
+        others = [s for s, r in sentinels.items() if r != rank]
+        for sentinel in wait(others, timeout=1.0):
+            proc = self.procs[sentinels[sentinel]]
+            proc.join(timeout=1)
+            if proc.exitcode not in (0, None):
+                return sentinels[sentinel]
+        return None
+
     def _collect(self) -> list:
         """Every rank's reply; the first death, error or timeout takes the executor down."""
         results: list = [None] * self.world_size
@@ -184,6 +195,9 @@ class MultiprocExecutor(_RemoteExecutor):
                 except (EOFError, OSError):
                     raise self._go_down(self._death(rank)) from None
                 if status == "error":
+                    died = self._died_besides(rank, sentinels)
+                    if died is not None:  # the cause of this rank's failed collective
+                        raise self._go_down(self._death(died))
                     raise self._go_down(f"worker rank {rank} raised {value}")
                 results[rank] = value
                 del pending[rank]
