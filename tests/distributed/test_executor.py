@@ -172,3 +172,15 @@ def test_nccl_tensor_parallel_ranks_draw_the_tokens_of_one_process(model_dir):
         assert run(core, workload()) == want
     finally:
         core.shutdown()
+
+
+def test_a_rank_that_fails_to_start_is_named_with_its_error(model_dir, tmp_path):
+    """The engine reads config.json alone; the ranks find the weights truncated."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(RuntimeError, match="worker rank . raised ValueError: .*not a readable"):
+        EngineCore.from_config(EngineConfig(model=str(broken), **ENGINE, tensor_parallel_size=2))
