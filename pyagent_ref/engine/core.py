@@ -25,7 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..attention_backends import BACKENDS, with_attention_backend
+from ..attention_backends import BACKENDS as ATTENTION_BACKENDS
+from ..attention_backends import with_attention_backend
+from ..distributed.engine import check_distributed, model_skeleton, start_executor
+from ..distributed.executor import UniProcExecutor
+from ..distributed.parallel import BACKENDS
 from ..kv_cache import (
     BlockOffloader,
     CPUTier,
@@ -214,6 +218,17 @@ class EngineConfig:
     encoder_cache_size: image positions (decoder rows) the encoder cache keeps for the
         requests using them and later ones with the same image; None: the most image
         positions one step may encode, max(max_num_batched_tokens, one image's).
+    tensor_parallel_size: ranks each layer is split across (heads, MLP features,
+        vocabulary: `distributed.tensor_parallel`).
+    pipeline_parallel_size: stages the decoder layers are split into, micro-batches of
+        a step flowing through them (`distributed.model`).
+    distributed_executor_backend: how the ranks run: "uni" (in this process; one rank
+        only), "mp" (a process per rank, torch.distributed: gloo on CPU, NCCL on CUDA)
+        or "ray" (Ray actors in a placement group); None: "uni" for one rank, else "mp".
+        With "mp" or "ray" every rank loads the model directory itself.
+    ray_address: with the "ray" backend, the cluster to join ("host:port",
+        "ray://host:port", "auto"); None: the Ray instance this process already joined,
+        else a local one.
     """
 
     model: str | Path | None = None
@@ -255,6 +270,10 @@ class EngineConfig:
     profiler_dir: str | None = None
     limit_mm_per_prompt: int = 4
     encoder_cache_size: int | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         """Type and range checks of every field, before any model is loaded: TypeError
@@ -278,6 +297,17 @@ class EngineConfig:
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(
                 f"max_cpu_loras must be >= max_loras={self.max_loras}, got {self.max_cpu_loras}"
+            )
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        if self.distributed_executor_backend == "uni" and world > 1:
+            raise ValueError(
+                "distributed_executor_backend='uni' runs one rank, but tensor_parallel_size "
+                f"x pipeline_parallel_size = {world}; use 'mp' or 'ray'"
+            )
+        if self.ray_address is not None and self.distributed_executor_backend != "ray":
+            raise ValueError(
+                f"ray_address={self.ray_address!r} needs distributed_executor_backend='ray', "
+                f"got {self.distributed_executor_backend!r}"
             )
         if self.kv_offload is not None and not self.enable_prefix_caching:
             raise ValueError(
@@ -314,7 +344,7 @@ _CONFIG_RULES = {
     ),
     "policy": (str, lambda v: v in POLICIES, f"one of {tuple(POLICIES)}"),
     "ops": (str, lambda v: v in ("ref", "accel", "auto"), "'ref', 'accel' or 'auto'"),
-    "attention_backend": (str, lambda v: v in BACKENDS, f"one of {BACKENDS}"),
+    "attention_backend": (str, lambda v: v in ATTENTION_BACKENDS, f"one of {ATTENTION_BACKENDS}"),
     "enforce_eager": (bool, _ANY, "a bool"),
     "graph_mode": (str, lambda v: v in GRAPH_MODES, f"one of {GRAPH_MODES}"),
     "cudagraph_capture_sizes": (
@@ -353,6 +383,14 @@ _CONFIG_RULES = {
     "profiler_dir": ((str, type(None)), lambda v: v != "", "None or a directory"),
     "limit_mm_per_prompt": (int, lambda v: v >= 1, "an int >= 1"),
     "encoder_cache_size": (_OPTIONAL_INT, lambda v: v is None or v >= 1, "None or an int >= 1"),
+    "tensor_parallel_size": (int, lambda v: v >= 1, "an int >= 1"),
+    "pipeline_parallel_size": (int, lambda v: v >= 1, "an int >= 1"),
+    "distributed_executor_backend": (
+        (str, type(None)),
+        lambda v: v is None or v in BACKENDS,
+        f"None or one of {BACKENDS}",
+    ),
+    "ray_address": ((str, type(None)), _ANY, "None or a str"),
 }
 
 
@@ -421,6 +459,7 @@ class EngineCore:
             )
         self.logits_processor_classes = load_logits_processors(config.logits_processors)
         self.profiler = None  # built at the first start_profile
+        self.backend = check_distributed(config, mcfg)
         self.lora = None
         if config.enable_lora:  # before the runner: CUDA graphs record the adapted layers
             from ..lora.manager import LoRAManager
@@ -474,25 +513,33 @@ class EngineCore:
             encoder_cache_size=cache_size,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.kv, clock)
-        self.runner = ModelRunner(
-            model,
-            kv_config.num_blocks,
-            config.block_size,
-            self.ops,
+        runner_args = dict(
+            num_blocks=kv_config.num_blocks,
+            block_size=config.block_size,
             max_num_reqs=config.max_num_seqs,
             max_model_len=max_model_len,
             max_num_tokens=config.max_num_batched_tokens,
-            graph_mode="eager" if config.enforce_eager or config.eplb else config.graph_mode,
-            capture_sizes=config.cudagraph_capture_sizes,
-            compile=config.compile,
             kv_groups=groups,
             logprobs_mode=config.logprobs_mode,
-            logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
-            rows_per_request=_rows_per_request(config.speculative_config),
             num_state_slots=kv_config.num_state_slots,
-            lora=self.lora,
-            pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
         )
+        if self.backend == "uni":
+            self.runner = ModelRunner(
+                model,
+                ops=self.ops,
+                graph_mode="eager" if config.enforce_eager or config.eplb else config.graph_mode,
+                capture_sizes=config.cudagraph_capture_sizes,
+                compile=config.compile,
+                logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
+                rows_per_request=_rows_per_request(config.speculative_config),
+                lora=self.lora,
+                pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
+                **runner_args,
+            )
+            self.executor = UniProcExecutor(self.runner)
+        else:  # the ranks hold the model and its runners; the engine talks to them
+            self.runner = None
+            self.executor = start_executor(config, mcfg, runner_args, self.logits_processor_classes)
         if config.kv_offload is not None:
             self.kv.enable_offload(
                 BlockOffloader(
@@ -517,7 +564,8 @@ class EngineCore:
         spec = config.speculative_config
         self.proposer = make_proposer(spec, self.ops, model) if spec is not None else None
         # a proposer drafting from the target's hidden states (Medusa) gets the last ones
-        self.runner.keep_hidden_states = getattr(self.proposer, "needs_hidden_states", False)
+        if self.runner is not None:
+            self.runner.keep_hidden_states = getattr(self.proposer, "needs_hidden_states", False)
         self._hidden_states: dict = {}
         self._lock = threading.RLock()
         self.eplb = ExpertBalancer(model, config.eplb) if config.eplb is not None else None
@@ -614,10 +662,11 @@ class EngineCore:
     def from_config(cls, config: EngineConfig) -> EngineCore:
         from ..model import default_model_path
 
-        model = load_model(
-            config.model or default_model_path(), config.dtype, config.device, progress=False
-        )
-        return cls(model, config)
+        path = config.model or default_model_path()
+        if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+            # the ranks load the weights; the engine needs the architecture alone
+            return cls(model_skeleton(path, config.dtype), config)
+        return cls(load_model(path, config.dtype, config.device, progress=False), config)
 
     # --- requests ----------------------------------------------------------------------
 
@@ -721,7 +770,7 @@ class EngineCore:
             sched = self.scheduler.schedule()
             grammar_errors = self._fill_grammar_bitmasks(sched)
             try:
-                result = self.runner.execute(sched)
+                result = self.executor.execute_model(sched)
             except BaseException as exc:
                 self._fail_step(sched, exc)
                 if not isinstance(exc, Exception):
@@ -746,7 +795,7 @@ class EngineCore:
         step will come (nothing left to run), an empty one tells it now, so that an idle
         engine holds no state of ended requests."""
         if not self.has_unfinished_requests() and self.scheduler.has_finished_requests():
-            self.runner.execute(self.scheduler.schedule())
+            self.executor.execute_model(self.scheduler.schedule())
 
     def _finish_proposals(self, outputs: list[EngineCoreOutput], known: dict) -> None:
         """Tell the proposer which requests ended, and their outputs (`known`: the
@@ -843,7 +892,7 @@ class EngineCore:
         step was to write out of the prefix cache (`Scheduler.fail_step`); the runner
         forgets them, so that its state matches the scheduler's again."""
         logger.error("the forward pass of a step failed", exc_info=exc)
-        self.runner.batch.forget(
+        self.executor.forget(
             [*sched.num_scheduled_tokens, *sched.finished_req_ids, *sched.preempted_req_ids]
         )
         self.scheduler.fail_step(
@@ -861,14 +910,14 @@ class EngineCore:
                     "cannot sleep with unfinished requests; abort or drain them first"
                 )
             self.kv.reset_prefix_cache()
-            self.runner.release_kv_cache()
+            self.executor.release_kv_cache()
             self.asleep = True
 
     def wake_up(self) -> None:
         with self._lock:
             if not self.asleep:
                 return
-            self.runner.allocate_kv_cache()
+            self.executor.allocate_kv_cache()
             self.asleep = False
 
     def stop_accepting(self) -> None:
@@ -900,10 +949,12 @@ class EngineCore:
         with self._lock:
             self.stop_accepting()
             if not drain:
-                return [EngineCoreOutputs(self.abort_requests(self.unfinished_request_ids()))]
-            steps = []
-            while self.has_unfinished_requests():
-                steps.append(self.step())
+                steps = [EngineCoreOutputs(self.abort_requests(self.unfinished_request_ids()))]
+            else:
+                steps = []
+                while self.has_unfinished_requests():
+                    steps.append(self.step())
+            self.executor.shutdown()  # the worker processes of "mp" and "ray" end
             return steps
 
 

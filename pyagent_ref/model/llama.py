@@ -334,16 +334,25 @@ class LlamaForCausalLM(nn.Module):
         of the flattened batch whose token embeddings are replaced by these (an image's
         rows at its placeholder tokens, `llava`)."""
         metas = [meta] * len(self.layers) if isinstance(meta, AttentionMetadata) else meta
-        hidden, residual = self.embed(input_ids, positions), None
+        hidden = self.embed(input_ids, positions)
         if mm_embeds is not None:
             rows, embeds = mm_embeds
             hidden = hidden.index_copy(0, rows, embeds.to(hidden.dtype))
-        for layer, layer_meta, kv_cache in zip(self.layers, metas, kv_caches, strict=True):
-            sliding = layer.self_attn.sliding_window is not None
-            rotary = self.rotary_local if sliding and self.rotary_local else self.rotary
-            hidden, residual = layer(positions, hidden, residual, layer_meta, kv_cache, rotary)
+        layers = range(len(self.layers))
+        hidden, residual = self.run_layers(layers, positions, hidden, None, metas, kv_caches)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def run_layers(self, layers: range, positions, hidden, residual, metas, kv_caches):
+        """The residual stream (hidden, residual) after decoder layers `layers` (a range
+        of layer indices; a pipeline stage runs its own), each with its metadata and KV
+        cache (`metas[i]`, `kv_caches[i]`, indexed by layer)."""
+        for i in layers:
+            layer = self.layers[i]
+            sliding = layer.self_attn.sliding_window is not None
+            rotary = self.rotary_local if sliding and self.rotary_local else self.rotary
+            hidden, residual = layer(positions, hidden, residual, metas[i], kv_caches[i], rotary)
+        return hidden, residual
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings, times the family's multiplier (Gemma: sqrt(hidden), rounded

@@ -178,11 +178,16 @@ class ModelRunner:
         K and V, or MLA's latent) per layer of the largest block group, layer i of every
         group sharing set i; each state layer's own slots (`model.new_state_cache`) — and,
         when graphs are on, capture them: a graph is tied to the addresses of the
-        tensors it was recorded on."""
+        tensors it was recorded on. A model that runs only some layers here (a pipeline
+        stage: `owns_layer`) gets no tensors for a set none of its layers uses."""
+        owns = getattr(self.model, "owns_layer", lambda layer: True)
+        used = {
+            self.tensor_of_layer[layer] for layer in range(len(self.model.layers)) if owns(layer)
+        }
         blocks = [ls for g, ls in enumerate(self.layer_groups) if g not in self.state_groups]
         shared = [
-            self.model.new_kv_cache(self.num_blocks, self.block_size)
-            for _ in range(max((len(layers) for layers in blocks), default=0))
+            self.model.new_kv_cache(self.num_blocks, self.block_size) if i in used else ()
+            for i in range(max((len(layers) for layers in blocks), default=0))
         ]
         self.kv_caches = [
             self.model.new_state_cache(self.num_state_slots)

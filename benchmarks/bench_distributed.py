@@ -1,0 +1,117 @@
+"""Step times of the engine on one process and on two ranks, TP=2 and PP=2, on the CPU.
+
+    python benchmarks/bench_distributed.py [--quick]
+
+A random Llama (hidden 512, 8 layers, 8 query heads over 2 KV heads, vocab 4096) is
+saved to a temporary directory and served four ways: one process ("uni"), two
+tensor-parallel ranks, two pipeline stages ("mp", gloo). Each runs the same batch: 8
+requests of 64-token prompts, then 32 greedy decode steps; printed per configuration:
+the median time of a prefill step and of a decode step, and the ratio to one process.
+Every configuration must draw the tokens of one process (checked). On a machine of two
+cores the two ranks compete for the cores the single process had to itself, and every
+step adds the round trips of the collectives and the pipe: the figures show overhead,
+not speedup (docs/distributed.md projects the scaling on GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from the checkout
+
+from pyagent_ref.engine.core import EngineConfig, EngineCore  # noqa: E402
+from pyagent_ref.sample.params import SamplingParams  # noqa: E402
+from pyagent_ref.sched import Request  # noqa: E402
+
+MODEL = dict(
+    vocab_size=4096,
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def save_model(path: str, quick: bool) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    sizes = MODEL | (
+        dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4) if quick else {}
+    )
+    config = transformers.LlamaConfig(
+        **sizes, eos_token_id=None, bos_token_id=None, pad_token_id=None
+    )
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(path)
+
+
+def measure(path: str, reqs: int, prompt: int, decode: int, **sizes) -> tuple[float, float, list]:
+    """(median prefill step s, median decode step s, the tokens) of one configuration."""
+    config = EngineConfig(
+        model=path,
+        block_size=16,
+        num_kv_blocks=reqs * (prompt + decode) // 16 + 8,
+        max_num_batched_tokens=reqs * prompt,
+        max_num_seqs=reqs,
+        ops="auto",
+        **sizes,
+    )
+    core = EngineCore.from_config(config)
+    try:
+        requests = [
+            Request(
+                str(i),
+                [(7 * i + j) % 4000 + 1 for j in range(prompt)],
+                sampling_params=SamplingParams(temperature=0, max_tokens=decode),
+                max_tokens=decode,
+            )
+            for i in range(reqs)
+        ]
+        for r in requests:
+            core.add_request(r)
+        times = []
+        while core.has_unfinished_requests():
+            t0 = time.perf_counter()
+            core.step()
+            times.append(time.perf_counter() - t0)
+    finally:
+        core.shutdown()
+    return times[0], statistics.median(times[1:]), [r.output_token_ids for r in requests]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller model and batch")
+    args = parser.parse_args()
+    reqs, prompt, decode = (4, 16, 8) if args.quick else (8, 64, 32)
+    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory() as path:
+        save_model(path, args.quick)
+        rows = {}
+        for name, sizes in [
+            ("uni", {}),
+            ("tp2", dict(tensor_parallel_size=2)),
+            ("pp2", dict(pipeline_parallel_size=2)),
+        ]:
+            rows[name] = measure(path, reqs, prompt, decode, **sizes)
+    _, _, want = rows["uni"]
+    print(f"{'config':8} {'prefill ms':>11} {'decode ms':>10} {'prefill x':>10} {'decode x':>9}")
+    for name, (prefill, dec, tokens) in rows.items():
+        assert tokens == want, f"{name} drew other tokens than one process"
+        print(
+            f"{name:8} {prefill * 1e3:11.1f} {dec * 1e3:10.1f} "
+            f"{prefill / rows['uni'][0]:10.2f} {dec / rows['uni'][1]:9.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

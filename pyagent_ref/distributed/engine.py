@@ -1,0 +1,90 @@
+"""The engine's side of distributed execution: which executor an `EngineConfig` asks
+for, the checks made before any rank starts, and starting it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .executor import Executor, MultiprocExecutor, RayExecutor, check_devices
+from .parallel import check_parallel_sizes
+from .worker import WorkerSpec
+
+# engine features that run inside the model runner's process and are not distributed
+_NOT_DISTRIBUTED = (
+    ("enable_lora", "LoRA adapters"),
+    ("speculative_config", "speculative decoding"),
+    ("eplb", "expert load balancing"),
+    ("kv_offload", "KV offloading"),
+    ("compile", "torch.compile"),
+)
+
+
+def check_distributed(config, model_config) -> str:
+    """The executor backend of `config` (an `EngineConfig`) for a model of
+    `model_config`, after checking everything that would fail on the ranks.
+
+    Raises:
+        ValueError: sizes the model cannot be split by (`check_parallel_sizes`), more
+            ranks than devices ("mp"), "mp" asked of a daemon process, or an engine
+            feature this engine does not run on several ranks (LoRA, speculative
+            decoding, EPLB, KV offloading, compile).
+    """
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    check_parallel_sizes(model_config, tp, pp)
+    backend = config.distributed_executor_backend or ("uni" if tp * pp == 1 else "mp")
+    if backend == "uni":
+        return backend
+    for name, what in _NOT_DISTRIBUTED:
+        if getattr(config, name):
+            raise ValueError(
+                f"{name}={getattr(config, name)!r}: {what} runs in one process; it is not "
+                f"available with distributed_executor_backend={backend!r}"
+            )
+    if backend == "mp":
+        check_devices(config.device, tp * pp)
+        import multiprocessing
+
+        if multiprocessing.current_process().daemon:
+            raise ValueError(
+                "distributed_executor_backend='mp' starts a process per rank, which a daemon "
+                "process (the engine-core process of engine_process=True) may not do: run the "
+                "engine in the frontend's process, or use distributed_executor_backend='ray'"
+            )
+    return backend
+
+
+def start_executor(config, model_config, runner_args: dict, logits_processors) -> Executor:
+    """The "mp" or "ray" executor of `config`, its ranks started and ready."""
+    from ..model import default_model_path
+
+    spec = WorkerSpec(
+        model_dir=str(config.model or default_model_path()),
+        dtype=config.dtype,
+        device=torch.device(config.device).type,
+        ops=config.ops,
+        attention_backend=config.attention_backend,
+        tp_size=config.tensor_parallel_size,
+        pp_size=config.pipeline_parallel_size,
+        store_host="",
+        store_port=0,
+        runner_args=runner_args,
+        logits_processors=tuple(logits_processors),
+    )
+    if (config.distributed_executor_backend or "mp") == "mp":
+        return MultiprocExecutor(spec)
+    return RayExecutor(spec, config.ray_address)
+
+
+def model_skeleton(model_dir: str | Path, dtype: str) -> torch.nn.Module:
+    """The model of a directory on the meta device: its config, parameter shapes and
+    dtype, no weights (what the engine needs when the ranks hold the model)."""
+    from ..model.config import ModelConfig
+    from ..model.loader import TORCH_DTYPES
+    from ..model.registry import resolve_architecture
+
+    config = ModelConfig.from_pretrained(Path(model_dir))
+    with torch.device("meta"):
+        model = resolve_architecture(config.architecture)(config)
+    return model.to(TORCH_DTYPES[dtype or config.dtype])

@@ -1,0 +1,111 @@
+"""Tensor and pipeline parallelism of every model family, on two gloo ranks: each rank
+cuts its share of the model (`DistributedModel`) and the step's logits equal the whole
+model's within TOL, with the same greedy tokens (a prefill of two prompts in one batch,
+so that PP runs two micro-batches, then a decode step)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from pyagent_ref.distributed.model import micro_batches, stage_layers  # noqa: E402
+from pyagent_ref.distributed.parallel import check_parallel_sizes  # noqa: E402
+from pyagent_ref.model.config import ModelConfig  # noqa: E402
+from tests.distributed.ranks import compare_families, run_ranks  # noqa: E402
+from tests.model import test_deepseek, test_hf_parity, test_moe  # noqa: E402
+
+TOL = 1e-4  # float32: the shards' partial sums are added in another order
+PROMPTS = [[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 14], [8, 1, 96, 45, 45, 12, 7]]
+# families TP does not split (they still run with PP), and why
+NO_TP = {"olmo2": "q/k norm over the projection", "deepseek-v2-lite": "latent attention"}
+
+
+# one family of each kind of difference (the others differ from these in RoPE scaling
+# alone): tied head, q/k/v biases, per-head q/k norms, soft caps, sliding windows with a
+# local RoPE, partial rotary, no gate with learned positions, parallel residual, the norm
+# over the projection; MoE with and without a shared expert; latent attention
+DENSE = ["llama-tied", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "gpt2", "gpt-neox", "olmo2"]
+
+
+def _builders():
+    out = {f: test_hf_parity.build_hf for f in DENSE}
+    out |= {f: test_moe.build_hf for f in ("mixtral", "qwen2-moe")}
+    out["deepseek-v2-lite"] = lambda _: test_deepseek.build_hf("v2-lite")
+    # GQA with fewer KV heads than ranks: the one KV head is replicated on both ranks
+    out["llama-one-kv-head"] = lambda _: test_hf_parity.build_hf("llama", num_key_value_heads=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    dirs = {}
+    for family, build in _builders().items():
+        path = tmp_path_factory.mktemp(family)
+        build(family).save_pretrained(path)
+        dirs[family] = str(path)
+    ranks = run_ranks(compare_families, (dirs, PROMPTS))
+    assert ranks[0].keys() == ranks[1].keys()
+    return ranks
+
+
+@pytest.mark.parametrize("mode", ["tp", "pp"])
+@pytest.mark.parametrize("family", sorted(_builders()))
+def test_split_model_gives_the_whole_models_logits(results, family, mode):
+    for rank_results in results:  # every rank computes the same logits
+        found = rank_results[family, mode]
+        if mode == "tp" and family in NO_TP:
+            assert isinstance(found, str) and "tensor_parallel_size=2" in found
+            continue
+        diff, same_tokens = found
+        assert diff < TOL and same_tokens
+
+
+def _config(**overrides) -> ModelConfig:
+    from tests.tiny import TINY_LLAMA
+
+    return ModelConfig.from_hf(
+        {"architectures": ["LlamaForCausalLM"], "model_type": "llama"} | TINY_LLAMA | overrides
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, tp, pp, message",
+    [
+        ({}, 3, 1, "does not divide num_attention_heads=4"),
+        (
+            {"num_attention_heads": 6, "num_key_value_heads": 6},
+            4,
+            1,
+            "does not divide num_attention_heads=6",
+        ),
+        ({"num_attention_heads": 8, "num_key_value_heads": 3}, 2, 1, "num_key_value_heads=3"),
+        ({"intermediate_size": 90}, 4, 1, "intermediate_size=90"),
+        ({}, 1, 3, "pipeline_parallel_size=3 exceeds the 2 decoder layers"),
+        ({}, 0, 1, "tensor_parallel_size must be an int >= 1, got 0"),
+    ],
+)
+def test_sizes_that_do_not_split_are_named(overrides, tp, pp, message):
+    with pytest.raises(ValueError, match=message):
+        check_parallel_sizes(_config(**overrides), tp, pp)
+
+
+@given(st.integers(1, 200), st.data())
+def test_stages_hold_every_layer_once_in_order(layers, data):
+    pp = data.draw(st.integers(1, layers))
+    split = [list(stage_layers(layers, s, pp)) for s in range(pp)]
+    assert sum(split, []) == list(range(layers)) and all(split)
+    assert max(map(len, split)) - min(map(len, split)) <= 1
+
+
+@given(st.integers(0, 300), st.integers(1, 16))
+def test_micro_batches_cut_whole_requests(num_reqs, count):
+    bounds = micro_batches(num_reqs, count)
+    assert len(bounds) == min(num_reqs, count)
+    assert [a for a, _ in bounds[1:]] == [b for _, b in bounds[:-1]]  # contiguous
+    assert all(b > a for a, b in bounds)
+    if bounds:
+        assert bounds[0][0] == 0 and bounds[-1][1] == num_reqs
