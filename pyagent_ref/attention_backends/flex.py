@@ -12,7 +12,7 @@ sequence position
                                                        block_table[r] (-1 if absent)
 
 and is visible when logical[r, b] >= 0, j < seq_lens[r], and the reference's rules
-hold for (p, j): j <= p when causal, j > p - sliding_window, custom_masks[r][i, j].
+hold for (p, j): j <= p when causal, j > p - sliding_window, `custom_masks[r][i, j]`.
 ALiBi and soft-capping are a `score_mod` (added, then capped, after flex's scale, as in
 the spec). The visibility becomes a `BlockMask`, whose blocks of slots no request reads
 are skipped by the compiled kernel: a batch reads the blocks its tables list, never a

@@ -6,7 +6,7 @@
 For each request, the blocks of its table are gathered into a dense (seq_len, kv_heads,
 head_size) key and value (SDPA takes dense tensors), and its query tokens at positions
 seq_len - q_len .. seq_len - 1 attend with an additive mask: 0 where the spec makes key
-position j visible (j <= p when causal, j > p - sliding_window, custom_masks[r][i, j]),
+position j visible (j <= p when causal, j > p - sliding_window, `custom_masks[r][i, j]`),
 -inf elsewhere, plus ALiBi's slopes[h] * (j - p). GQA is SDPA's `enable_gqa`. A row
 with nothing visible gets zeros (SDPA would give NaN). SDPA has no soft-capping: a call
 with `soft_cap` is the reference's (`ops.attention`), which is what the conformance

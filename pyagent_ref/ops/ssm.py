@@ -264,13 +264,16 @@ def selective_scan(
     result up to rounding.
 
     Args:
-        x, dt: float arrays, shape (num_tokens, channels).
+        x: float array, shape (num_tokens, channels).
+        dt: float array, shape (num_tokens, channels).
         A: float array, shape (channels, N).
-        B, C: float arrays, shape (num_tokens, N).
+        B: float array, shape (num_tokens, N).
+        C: float array, shape (num_tokens, N).
         state: float array, shape (num_seqs, channels, N).
         query_start_loc: integer array, shape (num_seqs + 1,), rising from 0 to num_tokens.
-        D, z, dt_bias: None, or float arrays of shape (channels,), (num_tokens,
-            channels) and (channels,).
+        D: None or a float array of shape (channels,).
+        z: None or a float array of shape (num_tokens, channels).
+        dt_bias: None or a float array of shape (channels,).
         dt_softplus: pass the step sizes through softplus.
         chunk_size: None or an int >= 1.
     Returns:
@@ -427,11 +430,13 @@ def ssd_scan(
         x: float array, shape (num_tokens, heads, P).
         dt: float array, shape (num_tokens, heads).
         A: float array, shape (heads,).
-        B, C: float arrays, shape (num_tokens, groups, N), groups dividing heads.
+        B: float array, shape (num_tokens, groups, N), groups dividing heads.
+        C: float array, shape (num_tokens, groups, N).
         state: float array, shape (num_seqs, heads, P, N).
         query_start_loc: integer array, shape (num_seqs + 1,), rising from 0 to num_tokens.
         chunk_size: int >= 1.
-        D, dt_bias: None or float arrays of shape (heads,).
+        D: None or a float array of shape (heads,).
+        dt_bias: None or a float array of shape (heads,).
         dt_softplus: pass the step sizes through softplus.
     Returns:
         (y, new_state): shapes (num_tokens, heads, P) and (num_seqs, heads, P, N), float32
@@ -530,8 +535,10 @@ def selective_state_update(
         x: float array, shape (num_seqs, heads, P).
         dt: float array, shape (num_seqs, heads).
         A: float array, shape (heads,).
-        B, C: float arrays, shape (num_seqs, groups, N), groups dividing heads.
-        D, dt_bias: None or float arrays of shape (heads,).
+        B: float array, shape (num_seqs, groups, N), groups dividing heads.
+        C: float array, shape (num_seqs, groups, N).
+        D: None or a float array of shape (heads,).
+        dt_bias: None or a float array of shape (heads,).
         dt_softplus: pass the step sizes through softplus.
     Returns:
         (y, new_state): shapes (num_seqs, heads, P) and (num_seqs, heads, P, N), float32
