@@ -199,8 +199,13 @@ def test_async_beam_search_equals_llm_while_other_requests_run(eos_model):
             *searches, _tokens(engine.generate(PROMPTS[0], other))
         )
         assert len(generated) == 12
-        cancelled = asyncio.ensure_future(engine.beam_search(PROMPTS[1], params))
-        await asyncio.sleep(0.05)
+        long = BeamSearchParams(beam_width=3, max_tokens=64, ignore_eos=True)
+        cancelled = asyncio.ensure_future(engine.beam_search(PROMPTS[1], long))
+        for _ in range(10_000):  # until its first step is in the engine
+            if engine.core.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.001)
+        assert not cancelled.done()
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
             await cancelled
