@@ -18,6 +18,8 @@ What crosses, and what is mirrored in the frontend:
   data): the core process builds it again from ``sampling_params.structured_outputs``
   with its own tokenizer (a constraint new to that process is compiled there once, on
   the step loop; the frontend compiled it too, so that a bad one is a 400 at admission).
+  Images are preprocessed in the frontend; their pixel values cross with the request
+  (torch tensors as MessagePack extension objects) and are encoded in the core.
 * The frontend keeps each request it sent until the core says it finished: its output
   tokens and, at the end, the core's timestamps (`RequestTimes`, on the same monotonic
   clock), so `RequestMetrics` read the same as with an engine in the process.
@@ -56,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..kv_cache.events import KVCacheMetrics
 from ..lora import LoRARequest
@@ -173,13 +176,23 @@ _CALLS = frozenset(
 _CALL_ARGS = {"add_lora": (LoRARequest,)}
 
 
+_TENSOR_EXT = 1  # the MessagePack extension type of a torch tensor
+
+
 def _enc_hook(obj: Any) -> Any:
     """numpy arrays (the logprobs' top ids and values) as (dtype, shape, bytes); numpy
-    scalars as Python numbers."""
+    scalars as Python numbers; torch tensors (an image's pixel values, in a field typed
+    Any) as an extension object holding ([dtype, shape], raw bytes), so they decode as
+    tensors wherever they sit."""
     if isinstance(obj, np.ndarray):
         return (obj.dtype.str, obj.shape, obj.tobytes())
     if isinstance(obj, np.generic):
         return obj.item()
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        header = msgspec.msgpack.encode((str(t.dtype).removeprefix("torch."), list(t.shape)))
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        return msgspec.msgpack.Ext(_TENSOR_EXT, len(header).to_bytes(4, "little") + header + raw)
     raise NotImplementedError(f"cannot send a {type(obj).__name__} to the engine core")
 
 
@@ -190,9 +203,23 @@ def _dec_hook(kind: type, obj: Any) -> Any:
     raise NotImplementedError(f"cannot decode a {kind}")
 
 
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code != _TENSOR_EXT:
+        raise NotImplementedError(f"cannot decode MessagePack extension type {code}")
+    size = int.from_bytes(data[:4], "little")
+    dtype, shape = msgspec.msgpack.decode(data[4 : 4 + size])
+    payload = bytearray(data[4 + size :])
+    raw = (
+        torch.frombuffer(payload, dtype=torch.uint8)
+        if payload
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    return raw.view(getattr(torch, dtype)).reshape(shape)
+
+
 def _codec(incoming) -> tuple[msgspec.msgpack.Encoder, msgspec.msgpack.Decoder]:
     return msgspec.msgpack.Encoder(enc_hook=_enc_hook), msgspec.msgpack.Decoder(
-        incoming, dec_hook=_dec_hook
+        incoming, dec_hook=_dec_hook, ext_hook=_ext_hook
     )
 
 

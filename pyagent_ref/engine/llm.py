@@ -141,11 +141,6 @@ class _Frontend:
         text, ids = prompt_token_ids(prompt, self.tokenizer.encode)
         mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
         ids, mm_features = self.mm_processor(ids, mm_data)
-        if mm_features and not isinstance(self.core, EngineCore):
-            raise ValueError(
-                "prompts with images are not supported with the engine core in its own "
-                "process (engine_process): run it in-process"
-            )
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
         rid = request_id or str(next(self._ids))

@@ -243,3 +243,38 @@ def test_a_failed_encoding_fails_its_request_only_and_is_not_cached(tiny_llava_d
     assert out.outputs[0].token_ids == hf_greedy(hf, path, out.prompt_token_ids, [image], 6)
     assert calls == [1, 1]
     llm.shutdown()
+
+
+def test_images_cross_to_an_engine_core_in_its_own_process(tiny_llava_dir):
+    """Pixel values travel with the request to the core's process: the same greedy
+    tokens as in-process, a shared image encoded once there."""
+    import asyncio
+
+    from pyagent_ref.engine.llm import AsyncLLM
+
+    _, path = tiny_llava_dir
+    args = dict(block_size=4, num_kv_blocks=256, max_num_batched_tokens=64, ops="ref")
+    images = [random_image(1), random_image(2, (30, 17))]
+    prompts = [
+        {"prompt": "<image> and <image>: which?", "multi_modal_data": {"image": images}},
+        {"prompt": PROMPT, "multi_modal_data": {"image": images[0]}},
+    ]
+    expected = [o.outputs[0].token_ids for o in make_llm(path).generate(prompts, GREEDY)]
+
+    async def run():
+        engine = AsyncLLM(str(path), engine_process=True, max_model_len=128, **args)
+        try:
+
+            async def tokens(i, prompt):  # the stream's deltas, joined
+                got = []
+                async for out in engine.generate(prompt, GREEDY, request_id=str(i)):
+                    got += out.outputs[0].token_ids
+                return got
+
+            return await asyncio.wait_for(
+                asyncio.gather(*(tokens(i, p) for i, p in enumerate(prompts))), 120
+            )
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(run()) == expected
