@@ -144,6 +144,10 @@ class BeamSearch:
         """The live beams to score next, prompt by prompt, best first; [] when done."""
         return [s.prompt + list(t) for s in self.searches for t, _ in s.running]
 
+    def pending_prompts(self) -> list[int]:
+        """For each of `pending()`'s beams, the index of the prompt it extends."""
+        return [i for i, s in enumerate(self.searches) for _ in s.running]
+
     def advance(self, next_logprobs: Sequence[dict[int, float]]) -> None:
         """One step: `next_logprobs[i]` scores the continuations of `pending()[i]`."""
         self.n += 1

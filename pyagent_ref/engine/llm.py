@@ -45,7 +45,7 @@ from ..observe.logs import request_id as log_request_id
 from ..ops import load as load_ops
 from ..sample.params import SamplingParams
 from ..sched.outputs import EngineCoreOutput
-from ..sched.request import Request, RequestStatus
+from ..sched.request import MultiModalFeature, Request, RequestStatus
 from .admission import check_n, prompt_token_ids
 from .beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from .core import EngineConfig, EngineCore
@@ -68,6 +68,22 @@ class _Admission:
     params: SamplingParams
     children: list[Request]
     stream: bool
+
+
+@dataclasses.dataclass
+class _BeamSteps:
+    """A beam search as the frontend runs it: the search, its one-token step requests'
+    parameters (greedy, with the k top log-probabilities it needs), and each prompt's
+    images (processed once; every beam of a prompt carries them at the same offsets)."""
+
+    search: BeamSearch
+    step: SamplingParams
+    images: list[tuple[MultiModalFeature, ...]]
+
+    def pending(self) -> list[tuple[list[int], tuple[MultiModalFeature, ...]]]:
+        """The live beams (token ids) with their prompt's images; [] when done."""
+        owners = self.search.pending_prompts()
+        return [(seq, self.images[i]) for seq, i in zip(self.search.pending(), owners, strict=True)]
 
 
 class _Frontend:
@@ -124,11 +140,13 @@ class _Frontend:
         pooling: PoolingParams | None = None,
         lora_request: LoRARequest | None = None,
         token_type_ids: list[int] | None = None,
+        mm_features: tuple[MultiModalFeature, ...] | None = None,
     ) -> _Admission:
         """Check one prompt and build its requests (pooling: one request that pools the
         prompt instead of generating, its parameters completed with the model's
-        defaults; token_type_ids: a cross-encoder's segments); changes nothing but
-        loading its LoRA adapter."""
+        defaults; token_type_ids: a cross-encoder's segments; mm_features: the images of
+        a beam search's step, processed once for its prompt, whose ids the step's token
+        ids extend); changes nothing but loading its LoRA adapter."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if not isinstance(lora_request, LoRARequest | None):
@@ -139,8 +157,9 @@ class _Frontend:
             pooling = self.pooler_config.resolve(pooling)
         check_n(params)
         text, ids = prompt_token_ids(prompt, self.tokenizer.encode)
-        mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
-        ids, mm_features = self.mm_processor(ids, mm_data)
+        if mm_features is None:
+            mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+            ids, mm_features = self.mm_processor(ids, mm_data)
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise TypeError(f"request_id must be a non-empty str, got {request_id!r}")
         rid = request_id or str(next(self._ids))
@@ -321,10 +340,10 @@ class _Frontend:
 
     def _start_beam_search(
         self, prompts: list[Prompt], params: BeamSearchParams
-    ) -> tuple[list[list[int]], BeamSearch, SamplingParams]:
+    ) -> tuple[list[list[int]], _BeamSteps]:
         """Check a beam search (its params, and each prompt as `generate` would for
-        max_tokens): the prompts' ids, the search, and the parameters of its one-token
-        step requests (greedy, with the k top log-probabilities the search needs)."""
+        max_tokens, its images processed once): the prompts' ids (placeholders expanded)
+        and the search with what its step requests take."""
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"params must be BeamSearchParams, got {params!r}")
         if self.config.logprobs_mode != "raw_logprobs":
@@ -332,16 +351,17 @@ class _Frontend:
                 "beam search ranks by the model's log-probabilities: it needs "
                 f"logprobs_mode='raw_logprobs', got {self.config.logprobs_mode!r}"
             )
-        if any(isinstance(p, dict) and p.get("multi_modal_data") for p in prompts):
-            raise ValueError("prompt: beam search takes text or token ids, not multi_modal_data")
         length = SamplingParams(temperature=0.0, max_tokens=params.max_tokens)
-        prompt_ids = [self._validate(p, length, None, False).prompt_token_ids for p in prompts]
+        admissions = [self._validate(p, length, None, False) for p in prompts]
+        prompt_ids = [a.prompt_token_ids for a in admissions]
         eos = frozenset(
             () if params.ignore_eos else {self.tokenizer.eos_token_id, *self._extra_eos} - {None}
         )
         search = BeamSearch(prompt_ids, params, eos)
         k = min(search.keep, self.core.limits.vocab_size)
-        return prompt_ids, search, SamplingParams(temperature=0.0, max_tokens=1, logprobs=k)
+        step = SamplingParams(temperature=0.0, max_tokens=1, logprobs=k)
+        images = [a.children[0].mm_features for a in admissions]
+        return prompt_ids, _BeamSteps(search, step, images)
 
     @contextlib.contextmanager
     def _logprobs_limit(self, k: int):
@@ -441,12 +461,17 @@ class LLM(_Frontend):
         Every prompt is validated (as `generate` would, for max_tokens) before any runs.
         """
         with self._lock:
-            prompt_ids, search, step = self._start_beam_search(_prompt_list(prompts), params)
-        while seqs := search.pending():
-            with self._lock, self._logprobs_limit(step.logprobs):
-                order = self._admit([self._validate(seq, step, None, False) for seq in seqs])
-            search.advance([_top_logprobs(out) for out in self._wait(order)])
-        return self._beam_texts(prompt_ids, search.outputs(), params)
+            prompt_ids, beams = self._start_beam_search(_prompt_list(prompts), params)
+        while steps := beams.pending():
+            with self._lock, self._logprobs_limit(beams.step.logprobs):
+                order = self._admit(
+                    [
+                        self._validate(seq, beams.step, None, False, mm_features=mm)
+                        for seq, mm in steps
+                    ]
+                )
+            beams.search.advance([_top_logprobs(out) for out in self._wait(order)])
+        return self._beam_texts(prompt_ids, beams.search.outputs(), params)
 
     def embed(
         self,
@@ -664,18 +689,21 @@ class AsyncLLM(_Frontend):
         ``request_id-step-i`` (a fresh id without one). Raises ValueError/TypeError for
         params or a prompt that admission rejects; cancelled, it aborts its step."""
         async with self._lock:
-            prompt_ids, search, step = self._start_beam_search([prompt], params)
+            prompt_ids, beams = self._start_beam_search([prompt], params)
         rid = request_id or f"beam-{next(self._ids)}"
+        k = beams.step.logprobs
         for n in itertools.count():
-            seqs = search.pending()
-            if not seqs:
+            steps = beams.pending()
+            if not steps:
                 break
             jobs = [
-                self._last(self._stream(seq, step, f"{rid}-{n}-{i}", max_logprobs=step.logprobs))
-                for i, seq in enumerate(seqs)
+                self._last(
+                    self._stream(seq, beams.step, f"{rid}-{n}-{i}", max_logprobs=k, mm_features=mm)
+                )
+                for i, (seq, mm) in enumerate(steps)
             ]
-            search.advance([_top_logprobs(out) for out in await _gather_all(jobs)])
-        return self._beam_texts(prompt_ids, search.outputs(), params)[0]
+            beams.search.advance([_top_logprobs(out) for out in await _gather_all(jobs)])
+        return self._beam_texts(prompt_ids, beams.search.outputs(), params)[0]
 
     @staticmethod
     async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
@@ -696,6 +724,7 @@ class AsyncLLM(_Frontend):
         lora_request: LoRARequest | None = None,
         token_type_ids: list[int] | None = None,
         max_logprobs: int = 0,
+        mm_features: tuple[MultiModalFeature, ...] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Admit one request (allowed up to max_logprobs log-probabilities past the
         engine's bound: the engine's own requests) and yield its deltas until the
@@ -703,7 +732,14 @@ class AsyncLLM(_Frontend):
         async with self._lock:  # the engine is not touched while a step runs
             with self._logprobs_limit(max_logprobs):
                 admission = self._validate(
-                    prompt, params, request_id, True, pooling, lora_request, token_type_ids
+                    prompt,
+                    params,
+                    request_id,
+                    True,
+                    pooling,
+                    lora_request,
+                    token_type_ids,
+                    mm_features,
                 )
             rid = self._admit([admission])[0]
             queue: asyncio.Queue = asyncio.Queue()

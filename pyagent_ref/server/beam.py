@@ -8,7 +8,7 @@ As in vLLM, a beam search reads only ``n``, the token limit, ``ignore_eos``,
 the other sampling fields do not apply to it. What cannot be honoured is refused with a
 400 naming the field: streaming (the beams are only known at the end), logprobs, a LoRA
 adapter, and constraints (``structured_outputs``, ``response_format``, a required or
-named ``tool_choice``).
+named ``tool_choice``). Chat image parts go with every beam (each image encoded once).
 """
 
 from __future__ import annotations

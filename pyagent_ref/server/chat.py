@@ -343,14 +343,22 @@ async def _beam_chat(
     state.check_serving()
     constraint = structured_outputs(req)
     make_parsing, _ = _parsing_factory(state, req)
-    prompt = _render(state, req)
+    prompt = _render(state, req, with_images=True)
     refused = {"logprobs": req.logprobs, "model (a LoRA adapter)": lora is not None}
     if constraint is not None:
         refused[constraint[0]] = True
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    if limit is None:
-        limit = max(state.engine.core.max_model_len - len(prompt), 1)
+    if limit is None:  # the rest of the context, past the image placeholders' expansion
+        ids = prompt
+        if isinstance(prompt, dict):
+            try:
+                ids, _ = state.engine.mm_processor(
+                    prompt["prompt_token_ids"], prompt["multi_modal_data"]
+                )
+            except (ValueError, TypeError) as exc:
+                raise APIError(400, str(exc), "messages") from None
+        limit = max(state.engine.core.max_model_len - len(ids), 1)
     params = beam_params(req, limit, refused, field)
     rid = new_request_id("chatcmpl")
     [out] = await run_beam_searches(state, request, [prompt], params, rid)

@@ -278,3 +278,33 @@ def test_images_cross_to_an_engine_core_in_its_own_process(tiny_llava_dir):
             await engine.shutdown()
 
     assert asyncio.run(run()) == expected
+
+
+def test_beam_search_with_an_image_matches_hf_num_beams(tiny_llava_dir, llm):
+    """Every beam of a step carries the prompt's image (encoded once): the beams equal
+    HF's greedy `num_beams` search with the same pixel values."""
+    import transformers
+
+    from pyagent_ref.engine.beam_search import BeamSearchParams
+
+    hf, path = tiny_llava_dir
+    image = random_image(5)
+    params = BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True)
+    [out] = llm.beam_search({"prompt": PROMPT, "multi_modal_data": {"image": image}}, params)
+    ids = out.sequences[0].tokens[: -params.max_tokens]
+    assert ids.count(hf.config.image_token_id) == IMAGE_TOKENS
+    pixels = transformers.AutoImageProcessor.from_pretrained(path)(
+        images=[image], return_tensors="pt"
+    )["pixel_values"]
+    with torch.no_grad():
+        theirs = hf.generate(
+            input_ids=torch.tensor([ids]),
+            pixel_values=pixels,
+            num_beams=3,
+            num_return_sequences=3,
+            do_sample=False,
+            max_new_tokens=5,
+            min_new_tokens=5,
+            pad_token_id=0,
+        )
+    assert [seq.tokens for seq in out.sequences] == theirs.tolist()

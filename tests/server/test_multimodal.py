@@ -106,3 +106,41 @@ def test_a_streamed_chat_with_an_image_says_the_same(llava_client):
     whole = llava_client.chat.completions.create(**kwargs).choices[0].message.content
     chunks = llava_client.chat.completions.create(stream=True, **kwargs)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
+
+
+def test_a_beam_search_chat_with_an_image_gives_the_offline_beams(tiny_llava_dir, llava_client):
+    """use_beam_search with an image part: the n choices are `LLM.beam_search`'s beams
+    over the same rendering and image; without max_tokens the limit is the context left
+    after the image's placeholders."""
+    from pyagent_ref.engine.beam_search import BeamSearchParams
+
+    image = random_image(17)
+    reply = llava_client.chat.completions.create(
+        model=MODEL,
+        messages=messages(data_url(image)),
+        max_tokens=4,
+        n=2,
+        temperature=0,
+        extra_body={"use_beam_search": True, "ignore_eos": True},
+    )
+    path = tiny_llava_dir[1]
+    ids = load_tokenizer(path).apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "look:"}, {"type": "image"}]}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
+    llm = LLM(str(path), **ENGINE)
+    [out] = llm.beam_search(
+        {"prompt_token_ids": ids, "multi_modal_data": {"image": image}},
+        BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True),
+    )
+    llm.shutdown()
+    assert [c.message.content for c in reply.choices] == [s.text for s in out.sequences]
+    unbounded = llava_client.chat.completions.create(
+        model=MODEL,
+        messages=messages(data_url(image)),
+        n=2,
+        temperature=0,
+        extra_body={"use_beam_search": True},
+    )
+    assert len(unbounded.choices) == 2
