@@ -49,8 +49,8 @@ def check_distributed(config, model_config) -> str:
         if multiprocessing.current_process().daemon:
             raise ValueError(
                 "distributed_executor_backend='mp' starts a process per rank, which a daemon "
-                "process (the engine-core process of engine_process=True) may not do: run the "
-                "engine in the frontend's process, or use distributed_executor_backend='ray'"
+                "process may not do: run the engine in a process that is not a daemon, or use "
+                "distributed_executor_backend='ray'"
             )
     return backend
 

@@ -36,7 +36,9 @@ Failures: an exception in a step fails the core's requests with finish_reason "e
 `EngineDeadError`, which ends every request in flight with "error", and every later
 request is refused with it (the server answers 503). The core process ignores SIGINT (a
 Ctrl-C reaches the whole process group; the frontend decides when to stop), exits on
-`Shutdown` or when its parent is gone, and is a daemon of the frontend's process.
+`Shutdown` or when its parent is gone. It is not a daemon, so that it may start processes
+of its own (the ranks of `distributed_executor_backend="mp"`); a finalizer stops it when
+the frontend's interpreter exits without `close`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import signal
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -458,10 +461,12 @@ class EngineCoreClient:
             target=run_engine_core,
             args=(config, inbox, outbox, os.getpid()),
             name="pyagent-engine-core",
-            daemon=True,
         )
         with _environ(OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE")):
             self.process.start()
+        # runs at interpreter exit (before multiprocessing joins its non-daemon children)
+        self._stopped = threading.Event()  # set by the finalizer: the exit is asked for
+        self._finalizer = weakref.finalize(self, _stop_core_process, self.process, self._stopped)
         try:
             ready = self._wait_ready()
         except BaseException:
@@ -676,7 +681,7 @@ class EngineCoreClient:
                 else:
                     self._steps.put(message)
                 continue
-            if not self._closing:
+            if not (self._closing or self._stopped.is_set()):
                 self.process.join()
                 self._fail(
                     f"the engine core process died (exit code {self.process.exitcode}); "
@@ -699,12 +704,19 @@ class EngineCoreClient:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def _stop_process(self) -> None:
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        self._finalizer()
+
+
+def _stop_core_process(process: multiprocessing.Process, stopped: threading.Event) -> None:
+    """Stop the core process: SIGTERM, then SIGKILL after 10 s (its ranks, if any, exit
+    when its end of their pipes closes)."""
+    stopped.set()
+    if process.is_alive():
+        process.terminate()
+        process.join(10)
+    if process.is_alive():
+        process.kill()
+        process.join()
 
 
 @contextlib.contextmanager

@@ -210,3 +210,33 @@ def test_shutdown_without_drain_ends_every_stream_and_the_process(tiny_llm_dir):
     asyncio.run(main())
     assert engine.core.process.exitcode == 0
     assert not os.path.exists(engine.core._dir)  # its sockets' directory is gone
+
+
+def test_the_core_process_drives_tensor_parallel_ranks(tiny_llm_dir, engines, loop):
+    """frontend → core process → two "mp" ranks (the core is not a daemon, so it may
+    start them): greedy tokens equal the in-process engine's; shutdown leaves no process."""
+    psutil = pytest.importorskip("psutil")
+    here, _ = engines
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+    async def run(engine):
+        jobs = [engine.generate(p, params) for p in PROMPTS]
+        return [summary(d)[0][0] for d in await asyncio.gather(*(collect(j) for j in jobs))]
+
+    tp = AsyncLLM(
+        tiny_llm_dir[1],
+        engine_process=True,
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+        ops="ref",
+        **ENGINE,
+    )
+    try:
+        assert loop.run_until_complete(run(tp)) == loop.run_until_complete(run(here))
+        ranks = psutil.Process(tp.core.process.pid).children()
+        assert len(ranks) == 2  # the "mp" ranks, children of the core process
+    finally:
+        loop.run_until_complete(tp.shutdown())
+    assert not tp.core.process.is_alive()
+    psutil.wait_procs(ranks, timeout=30)
+    assert not any(r.is_running() for r in ranks)
