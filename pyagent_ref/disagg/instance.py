@@ -1,7 +1,8 @@
 """A prefill or decode instance: an `EngineCore` in a process of its own, driven by the
 proxy (`disagg.proxy`) over two ipc:// sockets, its KV moved by a `KVConnector`.
 
-    prefill: Prefill(request) ─► run it for one token ─► read its full blocks' KV
+    prefill: Prefill(request) ─► queued for one token, batched with the other prompts
+             by the scheduler ─► when its step ends: read its full blocks' KV
              ─► connector.send (acknowledged) ─► Prefilled(request_id, blocks)
     decode:  connector.receive ─► the blocks into the KV offload tier (CPU), under the
              keys the prefix cache looks them up by;
@@ -73,6 +74,7 @@ class StatsReply(msgspec.Struct, tag=True):
     num_free_blocks: int
     onboarded_blocks: int
     scheduled_tokens: int
+    steps: int  # the steps run (prefill: fewer than prompts when they were batched)
 
 
 TO_INSTANCE = Prefill | Decode | Stats | Shutdown
@@ -134,6 +136,7 @@ class Instance:
         self.wait_s = wait_s
         self.arrived: set[str] = set()  # transfers stored, not yet claimed by a request
         self.waiting: list[tuple[Decode, float]] = []  # decodes waiting for their blocks
+        self.prefilling: dict[str, Request] = {}  # prefill: queued prompts, by id
 
     def send(self, message) -> None:
         self.outbox.send(self.encoder.encode(message))
@@ -152,13 +155,20 @@ class Instance:
                     return
                 self.handle(message)
             self.admit_decodes()
-            if core.has_unfinished_requests():
-                for out in core.step().outputs:
+            if not core.has_unfinished_requests():
+                continue
+            outputs = core.step().outputs
+            if self.role == "prefill":
+                for out in outputs:
+                    if out.finish_reason is not None and out.req_id in self.prefilling:
+                        self.transfer(self.prefilling.pop(out.req_id))
+            else:
+                for out in outputs:
                     self.send(Tokens(out.req_id, list(out.new_token_ids), out.finish_reason))
 
     def handle(self, message) -> None:
         if isinstance(message, Prefill):
-            self.prefill(message.request)
+            self.start_prefill(message.request)
         elif isinstance(message, Decode):
             self.waiting.append((message, time.monotonic() + self.wait_s))
         elif isinstance(message, Stats):
@@ -169,6 +179,7 @@ class Instance:
                     kv.pool.num_free_blocks,
                     kv.metrics().onboarded_blocks,
                     self.core.stats.scheduled_tokens,
+                    self.core.stats.steps,
                 )
             )
 
@@ -200,18 +211,26 @@ class Instance:
             offloader.tiers.store(key, data[key])
         offloader.tiers.complete_store(plan.to_store)
 
-    def prefill(self, request: Request) -> None:
-        """Run the prompt for one token, then send its full blocks to the decode side."""
-        core, rid = self.core, request.request_id
+    def start_prefill(self, request: Request) -> None:
+        """Queue the prompt for one token; the scheduler batches it with the others."""
+        rid = request.request_id
         one = dataclasses.replace(
             request,
             max_tokens=1,
             sampling_params=dataclasses.replace(request.sampling_params, max_tokens=1),
         )
         try:
-            core.add_request(one)
-            while core.has_unfinished_requests():
-                core.step()
+            self.core.add_request(one)
+        except Exception as exc:
+            self.send(Tokens(rid, [], "error", f"prefill failed: {type(exc).__name__}: {exc}"))
+            return
+        self.prefilling[rid] = one
+
+    def transfer(self, one: Request) -> None:
+        """A prompt's step ended: send its full blocks (still in the prefix cache) to
+        the decode side, or say why it failed."""
+        core, rid = self.core, one.request_id
+        try:
             if one.error is not None:
                 raise RuntimeError(one.error)
             blocks = []
