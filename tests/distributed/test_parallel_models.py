@@ -128,3 +128,31 @@ def test_micro_batches_cut_whole_requests(num_reqs, count):
     assert all(b > a for a, b in bounds)
     if bounds:
         assert bounds[0][0] == 0 and bounds[-1][1] == num_reqs
+
+
+def _mamba_config(**overrides) -> ModelConfig:
+    config_cls, _, kwargs = test_mamba.FAMILIES["mamba2"]
+    raw = config_cls(**(kwargs | overrides)).to_dict()
+    return ModelConfig.from_hf(raw | {"architectures": ["Mamba2ForCausalLM"]})
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"num_heads": 3, "head_dim": 32, "n_groups": 1}, "does not divide .*heads=3"),
+        ({"num_heads": 12, "head_dim": 8, "n_groups": 3}, "n_groups=3"),
+    ],
+)
+def test_mamba_mixers_that_do_not_split_are_named(overrides, message):
+    check_parallel_sizes(_mamba_config(), 2, 1)  # 8 heads, 2 groups: split
+    check_parallel_sizes(_mamba_config(n_groups=1), 2, 1)  # one group: replicated
+    with pytest.raises(ValueError, match=f"tensor_parallel_size=2 .*{message}"):
+        check_parallel_sizes(_mamba_config(hidden_size=48, **overrides), 2, 1)
+
+
+def test_an_encoder_is_not_cut_into_stages():
+    raw = transformers.BertConfig(vocab_size=97, **TINY_BERT).to_dict()
+    config = ModelConfig.from_hf(raw | {"architectures": ["BertModel"]})
+    check_parallel_sizes(config, 2, 1)
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2: BertModel is an encoder"):
+        check_parallel_sizes(config, 1, 2)
