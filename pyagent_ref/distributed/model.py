@@ -1,8 +1,11 @@
 """One rank's model: its tensor-parallel shard of its pipeline stage's layers.
 
-`DistributedModel` wraps a loaded Llama-family model (MoE and DeepSeek included) and
-presents what `worker.model_runner.ModelRunner` uses (forward, compute_logits,
-new_kv_cache, layers, config), so the runner runs unchanged on every rank.
+`DistributedModel` wraps a loaded model of any family (the Llama-family decoders, MoE,
+DeepSeek, Mamba-2 and Bamba, LLaVA, BERT) and presents what
+`worker.model_runner.ModelRunner` uses (forward, compute_logits, new_kv_cache,
+new_state_cache, encode_images, classification_head, layers, config), so the runner
+runs unchanged on every rank. LLaVA's vision tower and projector are replicated: every
+rank encodes the step's images and the first stage places their rows.
 
 Pipeline parallelism: stage s owns decoder layers [s * L // pp, (s + 1) * L // pp); the
 others are dropped (`MissingLayer`: no weights, no KV cache). A step's batch is cut into
@@ -26,7 +29,7 @@ from torch import nn
 
 from ..model.llama import AttentionMetadata
 from .parallel import ParallelContext
-from .tensor_parallel import _kv_heads, shard_model
+from .tensor_parallel import _kv_heads, local_mamba, shard_model
 
 
 class MissingLayer(nn.Module):
@@ -102,8 +105,20 @@ class DistributedModel(nn.Module):
         """Whether decoder layer `index` runs here (it needs a KV cache here)."""
         return index in self.own
 
+    @property
+    def uses_token_types(self) -> bool:
+        return getattr(self.model, "uses_token_types", False)
+
     def use_ops(self, ops: ModuleType) -> None:
         self.model.use_ops(ops)
+
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """LLaVA's image rows: the vision tower and projector, whole on every rank."""
+        return self.model.encode_images(pixel_values)
+
+    def classification_head(self, cls_states: torch.Tensor) -> torch.Tensor:
+        """A classifier's logits: its head, whole on every rank."""
+        return self.model.classification_head(cls_states)
 
     def forward(
         self,
@@ -111,10 +126,14 @@ class DistributedModel(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata | Sequence[AttentionMetadata],
         kv_caches: Sequence[tuple[torch.Tensor, ...]],
+        **extra,
     ) -> torch.Tensor:
-        """The final hidden states (num_tokens, hidden) of the step, on every rank."""
+        """The final hidden states (num_tokens, hidden) of the step, on every rank.
+        `extra`: the model's own keyword arguments (LLaVA's mm_embeds, BERT's
+        token_type_ids)."""
         if self.ctx.pp_size == 1:
-            return self.model(input_ids, positions, meta, kv_caches)
+            return self.model(input_ids, positions, meta, kv_caches, **extra)
+        mm_embeds = extra.get("mm_embeds")
         model, ctx = self.model, self.ctx
         metas = [meta] * len(model.layers) if isinstance(meta, AttentionMetadata) else meta
         hidden_size = model.config.hidden_size
@@ -131,6 +150,10 @@ class DistributedModel(nn.Module):
             pos = positions[t0:t1]
             if ctx.is_first_stage:
                 hidden = model.embed(input_ids[t0:t1], pos)
+                if mm_embeds is not None:  # the image rows of this micro-batch's tokens
+                    rows, embeds = mm_embeds
+                    mine = (rows >= t0) & (rows < t1)
+                    hidden = hidden.index_copy(0, rows[mine] - t0, embeds[mine].to(hidden.dtype))
             else:
                 hidden = ctx.recv((t1 - t0, hidden_size), dtype, input_ids.device)
             hidden, residual = model.run_layers(self.own, pos, hidden, None, mb_metas, kv_caches)
@@ -157,10 +180,21 @@ class DistributedModel(nn.Module):
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> tuple[torch.Tensor, ...]:
-        """One layer's cache: the model's, with this rank's KV heads under TP."""
-        if self.ctx.tp_size == 1:
+        """One layer's cache: the model's, with this rank's KV heads under TP (MLA's
+        latent cache whole: every rank caches the whole latent)."""
+        if self.ctx.tp_size == 1 or self.model.config.mla is not None:
             return self.model.new_kv_cache(num_blocks, block_size)
-        cfg, weight = self.model.config, self.model.embed_tokens.weight
-        heads = len(_kv_heads(cfg.num_key_value_heads, self.ctx))
-        shape = (num_blocks, block_size, heads, cfg.head_dim)
+        weight = self.model.embed_tokens.weight
+        shape = list(self.model.kv_cache_shape(num_blocks, block_size))
+        shape[2] = len(_kv_heads(shape[2], self.ctx))
         return tuple(torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in range(2))
+
+    def new_state_cache(self, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Mamba layer's state slots: the model's, of this rank's heads and groups
+        under TP (`tensor_parallel.local_mamba`)."""
+        from ..model.mamba import state_cache
+
+        m = self.model.config.mamba
+        if self.ctx.tp_size > 1:
+            m = local_mamba(m, self.ctx)
+        return state_cache(m, num_slots, self.model.embed_tokens.weight)

@@ -28,9 +28,10 @@ def check_parallel_sizes(config, tensor_parallel_size: int, pipeline_parallel_si
 
     Tensor parallelism splits the query heads (their count must divide), the KV heads
     (their count must divide, or divide the TP size: each KV head is then replicated on
-    tp / kv_heads ranks), the MLP's intermediate size, and each MoE expert's intermediate
-    size; OLMo 2's q/k norm over the whole projection and multi-head latent attention are
-    not split. Pipeline parallelism needs at least one decoder layer per stage."""
+    tp / kv_heads ranks), the MLP's intermediate size, each MoE expert's intermediate
+    size, and a Mamba-2 mixer's heads and groups (n_groups must divide, or be 1: B and C
+    replicated). Pipeline parallelism needs at least one decoder layer per stage, and a
+    decoder: an encoder (BERT) runs whole on each stage or with tensor parallelism."""
     tp, pp = tensor_parallel_size, pipeline_parallel_size
     for name, value in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -39,6 +40,11 @@ def check_parallel_sizes(config, tensor_parallel_size: int, pipeline_parallel_si
         raise ValueError(
             f"pipeline_parallel_size={pp} exceeds the {config.num_hidden_layers} decoder "
             f"layers of {config.architecture}: each stage needs at least one"
+        )
+    if pp > 1 and not config.is_causal:
+        raise ValueError(
+            f"pipeline_parallel_size={pp}: {config.architecture} is an encoder, which this "
+            "engine does not split into stages; use tensor_parallel_size instead"
         )
     if tp == 1:
         return
@@ -60,17 +66,18 @@ def check_parallel_sizes(config, tensor_parallel_size: int, pipeline_parallel_si
             f"tensor_parallel_size={tp} neither divides nor is a multiple of "
             f"num_key_value_heads={kv_heads} of {config.architecture}"
         )
-    if config.mla is not None or config.qk_norm == "projection":
-        what = (
-            "multi-head latent attention"
-            if config.mla is not None
-            else "a q/k norm over the projection"
-        )
-        raise ValueError(
-            f"tensor_parallel_size={tp}: {config.architecture} has {what}, which this "
-            "engine does not split across ranks; use tensor_parallel_size=1 (pipeline "
-            "parallelism works)"
-        )
+    if config.mamba is not None:
+        m = config.mamba
+        if m.num_heads % tp:
+            raise ValueError(
+                f"tensor_parallel_size={tp} does not divide the Mamba-2 num_heads={m.num_heads} "
+                f"of {config.architecture}"
+            )
+        if m.n_groups % tp and m.n_groups != 1:
+            raise ValueError(
+                f"tensor_parallel_size={tp} neither divides the Mamba-2 n_groups={m.n_groups} "
+                f"of {config.architecture} nor is n_groups 1 (B and C replicated)"
+            )
 
 
 @dataclass

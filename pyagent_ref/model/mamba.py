@@ -40,6 +40,19 @@ from .config import MambaConfig, ModelConfig
 from .llama import AttentionMetadata, LlamaForCausalLM
 
 
+def state_cache(
+    m: MambaConfig, num_slots: int, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """num_slots zeroed state slots of a mixer of `m`: the convolution's (num_slots,
+    conv_dim, conv_kernel - 1) in like's dtype, the SSM's (num_slots, heads, head_dim,
+    state_size) in float32, both on like's device."""
+    conv = torch.zeros(
+        (num_slots, m.conv_dim, m.conv_kernel - 1), dtype=like.dtype, device=like.device
+    )
+    shape = (num_slots, m.num_heads, m.head_dim, m.state_size)
+    return conv, torch.zeros(shape, dtype=torch.float32, device=like.device)
+
+
 class GatedRMSNorm(nn.Module):
     """Mamba-2's output norm: y * silu(z), RMS-normalised within each of the groups,
     times `weight`, in float32 (as HF's MambaRMSNormGated)."""
@@ -145,12 +158,7 @@ class MambaHybridForCausalLM(LlamaForCausalLM):
         """One Mamba layer's state slots, zeroed: the convolution's (num_slots, conv_dim,
         conv_kernel - 1) in the parameters' dtype, the SSM's (num_slots, heads, head_dim,
         state_size) in float32 (as Mamba's kernels keep it)."""
-        m, weight = self.config.mamba, self.embed_tokens.weight
-        conv = torch.zeros(
-            (num_slots, m.conv_dim, m.conv_kernel - 1), dtype=weight.dtype, device=weight.device
-        )
-        shape = (num_slots, m.num_heads, m.head_dim, m.state_size)
-        return conv, torch.zeros(shape, dtype=torch.float32, device=weight.device)
+        return state_cache(self.config.mamba, num_slots, self.embed_tokens.weight)
 
     def required_ops(self) -> list[str]:
         names = ["ssm.causal_conv1d", "ssm.ssd_scan", "ssm.selective_state_update"]

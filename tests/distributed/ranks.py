@@ -66,9 +66,11 @@ def run_ranks(fn, args=(), world_size: int = 2, timeout_s: float = 120.0) -> lis
                 proc.join()
 
 
-def _step(model, caches, tables, lengths, chunks: dict[int, list[int]]) -> torch.Tensor:
+def _step(model, caches, tables, lengths, chunks, state_layers=(), mm=None) -> torch.Tensor:
     """Logits of one step (request -> new tokens) on a paged cache of 4-token blocks,
-    each request owning blocks 1 + 16 * request onward."""
+    each request owning blocks 1 + 16 * request onward, and (the layers in
+    `state_layers`) state slot 1 + request; `mm`: the step's image rows (LLaVA). An
+    encoder (no LM head) gives its final hidden states."""
     from pyagent_ref.model.llama import AttentionMetadata
 
     ids, positions, qsl, seq_lens, slots = [], [], [0], [], []
@@ -80,32 +82,75 @@ def _step(model, caches, tables, lengths, chunks: dict[int, list[int]]) -> torch
         slots += [(1 + 16 * rid) * 4 + p for p in range(start, start + len(tokens))]
         qsl.append(qsl[-1] + len(tokens))
         seq_lens.append(lengths[rid])
-    meta = AttentionMetadata(
+    common = dict(query_start_loc=torch.tensor(qsl), seq_lens=torch.tensor(seq_lens))
+    paged = AttentionMetadata(
         slot_mapping=torch.tensor(slots),
         block_table=torch.tensor([tables[rid] for rid in chunks]),
-        query_start_loc=torch.tensor(qsl),
-        seq_lens=torch.tensor(seq_lens),
+        **common,
+    )
+    state = AttentionMetadata(
+        slot_mapping=torch.zeros(len(ids), dtype=torch.int64),
+        block_table=torch.tensor([[1 + rid] for rid in chunks]),
+        **common,
+    )
+    metas = [state if i in state_layers else paged for i in range(len(caches))]
+    extra = {} if mm is None else {"mm_embeds": mm}
+    with torch.no_grad():
+        hidden = model(torch.tensor(ids), torch.tensor(positions), metas, caches, **extra)
+        return model.compute_logits(hidden) if model.config.is_causal else hidden
+
+
+def _image_rows(model, prompts):
+    """LLaVA: one seeded image's rows at the image tokens of the batch's prompts (each
+    prompt holding 0 or num_image_tokens of them), as `mm_embeds`; None for the others."""
+    from pyagent_ref.distributed.model import DistributedModel
+
+    vision = getattr(model.model if isinstance(model, DistributedModel) else model, "vision", None)
+    if vision is None:
+        return None
+    pixels = torch.randn(
+        1,
+        vision.num_channels,
+        vision.image_size,
+        vision.image_size,
+        generator=torch.Generator().manual_seed(0),
     )
     with torch.no_grad():
-        return model.compute_logits(model(torch.tensor(ids), torch.tensor(positions), meta, caches))
+        image = model.encode_images(pixels)[0]
+    flat = torch.tensor([t for p in prompts for t in p])
+    rows = torch.nonzero(flat == vision.image_token_id)[:, 0]
+    if not len(rows):
+        return None
+    reps = len(rows) // len(image)
+    return rows, image.repeat(reps, 1)
 
 
-def _steps(model, prompts):
+def _steps(model, prompts, state_layers=()):
     """Logits of a prefill of every prompt in one batch, then a decode step of all
-    (the greedy token fed back), on a fresh paged cache."""
-    caches = [model.new_kv_cache(64, 4) for _ in model.layers]
+    (the greedy token fed back), on a fresh paged cache (and fresh state slots); an
+    encoder's final hidden states of the prompts, in one step."""
+    caches = [
+        model.new_state_cache(8) if i in state_layers else model.new_kv_cache(64, 4)
+        for i in range(len(model.layers))
+    ]
     tables = {rid: list(range(1 + 16 * rid, 17 + 16 * rid)) for rid in range(len(prompts))}
     lengths: dict[int, int] = {}
-    first = _step(model, caches, tables, lengths, dict(enumerate(prompts)))
+    mm = _image_rows(model, prompts)
+    first = _step(model, caches, tables, lengths, dict(enumerate(prompts)), state_layers, mm)
+    if not model.config.is_causal:
+        return first
     ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
     nxt = first[ends].argmax(-1)
-    second = _step(model, caches, tables, lengths, {i: [int(t)] for i, t in enumerate(nxt)})
+    chunks = {i: [int(t)] for i, t in enumerate(nxt)}
+    second = _step(model, caches, tables, lengths, chunks, state_layers)
     return torch.cat([first, second])
 
 
-def compare_families(rank: int, families: dict[str, str], prompts) -> dict:
+def compare_families(rank: int, families: dict[str, str], prompts, special=None) -> dict:
     """{(family, "tp" | "pp"): (max |logits - whole model's|, greedy tokens equal) or the
-    ValueError message when the family cannot be split that way}."""
+    ValueError message when the family cannot be split that way}. `special`: family ->
+    its own prompts (LLaVA's hold image tokens). An encoder's "logits" are its final
+    hidden states, its "greedy tokens" their argmax."""
     from pyagent_ref.distributed.model import DistributedModel
     from pyagent_ref.distributed.parallel import ParallelContext, check_parallel_sizes
     from pyagent_ref.model import load_model
@@ -116,7 +161,9 @@ def compare_families(rank: int, families: dict[str, str], prompts) -> dict:
     out = {}
     for family, path in families.items():
         loaded = load_model(path, progress=False, ops=ops)
-        whole = _steps(loaded, prompts)
+        state_layers = set(getattr(loaded, "state_layers", list)())
+        family_prompts = (special or {}).get(family, prompts)
+        whole = _steps(loaded, family_prompts, state_layers)
         for mode, ctx in contexts.items():
             model = load_model(path, progress=False, ops=ops)
             try:
@@ -124,7 +171,7 @@ def compare_families(rank: int, families: dict[str, str], prompts) -> dict:
             except ValueError as exc:
                 out[family, mode] = str(exc)
                 continue
-            got = _steps(DistributedModel(model, ctx), prompts)
+            got = _steps(DistributedModel(model, ctx), family_prompts, state_layers)
             same = bool((got.argmax(-1) == whole.argmax(-1)).all())
             out[family, mode] = (float((got - whole).abs().max()), same)
     return out

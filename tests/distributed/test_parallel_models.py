@@ -1,7 +1,8 @@
 """Tensor and pipeline parallelism of every model family, on two gloo ranks: each rank
 cuts its share of the model (`DistributedModel`) and the step's logits equal the whole
 model's within TOL, with the same greedy tokens (a prefill of two prompts in one batch,
-so that PP runs two micro-batches, then a decode step)."""
+so that PP runs two micro-batches, then a decode step). BERT (an encoder: its final
+hidden states, one step) runs with TP only; LLaVA's first prompt holds an image."""
 
 from __future__ import annotations
 
@@ -16,27 +17,45 @@ from pyagent_ref.distributed.model import micro_batches, stage_layers  # noqa: E
 from pyagent_ref.distributed.parallel import check_parallel_sizes  # noqa: E402
 from pyagent_ref.model.config import ModelConfig  # noqa: E402
 from tests.distributed.ranks import compare_families, run_ranks  # noqa: E402
-from tests.model import test_deepseek, test_hf_parity, test_moe  # noqa: E402
+from tests.model import test_deepseek, test_hf_parity, test_llava, test_mamba, test_moe  # noqa: E402
+from tests.tiny import TINY_BERT  # noqa: E402
 
 TOL = 1e-4  # float32: the shards' partial sums are added in another order
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 14], [8, 1, 96, 45, 45, 12, 7]]
-# families TP does not split (they still run with PP), and why
-NO_TP = {"olmo2": "q/k norm over the projection", "deepseek-v2-lite": "latent attention"}
+# LLaVA: an image's 16 tokens in the first prompt
+SPECIAL = {"llava": [[1, 5, *[test_llava.IMAGE_TOKEN] * 16, 40, 7, 9], PROMPTS[1]]}
+# families a mode does not split, and the words of their refusal
+REFUSED = {("bert", "pp"): "is an encoder"}
 
 
 # one family of each kind of difference (the others differ from these in RoPE scaling
 # alone): tied head, q/k/v biases, per-head q/k norms, soft caps, sliding windows with a
 # local RoPE, partial rotary, no gate with learned positions, parallel residual, the norm
-# over the projection; MoE with and without a shared expert; latent attention
+# over the projection (a sharded norm; with one KV head, replicated); MoE with and
+# without a shared expert; latent attention with q straight from the hidden state and
+# through q_lora_rank; Mamba-2 with its groups split and with one group (B and C
+# replicated, the gated norm sharded), Bamba; LLaVA; BERT
 DENSE = ["llama-tied", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "gpt2", "gpt-neox", "olmo2"]
+
+
+def _bert(_):
+    torch.manual_seed(0)
+    return transformers.BertModel(transformers.BertConfig(vocab_size=97, **TINY_BERT)).eval()
 
 
 def _builders():
     out = {f: test_hf_parity.build_hf for f in DENSE}
     out |= {f: test_moe.build_hf for f in ("mixtral", "qwen2-moe")}
     out["deepseek-v2-lite"] = lambda _: test_deepseek.build_hf("v2-lite")
+    out["deepseek-v3"] = lambda _: test_deepseek.build_hf("v3")
     # GQA with fewer KV heads than ranks: the one KV head is replicated on both ranks
     out["llama-one-kv-head"] = lambda _: test_hf_parity.build_hf("llama", num_key_value_heads=1)
+    out["olmo2-one-kv-head"] = lambda _: test_hf_parity.build_hf("olmo2", num_key_value_heads=1)
+    out["mamba2"] = lambda _: test_mamba.build_hf("mamba2")
+    out["mamba2-one-group"] = lambda _: test_mamba.build_hf("mamba2", n_groups=1)
+    out["bamba"] = lambda _: test_mamba.build_hf("bamba")
+    out["llava"] = lambda _: test_llava.build_hf_llava()
+    out["bert"] = _bert
     return out
 
 
@@ -47,7 +66,7 @@ def results(tmp_path_factory):
         path = tmp_path_factory.mktemp(family)
         build(family).save_pretrained(path)
         dirs[family] = str(path)
-    ranks = run_ranks(compare_families, (dirs, PROMPTS))
+    ranks = run_ranks(compare_families, (dirs, PROMPTS, SPECIAL))
     assert ranks[0].keys() == ranks[1].keys()
     return ranks
 
@@ -57,8 +76,8 @@ def results(tmp_path_factory):
 def test_split_model_gives_the_whole_models_logits(results, family, mode):
     for rank_results in results:  # every rank computes the same logits
         found = rank_results[family, mode]
-        if mode == "tp" and family in NO_TP:
-            assert isinstance(found, str) and "tensor_parallel_size=2" in found
+        if (family, mode) in REFUSED:
+            assert isinstance(found, str) and REFUSED[family, mode] in found
             continue
         diff, same_tokens = found
         assert diff < TOL and same_tokens
@@ -109,3 +128,31 @@ def test_micro_batches_cut_whole_requests(num_reqs, count):
     assert all(b > a for a, b in bounds)
     if bounds:
         assert bounds[0][0] == 0 and bounds[-1][1] == num_reqs
+
+
+def _mamba_config(**overrides) -> ModelConfig:
+    config_cls, _, kwargs = test_mamba.FAMILIES["mamba2"]
+    raw = config_cls(**(kwargs | overrides)).to_dict()
+    return ModelConfig.from_hf(raw | {"architectures": ["Mamba2ForCausalLM"]})
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"num_heads": 3, "head_dim": 32, "n_groups": 1}, "does not divide .*heads=3"),
+        ({"num_heads": 12, "head_dim": 8, "n_groups": 3}, "n_groups=3"),
+    ],
+)
+def test_mamba_mixers_that_do_not_split_are_named(overrides, message):
+    check_parallel_sizes(_mamba_config(), 2, 1)  # 8 heads, 2 groups: split
+    check_parallel_sizes(_mamba_config(n_groups=1), 2, 1)  # one group: replicated
+    with pytest.raises(ValueError, match=f"tensor_parallel_size=2 .*{message}"):
+        check_parallel_sizes(_mamba_config(hidden_size=48, **overrides), 2, 1)
+
+
+def test_an_encoder_is_not_cut_into_stages():
+    raw = transformers.BertConfig(vocab_size=97, **TINY_BERT).to_dict()
+    config = ModelConfig.from_hf(raw | {"architectures": ["BertModel"]})
+    check_parallel_sizes(config, 2, 1)
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2: BertModel is an encoder"):
+        check_parallel_sizes(config, 1, 2)
