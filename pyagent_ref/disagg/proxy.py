@@ -37,7 +37,7 @@ from typing import Any
 import zmq
 
 from ..engine.core import EngineConfig
-from ..engine.core_proc import _codec
+from ..engine.core_proc import _codec, _environ
 from ..sample.params import SamplingParams
 from ..sched.request import Request
 from .connector import CONNECTORS
@@ -109,7 +109,9 @@ class _InstanceHandle:
             name=f"pyagent-{role}",
             daemon=True,
         )
-        self.process.start()
+        # its OpenMP threads sleep rather than spin between regions (see core_proc._environ)
+        with _environ(OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE")):
+            self.process.start()
         self._reader = threading.Thread(target=self._read, name=f"pyagent-{role}-reader")
         self._reader.start()
 
