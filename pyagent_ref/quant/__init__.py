@@ -12,7 +12,9 @@ zero points (or None), plus an input permutation for GPTQ's act-order:
 |---|---|---|
 | "gptq" | `gptq` | qweight, qzeros, scales, g_idx |
 | "awq" | `awq` | qweight, qzeros, scales |
-| "compressed-tensors" | `compressed_tensors` | weight_packed, weight_scale, weight_shape (+ weight_zero_point) |
+| "compressed-tensors" | `compressed_tensors` | weight_packed, weight_scale, weight_shape |
+
+(asymmetric compressed-tensors layers add weight_zero_point).
 
 `quant_scheme(config)` reads and checks the config's `quantization_config`, and
 `load_quantized` (called by `model.loader.load_model`) converts every quantized layer,
