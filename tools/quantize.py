@@ -143,6 +143,33 @@ def calibration_ids(model_dir: Path, tokens: int = 2048, window: int = 512) -> l
     return [ids[i : i + window] for i in range(0, len(ids), window)]
 
 
+def heldout_ids(model_dir: Path, tokens: int = 2048, window: int = 512) -> list[list[int]]:
+    """Windows of `tokens` held-out tokens for perplexity: this project's own sources
+    (`pyagent_ref.ops.quant`, `pyagent_ref.quant.gptq`), which the default model, trained
+    on the standard library's, never saw."""
+    from tokenizers import Tokenizer
+
+    from pyagent_ref.ops import quant as ops_quant
+    from pyagent_ref.quant import gptq
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = tok.encode("".join(inspect.getsource(m) for m in (ops_quant, gptq))).ids[:tokens]
+    return [ids[i : i + window] for i in range(0, len(ids), window)]
+
+
+def perplexity(model, windows: list[list[int]]) -> float:
+    """exp of the mean negative log-likelihood of each window's next tokens."""
+    total, count = 0.0, 0
+    for ids in windows:
+        with torch.no_grad():
+            logits = model.compute_logits(forward(model, ids))[:-1]
+        nll = torch.nn.functional.cross_entropy(
+            logits.double(), torch.tensor(ids[1:]), reduction="sum"
+        )
+        total, count = total + float(nll), count + len(ids) - 1
+    return float(torch.exp(torch.tensor(total / count)))
+
+
 def hessians(model_dir: Path, names: list[str]) -> dict[str, torch.Tensor]:
     """H = 2 X^T X / n of each HF projection's inputs X over the calibration windows
     (q, k, v share their fused qkv_proj's inputs; gate, up their gate_up_proj's)."""
