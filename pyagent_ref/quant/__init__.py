@@ -197,12 +197,12 @@ def load_quantized(
             linear = model.get_submodule(path)
         except AttributeError:
             linear = None
-        if not isinstance(linear, nn.Linear | QuantLinear):
+        if not isinstance(linear, nn.Linear):
             raise ValueError(f"quantized checkpoint layer {module!r} has no place in the model")
         fused.setdefault(path, {})[shard] = fmt.convert(module, stored, scheme)
     for path, parts in fused.items():
         linear = model.get_submodule(path)
-        shards = _shards(path + ".weight", linear.weight) if hasattr(linear, "weight") else {None}
+        shards = _shards(path + ".weight", linear.weight)
         missing = shards - set(parts)
         if missing:
             raise ValueError(
@@ -210,7 +210,12 @@ def load_quantized(
             )
         order = ["q", "k", "v"] if "q" in shards else [0, 1] if 0 in shards else [None]
         quant = QuantLinear.stack(
-            [parts[s] for s in order], linear.in_features, linear.out_features, path, ops
+            [parts[s] for s in order],
+            linear.in_features,
+            linear.out_features,
+            path,
+            ops,
+            linear.weight.dtype,
         )
         quant.bias = linear.bias
         parent, _, child = path.rpartition(".")

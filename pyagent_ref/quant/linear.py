@@ -32,13 +32,20 @@ class QuantLinear(nn.Module):
             has the layer's in_features.
         in_features, out_features: the layer's shape.
         ops: the ops namespace (`use_ops` switches it with the model's).
+        dtype: the dtype of the activations it computes on (the model's).
     """
 
     def __init__(
-        self, parts: list[QuantWeight], in_features: int, out_features: int, ops: ModuleType
+        self,
+        parts: list[QuantWeight],
+        in_features: int,
+        out_features: int,
+        ops: ModuleType,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.dtype = dtype
         self.bits = parts[0].bits
         self.num_parts = len(parts)
         self.ops = ops
@@ -57,6 +64,7 @@ class QuantLinear(nn.Module):
         out_features: int,
         name: str,
         ops: ModuleType,
+        dtype: torch.dtype = torch.float32,
     ) -> QuantLinear:
         """The layer of `parts` stacked by rows (a fused projection's q, k, v or gate, up),
         merging neighbours with the same permutation, bits and groups.
@@ -96,7 +104,11 @@ class QuantLinear(nn.Module):
                 in_features,
                 last.perm,
             )
-        return cls(merged, in_features, out_features, ops)
+        return cls(merged, in_features, out_features, ops, dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed0.device
 
     def part(self, i: int) -> QuantWeight:
         """Part `i` of the layer, as stored."""
