@@ -30,7 +30,8 @@ class QuantLinear(nn.Module):
     Args:
         parts: the weights whose outputs, in order, make the layer's output rows; each
             has the layer's in_features.
-        in_features, out_features: the layer's shape.
+        in_features: the layer's input size.
+        out_features: its output size.
         ops: the ops namespace (`use_ops` switches it with the model's).
         dtype: the dtype of the activations it computes on (the model's).
     """
