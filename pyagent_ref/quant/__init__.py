@@ -124,18 +124,6 @@ def check_group_size(group_size: Any) -> int | None:
     return group_size
 
 
-def groups_of(scheme: QuantScheme, in_features: int, layer: str) -> int:
-    """The number of groups of a layer with `in_features` inputs (ValueError naming the
-    layer when group_size does not divide it)."""
-    size = scheme.group_size or in_features
-    if in_features % size:
-        raise ValueError(
-            f"{layer}: quantization_config group_size {scheme.group_size} does not divide "
-            f"the layer's in_features {in_features}"
-        )
-    return in_features // size
-
-
 # --- int32 words of unsigned fields, as GPTQ and AWQ store them ------------------------------
 
 
