@@ -59,15 +59,26 @@ def _dequantized_dir(qdir, out):
     return out
 
 
-@pytest.mark.parametrize("dora", [False, True])
-def test_adapter_on_int4_base_equals_adapter_on_its_dequantized_weights(tmp_path, dora):
-    qdir = quantize_dir(tmp_path / "int4", "int4", group_size=16, symmetric=False)
-    fdir = _dequantized_dir(qdir, tmp_path / "dequantized")
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """(int4 checkpoint, float32 checkpoint of its dequantized weights, adapter dirs)."""
+    root = tmp_path_factory.mktemp("qlora")
+    qdir = quantize_dir(root / "int4", "int4", group_size=16, symmetric=False)
+    fdir = _dequantized_dir(qdir, root / "dequantized")
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         default_model_path(), dtype=torch.float32
     )
-    make_adapter(hf, tmp_path / "adapter", r=4, alpha=16, use_dora=dora)
-    request = LoRARequest("a", 1, str(tmp_path / "adapter"))
+    adapters = {}
+    for dora in (False, True):
+        adapters[dora] = root / f"adapter-{dora}"
+        make_adapter(hf, adapters[dora], r=4, alpha=16, use_dora=dora)
+    return qdir, fdir, adapters
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_adapter_on_int4_base_equals_adapter_on_its_dequantized_weights(checkpoints, dora):
+    qdir, fdir, adapters = checkpoints
+    request = LoRARequest("a", 1, str(adapters[dora]))
     outs = {}
     for name, path in (("quantized", qdir), ("float", fdir)):
         llm = LLM(path, **ENGINE)
