@@ -118,18 +118,19 @@ def gptq_quantize(
 
 def forward(model, ids: list[int]) -> torch.Tensor:
     """Final hidden states (len(ids), hidden) of one sequence, prefilled in one step on a
-    fresh paged cache (blocks of 16)."""
+    fresh paged cache (blocks of 16) on the model's device."""
+    device = model.embed_tokens.weight.device
     n, block = len(ids), 16
     blocks = -(-n // block)
     meta = AttentionMetadata(
-        slot_mapping=torch.arange(n),
-        block_table=torch.arange(blocks, dtype=torch.int32)[None],
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        seq_lens=torch.tensor([n], dtype=torch.int32),
+        slot_mapping=torch.arange(n, device=device),
+        block_table=torch.arange(blocks, dtype=torch.int32, device=device)[None],
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
     )
     caches = [model.new_kv_cache(blocks, block) for _ in model.layers]
     with torch.no_grad():
-        return model(torch.tensor(ids), torch.arange(n), meta, caches)
+        return model(torch.tensor(ids, device=device), torch.arange(n, device=device), meta, caches)
 
 
 def calibration_ids(model_dir: Path, tokens: int = 2048, window: int = 512) -> list[list[int]]:
@@ -163,9 +164,8 @@ def perplexity(model, windows: list[list[int]]) -> float:
     for ids in windows:
         with torch.no_grad():
             logits = model.compute_logits(forward(model, ids))[:-1]
-        nll = torch.nn.functional.cross_entropy(
-            logits.double(), torch.tensor(ids[1:]), reduction="sum"
-        )
+        targets = torch.tensor(ids[1:], device=logits.device)
+        nll = torch.nn.functional.cross_entropy(logits.double(), targets, reduction="sum")
         total, count = total + float(nll), count + len(ids) - 1
     return float(torch.exp(torch.tensor(total / count)))
 

@@ -205,6 +205,7 @@ def load_quantized(
             ops,
             linear.weight.dtype,
         )
+        quant = quant.to(linear.weight.device)  # the codes were read on the CPU
         quant.bias = linear.bias
         parent, _, child = path.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, quant)

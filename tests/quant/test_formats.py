@@ -252,3 +252,18 @@ def test_bad_checkpoints_fail_at_load_naming_the_value(
     with pytest.raises(ValueError) as info:
         load_model(path, dtype="float32", progress=False)
     assert message in str(info.value)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_quantized_model_on_cuda_matches_cpu(checkpoints):
+    """The layers' codes go to the model's device; the reference ops run there."""
+    from pyagent_ref.ops import load as load_ops
+    from tools.quantize import forward
+
+    ids = list(range(5, 45))
+    path = checkpoints["gptq-int4-actorder"]
+    cpu = forward(load_model(path, dtype="float32", progress=False), ids)
+    model = load_model(path, dtype="float32", device="cuda", progress=False, ops=load_ops("ref"))
+    assert model.layers[0].mlp.down_proj.packed0.device.type == "cuda"
+    torch.testing.assert_close(forward(model, ids).cpu(), cpu, rtol=1e-4, atol=1e-4)
