@@ -267,3 +267,15 @@ def test_quantized_model_on_cuda_matches_cpu(checkpoints):
     model = load_model(path, dtype="float32", device="cuda", progress=False, ops=load_ops("ref"))
     assert model.layers[0].mlp.down_proj.packed0.device.type == "cuda"
     torch.testing.assert_close(forward(model, ids).cpu(), cpu, rtol=1e-4, atol=1e-4)
+
+
+def test_distributed_execution_of_a_quantized_checkpoint_is_refused(checkpoints):
+    from pyagent_ref.engine.core import EngineConfig, EngineCore
+
+    config = EngineConfig(
+        model=str(checkpoints["int8"]), dtype="float32", num_kv_blocks=32, tensor_parallel_size=2
+    )
+    with pytest.raises(
+        ValueError, match="quantized checkpoint \\(quant_method 'compressed-tensors'\\)"
+    ):
+        EngineCore.from_config(config)
