@@ -1,8 +1,8 @@
-"""Serving cost of LoRA adapters (part a) on the embedded model, and the quantized
-linear layer (part b).
+"""Serving cost of LoRA adapters (part a) on the embedded model, the quantized linear
+layer (part b), and the quantized checkpoints of the embedded model (part c).
 
-    python benchmarks/bench_lora_quant.py [--quick] [--part a|b|all] [--ops auto|ref|accel]
-        [--rank 16]
+    python benchmarks/bench_lora_quant.py [--quick] [--part a|b|c|all]
+        [--ops auto|ref|accel] [--rank 16]
 
 (a) A batch of 64 decoding requests on the embedded model, timed over its decode steps
 only (the prompts are prefilled first, untimed): without LoRA (an engine with no
@@ -21,6 +21,14 @@ in groups of 128 (asymmetric) and on int8 codes per channel (symmetric), against
 64. Each figure is the median CPU time of one call (`time.process_time`, so other load on
 the machine does not count; torch and the kernel's thread pool both use one thread), and
 the last line sums the four layers at batch 1 (the target: int4 >= 2x float32 torch).
+
+(c) The embedded model in float32 and quantized by `tools/quantize.py` (compressed-tensors
+int8 per channel and int4 in groups of 16, GPTQ int4 in groups of 16 by GPTQ's algorithm
+with act-order, AWQ-layout int4 in groups of 16 by RTN): perplexity on held-out text (the
+project's own sources, `tools.quantize.heldout_ids`), the bytes of the model's weights
+(parameters and buffers: what stays resident besides the KV cache), decode tokens/s
+through the engine at batch 1 and 16 (`--ops`; median of 3 runs, the formats interleaved),
+and the share of 16 prompts whose 16 greedy tokens equal float32's.
 """
 
 from __future__ import annotations
@@ -119,12 +127,14 @@ def decode_seconds(core: EngineCore, loras: list[LoRARequest | None], steps: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few steps, one run (CI smoke)")
-    parser.add_argument("--part", default="all", choices=["a", "b", "all"])
+    parser.add_argument("--part", default="all", choices=["a", "b", "c", "all"])
     parser.add_argument("--ops", default="auto", choices=["ref", "accel", "auto"])
     parser.add_argument("--rank", type=int, default=16)
     args = parser.parse_args()
     if args.part in ("a", "all"):
         bench_lora(args)
+    if args.part in ("c", "all"):
+        bench_quant_formats(args)
     if args.part == "b":
         bench_quant_layers(args.quick)
     elif args.part == "all":  # in a process of its own: its thread pool of one thread
@@ -253,6 +263,70 @@ def bench_lora(args: argparse.Namespace) -> None:
         ratio = results["16 adapters"] / results["no LoRA"]
         verdict = "met" if ratio >= 0.75 else "NOT met"
         print(f"target: 16 adapters >= 0.75 of no LoRA: {ratio:.2f} ({verdict})")
+        print(f"load after: {os.getloadavg()[0]:.2f}")
+
+
+QUANT_FORMATS = {
+    "int8 (ct, channel)": dict(fmt="int8"),
+    "int4 (ct, g16)": dict(fmt="int4", group_size=16),
+    "gptq int4 g16 act": dict(fmt="gptq", group_size=16, method="gptq", act_order=True),
+    "awq int4 g16": dict(fmt="awq", group_size=16),
+}
+
+
+def bench_quant_formats(args: argparse.Namespace) -> None:
+    """Part (c)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ of the checkout
+    from tools.quantize import heldout_ids, perplexity, quantize_dir
+
+    steps, runs = (4, 1) if args.quick else (32, 3)
+    print(f"torch {torch.__version__}, load {os.getloadavg()[0]:.2f}, ops={args.ops}")
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = [[(37 * i + 11 * j) % 4000 + 3 for j in range(4 + i % 5)] for i in range(16)]
+    windows = heldout_ids(default_model_path())[: 1 if args.quick else 4]
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {"float32": default_model_path()}
+        for name, kw in QUANT_FORMATS.items():
+            dirs[name] = quantize_dir(Path(tmp) / str(len(dirs)), **kw)
+        from pyagent_ref.engine.llm import LLM
+        from pyagent_ref.ops import load as load_ops
+
+        rows: dict[str, dict] = {}
+        cores = {}
+        for name, path in dirs.items():
+            model = load_model(path, dtype="float32", progress=False, ops=load_ops(args.ops))
+            size = sum(
+                t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())
+            )
+            tokens = [
+                o.outputs[0].token_ids
+                for o in LLM(path, dtype="float32", ops=args.ops).generate(prompts, greedy)
+            ]
+            rows[name] = dict(ppl=perplexity(model, windows), mib=size / 2**20, tokens=tokens)
+            config = EngineConfig(
+                dtype="float32", ops=args.ops, max_num_seqs=16, num_kv_blocks=256, block_size=16
+            )
+            cores[name] = EngineCore(model, config)
+        for batch in (1, 16):
+            times: dict[str, list[float]] = {name: [] for name in dirs}
+            for core in cores.values():
+                decode_seconds(core, [None] * batch, 2)  # warm-up
+            for _ in range(runs):
+                for name, core in cores.items():
+                    times[name].append(decode_seconds(core, [None] * batch, steps))
+            for name in dirs:
+                rows[name][f"tps{batch}"] = batch * steps / statistics.median(times[name])
+        base = rows["float32"]
+        print(
+            f"{'format':<20} {'perplexity':>10} {'vs f32':>7} {'weights MiB':>11} "
+            f"{'tok/s b1':>9} {'tok/s b16':>9} {'greedy = f32':>12}"
+        )
+        for name, r in rows.items():
+            same = sum(a == b for a, b in zip(r["tokens"], base["tokens"], strict=True))
+            print(
+                f"{name:<20} {r['ppl']:10.2f} {r['ppl'] / base['ppl']:7.4f} {r['mib']:11.2f} "
+                f"{r['tps1']:9.1f} {r['tps16']:9.1f} {same:>9}/{len(prompts)}"
+            )
         print(f"load after: {os.getloadavg()[0]:.2f}")
 
 

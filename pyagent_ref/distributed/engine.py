@@ -27,12 +27,19 @@ def check_distributed(config, model_config) -> str:
 
     Raises:
         ValueError: sizes the model cannot be split by (`check_parallel_sizes`), more
-            ranks than devices ("mp"), "mp" asked of a daemon process, or an engine
+            ranks than devices ("mp"), "mp" asked of a daemon process, a quantized
+            checkpoint (`pyagent_ref.quant`: one rank only), or an engine
             feature this engine does not run on several ranks (LoRA, speculative
             decoding, EPLB, KV offloading, compile).
     """
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     check_parallel_sizes(model_config, tp, pp)
+    if tp * pp > 1 and _quant_method(config.model) is not None:
+        raise ValueError(
+            f"tensor_parallel_size={tp}, pipeline_parallel_size={pp}: the model is a "
+            f"quantized checkpoint (quant_method {_quant_method(config.model)!r}), which runs "
+            f"on one rank only; its packed layers are not split"
+        )
     backend = config.distributed_executor_backend or ("uni" if tp * pp == 1 else "mp")
     if backend == "uni":
         return backend
@@ -53,6 +60,16 @@ def check_distributed(config, model_config) -> str:
                 "distributed_executor_backend='ray'"
             )
     return backend
+
+
+def _quant_method(model_dir: str | Path | None) -> str | None:
+    """The quant_method of a model directory's quantization_config, None without one."""
+    from .._files import read_json_object
+    from ..model import default_model_path
+
+    config = read_json_object(Path(model_dir or default_model_path()) / "config.json")
+    quant = config.get("quantization_config")
+    return str(quant.get("quant_method")) if isinstance(quant, dict) else None
 
 
 def start_executor(config, model_config, runner_args: dict, logits_processors) -> Executor:

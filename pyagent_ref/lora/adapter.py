@@ -303,6 +303,8 @@ def _adapter_layer(
         rows = slice(starts[s], starts[s] + sizes[s])
         a[s], b[rows] = a_s, b_s
         if use_dora:
-            merged = base.weight.detach()[rows].float().cpu() + scaling * (b_s @ a_s)
+            quant = getattr(base, "quant_base", None)
+            weight = base.weight.detach() if quant is None else quant.dequantized()
+            merged = weight[rows].float().cpu() + scaling * (b_s @ a_s)
             g[rows] = m_s / torch.linalg.vector_norm(merged, dim=1)
     return AdapterLayer(a, b, g)

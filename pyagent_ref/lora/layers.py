@@ -49,7 +49,9 @@ class LoRALinear(nn.Linear):
     """A projection of the decoder with adapter slots (see the module docstring).
 
     Args:
-        base: the projection it replaces (its weight and bias are taken, not copied).
+        base: the projection it replaces (its weight and bias are taken, not copied), an
+            `nn.Linear` or a quantized `QuantLinear` (kept as `quant_base`, which computes
+            the base projection).
         slices: the sizes of its output slices (q, k, v for qkv_proj; gate, up for
             gate_up_proj; one slice otherwise).
         max_loras, max_rank: the slots.
@@ -68,14 +70,20 @@ class LoRALinear(nn.Linear):
     ) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight, self.bias = base.weight, base.bias
+        # a quantized base (`pyagent_ref.quant.linear.QuantLinear`, QLoRA) computes its
+        # own projection from packed codes; a float one lends its weight
+        self.quant_base = None if isinstance(base, nn.Linear) else base
+        self.weight = base.weight if self.quant_base is None else None
+        self.bias = base.bias
         if sum(slices) != self.out_features:
             raise ValueError(f"slices {slices} must sum to out_features={self.out_features}")
         self.slices = tuple(slices)
         self.max_rank = max_rank
         self.state = state
         self.ops = ops
-        like = dict(dtype=base.weight.dtype, device=base.weight.device)
+        dtype = base.dtype if self.quant_base is not None else base.weight.dtype
+        device = base.device if self.quant_base is not None else base.weight.device
+        like = dict(dtype=dtype, device=device)
         buffer = lambda *shape, **kw: torch.zeros(*shape, **(like | kw))  # noqa: E731
         self.register_buffer(
             "lora_a", buffer(max_loras, len(slices) * max_rank, self.in_features), persistent=False
@@ -86,7 +94,7 @@ class LoRALinear(nn.Linear):
         self.register_buffer("scaling", buffer(max_loras, dtype=torch.float32), persistent=False)
         self.register_buffer(
             "dora_scale",
-            torch.ones(max_loras, self.out_features, device=base.weight.device),
+            torch.ones(max_loras, self.out_features, device=like["device"]),
             persistent=False,
         )
 
@@ -119,7 +127,10 @@ class LoRALinear(nn.Linear):
         return self.lora_b_rank_major.transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)
+        if self.quant_base is None:
+            out = F.linear(x, self.weight, self.bias)
+        else:
+            out = self.quant_base(x)
         indices = self.state.indices
         if indices is None:
             return out

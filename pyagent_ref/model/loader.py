@@ -11,7 +11,7 @@ a missing or mis-shaped tensor is an error that names it, and a file that cannot
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +20,7 @@ from torch import nn
 
 from .. import ops as reference_ops
 from .._files import read_json_object
+from ..quant import load_quantized, quant_scheme
 from .config import DTYPES, ModelConfig
 from .families import FAMILIES, rename
 from .registry import resolve_architecture
@@ -156,16 +157,21 @@ def _checkpoint_name(name: str, shard: object, model: nn.Module) -> str:
 
 
 def load_weights(
-    model: nn.Module, files: list[Path], dtype: torch.dtype, progress: bool = True
+    model: nn.Module,
+    files: list[Path],
+    dtype: torch.dtype,
+    progress: bool = True,
+    tensors: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> None:
-    """Fill every parameter of `model` from the files; errors name the tensor at fault
-    (one without a place in the model, of the wrong shape or of a non-floating-point dtype,
-    or a checkpoint tensor that is missing) or the file that cannot be read."""
+    """Fill every parameter of `model` from the files (or from `tensors`, (name, tensor)
+    pairs already read: a quantized checkpoint's float ones); errors name the tensor at
+    fault (one without a place in the model, of the wrong shape or of a non-floating-point
+    dtype, or a checkpoint tensor that is missing) or the file that cannot be read."""
     params = dict(model.named_parameters())
     family = FAMILIES.get(model.config.architecture)
     ignored = ("rotary_emb.inv_freq", *(family.ignored if family else ()))
     filled: dict[str, set] = {name: set() for name in params}
-    for hf_name, tensor in iter_tensors(files, progress):
+    for hf_name, tensor in iter_tensors(files, progress) if tensors is None else tensors:
         if hf_name.endswith(ignored):
             continue  # buffers some checkpoints carry (RoPE tables, causal masks)
         if family is not None and family.skipped(hf_name, model.config):
@@ -243,11 +249,14 @@ def load_model(
         ValueError: an unsupported architecture or dtype, a device torch does not know or
             does not have, a corrupt config.json, index or safetensors file (the message
             names the file), or a missing / mis-shaped / non-float tensor (it names the
-            tensor).
+            tensor); for a quantized checkpoint (config.json's `quantization_config`, see
+            `pyagent_ref.quant`), an unknown quant_method, unsupported bits, a group_size
+            that does not divide a layer, or a missing / mis-shaped quantized tensor.
     """
     device = check_device(device)
     model_dir = Path(model_dir)
     config = ModelConfig.from_pretrained(model_dir)
+    scheme = quant_scheme(read_json_object(model_dir / "config.json"))
     dtype = dtype or config.dtype
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -261,5 +270,9 @@ def load_model(
             module.float()
     model.use_ops(ops)
     model.build_rotary()  # RoPE tables are computed, not loaded: build them for real (float32)
-    load_weights(model, safetensors_files(model_dir), TORCH_DTYPES[dtype], progress)
+    files = safetensors_files(model_dir)
+    tensors = None
+    if scheme is not None:  # quantized layers become QuantLinear; the rest loads as usual
+        tensors = load_quantized(model, iter_tensors(files, progress), scheme, ops)
+    load_weights(model, files, TORCH_DTYPES[dtype], progress, tensors)
     return model.eval()

@@ -1,0 +1,151 @@
+"""The quantized linear layer: a projection whose weight stays packed codes.
+
+`QuantLinear` takes the place of one of the model's `nn.Linear` projections when a
+quantized checkpoint loads (`pyagent_ref.quant.load_quantized`). It keeps, as buffers, the
+weight in `ops.quant`'s layout — int32 words of signed codes packed along the input axis,
+float32 scales (out, groups), int8 zero points or None — and computes
+
+    y = ops.quant.dequant_matmul(x[..., perm], packed, scales, zeros, bits) + bias
+
+with the ops namespace the model was given (the accelerator's kernel reads the codes
+without building the float weight; the reference dequantizes, then multiplies). `perm`
+is GPTQ's act-order permutation of the input columns (None without act-order). A fused
+projection (q/k/v, gate/up) stacks its parts' rows when they share a permutation, and
+otherwise keeps one part per permutation and concatenates their outputs.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from . import QuantWeight
+
+
+class QuantLinear(nn.Module):
+    """A linear layer on packed quantized codes (see the module docstring).
+
+    Args:
+        parts: the weights whose outputs, in order, make the layer's output rows; each
+            has the layer's in_features.
+        in_features: the layer's input size.
+        out_features: its output size.
+        ops: the ops namespace (`use_ops` switches it with the model's).
+        dtype: the dtype of the activations it computes on (the model's).
+    """
+
+    def __init__(
+        self,
+        parts: list[QuantWeight],
+        in_features: int,
+        out_features: int,
+        ops: ModuleType,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.dtype = dtype
+        self.bits = parts[0].bits
+        self.num_parts = len(parts)
+        self.ops = ops
+        for i, part in enumerate(parts):
+            self.register_buffer(f"packed{i}", part.packed)
+            self.register_buffer(f"scales{i}", part.scales.float())
+            self.register_buffer(f"zeros{i}", part.zeros)
+            self.register_buffer(f"perm{i}", part.perm)
+        self.bias: nn.Parameter | None = None
+
+    @classmethod
+    def stack(
+        cls,
+        parts: list[QuantWeight],
+        in_features: int,
+        out_features: int,
+        name: str,
+        ops: ModuleType,
+        dtype: torch.dtype = torch.float32,
+    ) -> QuantLinear:
+        """The layer of `parts` stacked by rows (a fused projection's q, k, v or gate, up),
+        merging neighbours with the same permutation, bits and groups.
+
+        Raises:
+            ValueError: a part's in_features or bits differ from the layer's, or the rows
+                do not add up to out_features (the message names the layer `name`).
+        """
+        rows = sum(p.out_features for p in parts)
+        if rows != out_features or any(p.in_features != in_features for p in parts):
+            shapes = [(p.out_features, p.in_features) for p in parts]
+            raise ValueError(
+                f"{name}: quantized parts of shapes {shapes} do not make the layer's "
+                f"({out_features}, {in_features})"
+            )
+        if len({p.bits for p in parts}) != 1:
+            raise ValueError(f"{name}: quantized parts of different bits {[p.bits for p in parts]}")
+        merged = [parts[0]]
+        for part in parts[1:]:
+            last = merged[-1]
+            same_perm = (last.perm is None and part.perm is None) or (
+                last.perm is not None
+                and part.perm is not None
+                and torch.equal(last.perm, part.perm)
+            )
+            same_groups = last.scales.shape[1] == part.scales.shape[1]
+            same_zeros = (last.zeros is None) == (part.zeros is None)
+            if not (same_perm and same_groups and same_zeros):
+                merged.append(part)
+                continue
+            cat = lambda a, b: None if a is None else torch.cat([a, b])  # noqa: E731
+            merged[-1] = QuantWeight(
+                torch.cat([last.packed, part.packed]),
+                torch.cat([last.scales.float(), part.scales.float()]),
+                cat(last.zeros, part.zeros),
+                last.bits,
+                in_features,
+                last.perm,
+            )
+        return cls(merged, in_features, out_features, ops, dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed0.device
+
+    def part(self, i: int) -> QuantWeight:
+        """Part `i` of the layer, as stored."""
+        get = lambda what: getattr(self, f"{what}{i}")  # noqa: E731
+        return QuantWeight(
+            get("packed"), get("scales"), get("zeros"), self.bits, self.in_features, get("perm")
+        )
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight (out_features, in_features) the layer computes with."""
+        rows = []
+        for i in range(self.num_parts):
+            p = self.part(i)
+            quant = self.ops.quant
+            codes = quant.unpack_int32(p.packed, self.bits, self.in_features)
+            w = quant.dequantize(codes, p.scales, p.zeros)
+            if p.perm is not None:  # column j of w is input column perm[j]
+                w = torch.empty_like(w).index_copy_(1, p.perm, w)
+            rows.append(w)
+        return torch.cat(rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        outs = []
+        for i in range(self.num_parts):
+            p = self.part(i)
+            xi = flat if p.perm is None else flat.index_select(1, p.perm)
+            outs.append(self.ops.quant.dequant_matmul(xi, p.packed, p.scales, p.zeros, p.bits))
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bits={self.bits}, groups={self.scales0.shape[1]}, parts={self.num_parts}, "
+            f"zeros={self.zeros0 is not None}, act_order={self.perm0 is not None}"
+        )
