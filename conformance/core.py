@@ -266,7 +266,8 @@ def check_device(array: str, device: str) -> str:
         torch.empty(1, device=name)
     except (RuntimeError, AssertionError, ValueError, TypeError) as exc:
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"device {device!r} is not usable by torch {torch.__version__}: {why}")
+        msg = f"device {device!r} is not usable by torch {torch.__version__}: {why}"
+        raise ValueError(msg) from None
     return name
 
 

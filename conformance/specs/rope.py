@@ -8,8 +8,8 @@ tokens, 1-4 query and key heads, head_size 2-16 with partial rotary dims, positi
 Tolerances. inv_freq is float32 by contract: it must be within 5 float32 ulps
 (rtol 5 * 2**-23 ~ 6e-7: 4 ulp of a device powf, 0.5 of theta rounded to float32, 0.5 of the
 reciprocal; derived at INV_FREQ_RTOL) of the float64 formula evaluated on the float32
-exponents, and within 2e-6 relative of the reference. The angle p * inv_freq is float32 and cos/sin are float32
-computations even for float64 input, so rotated values are compared with
+exponents, and within 2e-6 relative of the reference. The angle p * inv_freq is float32 and
+cos/sin are float32 computations even for float64 input, so rotated values are compared with
 |got - want| <= 2e-6 * scale * (|a| + |b|) * (1 + |angle| * 1e-1) + TOL[dtype] * |want|
 (a, b the pair's inputs), TOL = 2e-6 for float32 and 1e-12 for float64.
 """
