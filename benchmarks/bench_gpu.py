@@ -24,6 +24,7 @@ vocabulary 512, float32, 8 short requests) so that CI runs it in seconds.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import random
@@ -121,7 +122,7 @@ def workload(n, prompt_lens, output_lens, vocab: int, seed: int = 0):
     ]
 
 
-def engine_args(mode: str, device: str, dtype: str, max_seqs: int, step_tokens: int, kv, longest):
+def engine_args(mode, device, dtype, max_seqs: int, step_tokens: int, kv: int, longest: int):
     """Our engine's arguments for `mode` ("auto", "eager": graph_mode; "compile")."""
     args = dict(
         device=device,
@@ -151,6 +152,13 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def release(device: str) -> None:
+    """Free an engine's KV cache and graphs before the next one allocates its own."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class StepTimer:
     """Seconds spent in parts of our step, by wrapping the engine's bound methods on the
     instances (nothing in the engine changes; removing the wrappers restores it). Each
@@ -178,7 +186,7 @@ class StepTimer:
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
             out = inner(*args, **kwargs)
-            if part == "sampling" and name == "_sample":
+            if name == "_sample":
                 out = list(out)  # a generator: its work happens when it is consumed
             sync(self.device)
             self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
@@ -293,7 +301,7 @@ def main() -> None:
         print(
             f"bandwidth floor: {floor['steps']} decode steps x {floor['weights'] / 1e6:.1f} MB "
             f"+ KV {floor['kv_token'] / 1024:.1f} KiB/token read per step, at "
-            f"{args.bandwidth_gbs:.0f} GB/s (assumed) = {floor['seconds']:.4f} s = "
+            f"{args.bandwidth_gbs:.0f} GB/s (assumed) = {floor['seconds']:.3g} s = "
             f"{total / floor['seconds']:.0f} tok/s"
         )
         print(f"{'engine':<28} {'seconds':>9} {'out tok/s':>10} {'of floor':>9}")
@@ -318,6 +326,7 @@ def main() -> None:
                 row(f"ours, {label}", seconds)
                 llm.shutdown()
                 del llm
+                release(device)
             elif engine == "hf-static":
                 row(f"HF generate, batches of {HF_BATCH}", run_hf_static(hf, jobs, 0, device))
             elif hasattr(hf, "continuous_batching_context_manager"):
