@@ -110,14 +110,26 @@ def many_requests(llm: LLM, hf, jobs: list[tuple[str, int]], batch: int = 8) -> 
     return times | {"tokens": useful}
 
 
-def hf_continuous_batching(hf, prompts: list[list[int]], max_tokens: list[int], pad: int) -> float:
+def hf_continuous_batching(
+    hf,
+    prompts: list[list[int]],
+    max_tokens: list[int],
+    pad: int,
+    num_blocks: int = 256,
+    max_batch_tokens: int = 2048,
+    max_requests: int = 64,
+) -> float:
     """Seconds HF transformers' continuous batching takes for the requests (greedy, EOS
-    off), its KV cache sized like ours (256 blocks of 16, 2048 tokens per step)."""
+    off), its KV cache sized like ours (by default 256 blocks of 16, 2048 tokens and 64
+    requests per step)."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=pad)
     cache = ContinuousBatchingConfig(
-        num_blocks=256, page_size=16, max_batch_tokens=2048, max_requests_per_batch=64
+        num_blocks=num_blocks,
+        page_size=16,
+        max_batch_tokens=max_batch_tokens,
+        max_requests_per_batch=max_requests,
     )
     t0 = time.perf_counter()
     with hf.continuous_batching_context_manager(

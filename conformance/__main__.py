@@ -1,4 +1,5 @@
-"""python -m conformance <target> [module ...] [--profile dev|ci] [--array numpy|torch] ...
+"""python -m conformance <target> [module ...] [--profile dev|ci] [--array numpy|torch]
+[--device cpu|cuda|...] ...
 
 Exit status: 0 when every property passed (known divergences and missing ops allowed),
 1 when a property failed (or, with --strict, an op is missing or a registered divergence
@@ -41,6 +42,12 @@ def parser() -> argparse.ArgumentParser:
         "--array", choices=core.ARRAYS, default=os.environ.get("CONFORMANCE_ARRAY", "numpy")
     )
     p.add_argument(
+        "--device",
+        default=os.environ.get("CONFORMANCE_DEVICE", core.DEFAULT_DEVICE),
+        help="device of the torch inputs (cpu, cuda, cuda:1, ...; numpy: cpu only); "
+        "results are compared on the host",
+    )
+    p.add_argument(
         "--only",
         action="append",
         metavar="PATTERN",
@@ -81,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"conformance: cannot import {args.target!r}: {exc}", file=sys.stderr)
         return 2
+    try:
+        args.device = core.check_device(args.array, args.device)
+    except ValueError as exc:
+        parser().error(f"--device {args.device}: {exc}")
     if args.blob and not args.only:
         parser().error("--blob replays one property: give it with --only <property id>")
 
@@ -102,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             args.blob,
             args.native,
             progress,
+            args.device,
         )
     except ValueError as exc:
         parser().error(str(exc))

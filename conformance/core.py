@@ -27,6 +27,7 @@ import numpy as np
 from . import divergences, profiles
 
 ARRAYS = ("numpy", "torch")
+DEFAULT_DEVICE = "cpu"
 REFERENCE = "pyagent_ref"
 
 
@@ -242,26 +243,55 @@ def library_of(x: Any) -> str:
     return type(x).__name__
 
 
+def check_device(array: str, device: str) -> str:
+    """`device` for inputs of `array`, checked before any property runs.
+
+    numpy arrays live on the host, so numpy takes "cpu" only; torch takes any device name
+    torch parses and can create a tensor on ("cpu", "cuda", "cuda:1", "mps", ...).
+    Returns the name as torch spells it ("cpu" for numpy).
+    Raises:
+        ValueError: an unknown array library, numpy with another device, a malformed device
+            name or a device this torch cannot use (the message names the value and why).
+    """
+    if array not in ARRAYS:
+        raise ValueError(f"array must be one of {ARRAYS}, got {array!r}")
+    if array == "numpy":
+        if device != DEFAULT_DEVICE:
+            raise ValueError(f"device {device!r} needs array torch: numpy arrays live on the cpu")
+        return device
+    import torch
+
+    try:
+        name = str(torch.device(device))
+        torch.empty(1, device=name)
+    except (RuntimeError, AssertionError, ValueError, TypeError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = f"device {device!r} is not usable by torch {torch.__version__}: {why}"
+        raise ValueError(msg) from None
+    return name
+
+
 class Ctx:
     """What a property function receives (one per property run)."""
 
-    def __init__(self, impl: Impl, array: str, module: str):
+    def __init__(self, impl: Impl, array: str, module: str, device: str = DEFAULT_DEVICE):
         if array not in ARRAYS:
             raise ValueError(f"array must be one of {ARRAYS}, got {array!r}")
         self.impl = impl
         self.array = array
+        self.device = device
         self.module = module
         self._ref = reference()
 
     # conversion
     def arr(self, x: Any) -> Any:
-        """A numpy array as the chosen library's array (a fresh copy; CPU for torch)."""
+        """A numpy array as the chosen library's array (a fresh copy, on the run's device)."""
         if not isinstance(x, np.ndarray):
             return x
         if self.array == "torch":
             import torch
 
-            return torch.from_numpy(np.array(x, copy=True))
+            return torch.from_numpy(np.array(x, copy=True)).to(self.device)
         return np.array(x, copy=True)
 
     LAYOUTS = ("padded rows", "every other column", "column-major")
@@ -287,11 +317,16 @@ class Ctx:
             import torch
 
             base = view.base if view.base is not None else view
-            return torch.from_numpy(base).as_strided(
-                view.shape,
-                tuple(st // view.itemsize for st in view.strides),
-                (view.__array_interface__["data"][0] - base.__array_interface__["data"][0])
-                // view.itemsize,
+            # moved whole, then viewed: the strides survive the copy to the device
+            return (
+                torch.from_numpy(base)
+                .to(self.device)
+                .as_strided(
+                    view.shape,
+                    tuple(st // view.itemsize for st in view.strides),
+                    (view.__array_interface__["data"][0] - base.__array_interface__["data"][0])
+                    // view.itemsize,
+                )
             )
         return view
 
@@ -381,11 +416,15 @@ def _message(exc: BaseException) -> str:
     return f"{name}: {first}" if first else name
 
 
-def repro_line(target: str, prop: Property, array: str, profile: str, blob: str) -> str:
+def repro_line(
+    target: str, prop: Property, array: str, profile: str, blob: str, device: str = DEFAULT_DEVICE
+) -> str:
     line = (
         f"python -m conformance {target} {prop.module} --array {array} "
         f"--profile {profile} --only {prop.id}"
     )
+    if device != DEFAULT_DEVICE:
+        line += f" --device {device}"
     if blob:
         line += f" --blob {blob}"
     return line
@@ -435,10 +474,13 @@ def run_property(
     profile: str = profiles.DEFAULT_PROFILE,
     blob: str | None = None,
     shrink: bool = True,
+    device: str = DEFAULT_DEVICE,
 ) -> Outcome:
     """Run one property against `impl`; never raises for a violation (see `Outcome`).
 
-    shrink=False skips hypothesis' shrinking (faster when only pass/fail matters)."""
+    shrink=False skips hypothesis' shrinking (faster when only pass/fail matters).
+    device: where the torch inputs are created (checked beforehand by `check_device`);
+    results are compared on the host."""
     start = time.perf_counter()
     spec = all_specs().get(prop.module)
     why_not = spec.not_run_here(prop.op, array) if spec and spec.not_run_here else None
@@ -457,7 +499,7 @@ def run_property(
     known = divergences.lookup(impl.target, prop.qualified_op, prop.name)
     if known is not None:
         shrink = False  # the minimal example of a known divergence is not worth the time
-    ctx = Ctx(impl, array, prop.module)
+    ctx = Ctx(impl, array, prop.module, device)
     last: list[Any] = [None]
     exc: BaseException | None = None
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -481,7 +523,7 @@ def run_property(
         seconds=seconds,
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     )
-    outcome.repro = repro_line(impl.target, prop, array, profile, outcome.blob)
+    outcome.repro = repro_line(impl.target, prop, array, profile, outcome.blob, device)
     if known is not None:
         outcome.status = KNOWN
         outcome.note = known.reason
@@ -544,6 +586,7 @@ class Report:
     array: str
     profile: str
     outcomes: list[Outcome] = field(default_factory=list)
+    device: str = DEFAULT_DEVICE
     seconds: float = 0.0
     version: str = ""
 
@@ -564,14 +607,17 @@ def run(
     blob: str | None = None,
     native: bool | None = None,
     progress: Callable[[Outcome], None] | None = None,
+    device: str = DEFAULT_DEVICE,
 ) -> Report:
-    """Run the suite (or the selected part) on `target` and return the report."""
+    """Run the suite (or the selected part) on `target` and return the report; torch
+    inputs on `device` (ValueError at once if `check_device` rejects it)."""
+    device = check_device(array, device)
     impl = target if isinstance(target, Impl) else resolve(target)
     props = select(impl, modules, only, native)
-    report = Report(impl.target, impl.label, array, profile)
+    report = Report(impl.target, impl.label, array, profile, device=device)
     start = time.perf_counter()
     for prop in props:
-        outcome = run_property(prop, impl, array, profile, blob)
+        outcome = run_property(prop, impl, array, profile, blob, device=device)
         report.outcomes.append(outcome)
         if progress:
             progress(outcome)

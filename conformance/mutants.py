@@ -74,7 +74,7 @@ def _back(like: Any, arr: np.ndarray) -> Any:
     if library_of(like) == "torch":
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(arr))
+        return torch.from_numpy(np.ascontiguousarray(arr)).to(like.device)
     return arr
 
 
@@ -1576,6 +1576,16 @@ def inv_freq_ignores_linear(
     if sc.get("rope_type", sc.get("type")) == "linear":
         sc = {}
     return R.rope_inv_freq(rotary_dim, theta, sc or None, *a)
+
+
+@mutant("rope", "rope_inv_freq", "rounds inv_freq to bfloat16 (computed in the model dtype)")
+def inv_freq_in_bfloat16(rotary_dim: int, theta: float, *a: Any) -> Any:
+    inv, scale = R.rope_inv_freq(rotary_dim, theta, *a)
+    bits = _np(inv).astype(np.float32).view(np.uint32)  # positive finite: no overflow below
+    bits = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) & np.uint32(
+        0xFFFF0000
+    )  # to nearest even
+    return _back(inv, bits.view(np.float32)), scale
 
 
 @mutant("rope", "apply_rope", "rotates the wrong way (angle -p * inv_freq)")

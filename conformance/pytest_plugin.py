@@ -9,6 +9,10 @@ property functions as `python -m conformance`.
 
     --conformance-impl=MODULE      or CONFORMANCE_IMPL     (default pyagent_ref)
     --conformance-array=LIB        or CONFORMANCE_ARRAY    numpy | torch (default numpy)
+    --conformance-device=DEVICE    or CONFORMANCE_DEVICE   where the torch inputs live: cpu,
+                                   cuda, cuda:1, ... (default cpu; numpy: cpu only);
+                                   results are compared on the host. A device torch cannot
+                                   use is a usage error at start.
     --conformance-profile=NAME     or CONFORMANCE_PROFILE  dev | ci (default: the
                                    --hypothesis-profile if it is one of them, else dev)
     --conformance-module=NAME      ops module(s) to check (repeatable; default all)
@@ -33,13 +37,14 @@ from typing import Any
 
 import pytest
 
-from conformance import profiles
+from conformance import core, profiles
 
 profiles.register()  # at import: before hypothesis' pytest_configure loads a profile
 
 ENV = {
     "impl": "CONFORMANCE_IMPL",
     "array": "CONFORMANCE_ARRAY",
+    "device": "CONFORMANCE_DEVICE",
     "profile": "CONFORMANCE_PROFILE",
 }
 
@@ -48,6 +53,7 @@ ENV = {
 class Options:
     impl: str
     array: str
+    device: str
     profile: str
     modules: tuple[str, ...]
     strict: bool
@@ -67,6 +73,12 @@ def pytest_addoption(parser: Any) -> None:
         default=None,
         choices=("numpy", "torch"),
         help="array library of the inputs; env CONFORMANCE_ARRAY",
+    )
+    group.addoption(
+        "--conformance-device",
+        default=None,
+        metavar="DEVICE",
+        help="device of the torch inputs (cpu, cuda, ...); env CONFORMANCE_DEVICE",
     )
     group.addoption(
         "--conformance-profile",
@@ -95,6 +107,21 @@ def pytest_addoption(parser: Any) -> None:
     )
 
 
+def pytest_configure(config: Any) -> None:
+    """A device given explicitly is checked once, at start: one usage error naming the
+    option and the value rather than a failure per property."""
+    explicit = _option(config, "conformance_device") or os.environ.get(ENV["device"])
+    if not explicit:
+        return
+    opts = options(config)
+    try:
+        core.check_device(opts.array, opts.device)
+    except ValueError as exc:
+        raise pytest.UsageError(
+            f"--conformance-device={opts.device} (or {ENV['device']}): {exc}"
+        ) from None
+
+
 def _option(config: Any, name: str) -> Any:
     try:
         return config.getoption(name)
@@ -111,6 +138,8 @@ def options(config: Any) -> Options:
     return Options(
         impl=_option(config, "conformance_impl") or os.environ.get(ENV["impl"], "pyagent_ref"),
         array=_option(config, "conformance_array") or os.environ.get(ENV["array"], "numpy"),
+        device=_option(config, "conformance_device")
+        or os.environ.get(ENV["device"], core.DEFAULT_DEVICE),
         profile=profile,
         modules=tuple(_option(config, "conformance_module") or ()),
         strict=bool(_option(config, "conformance_strict")),
@@ -124,8 +153,6 @@ _IMPLS: dict[str, Any] = {}
 
 def implementation(name: str) -> Any:
     """The resolved implementation (cached per session)."""
-    from conformance import core
-
     if name not in _IMPLS:
         _IMPLS[name] = core.resolve(name)
     return _IMPLS[name]
@@ -141,9 +168,9 @@ def check(prop: Any, opts: Options) -> None:
     """Run one property and turn its outcome into pytest's (fail / xfail / skip / pass)."""
     import warnings
 
-    from conformance import core
-
-    outcome = core.run_property(prop, implementation(opts.impl), opts.array, opts.profile)
+    outcome = core.run_property(
+        prop, implementation(opts.impl), opts.array, opts.profile, device=opts.device
+    )
     if outcome.status == core.MISSING:
         if opts.strict:
             pytest.fail(f"MISSING: {outcome.message}", pytrace=False)
@@ -167,4 +194,7 @@ def pytest_report_header(config: Any) -> str | None:
     explicit = _option(config, "conformance_impl") or os.environ.get(ENV["impl"])
     if not explicit:
         return None
-    return f"conformance: impl={opts.impl} array={opts.array} profile={opts.profile}"
+    return (
+        f"conformance: impl={opts.impl} array={opts.array} device={opts.device} "
+        f"profile={opts.profile}"
+    )

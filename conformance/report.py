@@ -64,7 +64,8 @@ def table(report: Report) -> str:
 def render(report: Report, verbose: bool = False, strict: bool = False) -> str:
     out = [
         f"conformance of {report.label}{' (' + report.version + ')' if report.version else ''}, "
-        f"array={report.array}, "
+        f"array={report.array}"
+        f"{'' if report.device == 'cpu' else ' on ' + report.device}, "
         f"profile={report.profile}, hypothesis {hypothesis.__version__}",
         "",
         table(report),

@@ -9,6 +9,7 @@
 pytest_addoption
 pytest_report_header
 pytest_generate_tests
+pytest_configure
 _.__qualname__  # conformance.core names the hypothesis test after the property
 _._hypothesis_internal_add_digest  # hypothesis reads it to tell tests apart
 
