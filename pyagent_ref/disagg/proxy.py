@@ -36,8 +36,9 @@ from typing import Any
 
 import zmq
 
+from .._processes import passive_openmp
 from ..engine.core import EngineConfig
-from ..engine.core_proc import _codec, _environ
+from ..engine.core_proc import _codec
 from ..sample.params import SamplingParams
 from ..sched.request import Request
 from .connector import CONNECTORS
@@ -109,8 +110,7 @@ class _InstanceHandle:
             name=f"pyagent-{role}",
             daemon=True,
         )
-        # its OpenMP threads sleep rather than spin between regions (see core_proc._environ)
-        with _environ(OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE")):
+        with passive_openmp():
             self.process.start()
         self._reader = threading.Thread(target=self._read, name=f"pyagent-{role}-reader")
         self._reader.start()

@@ -26,6 +26,7 @@ import weakref
 from abc import ABC, abstractmethod
 from multiprocessing.connection import wait
 
+from .._processes import passive_openmp
 from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
 from .worker import WorkerSpec, serve
 
@@ -143,7 +144,8 @@ class MultiprocExecutor(_RemoteExecutor):
             proc = context.Process(
                 target=serve, args=(spec, rank, theirs), daemon=True, name=f"pyagent-rank{rank}"
             )
-            proc.start()
+            with passive_openmp():
+                proc.start()
             theirs.close()
             self.procs.append(proc)
             self.conns.append(mine)

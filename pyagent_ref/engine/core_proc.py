@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._processes import passive_openmp
 from ..kv_cache.events import KVCacheMetrics
 from ..lora import LoRARequest
 from ..observe.logs import configure_logging_from_env
@@ -462,7 +463,7 @@ class EngineCoreClient:
             args=(config, inbox, outbox, os.getpid()),
             name="pyagent-engine-core",
         )
-        with _environ(OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE")):
+        with passive_openmp():
             self.process.start()
         # runs at interpreter exit (before multiprocessing joins its non-daemon children)
         self._stopped = threading.Event()  # set by the finalizer: the exit is asked for
@@ -717,23 +718,3 @@ def _stop_core_process(process: multiprocessing.Process, stopped: threading.Even
     if process.is_alive():
         process.kill()
         process.join()
-
-
-@contextlib.contextmanager
-def _environ(**values: str):
-    """os.environ with ``values`` while the block runs (a spawned process inherits it).
-
-    The core process sets OMP_WAIT_POLICY=PASSIVE (unless it is set already): its
-    OpenMP threads then sleep between parallel regions rather than spin, which on a
-    machine as busy as its cores would take the CPU that the frontend needs (and,
-    oversubscribed, made steps many times slower)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                del os.environ[key]
-            else:
-                os.environ[key] = value
