@@ -1,6 +1,7 @@
-"""Step times of the engine on one process and on two ranks, TP=2 and PP=2, on the CPU.
+"""Step times of the engine on one process and on two ranks, TP=2 and PP=2, on the CPU;
+with --part load, the peak memory of a rank loading its share.
 
-    python benchmarks/bench_distributed.py [--quick]
+    python benchmarks/bench_distributed.py [--quick] [--part steps|load]
 
 A random Llama (hidden 512, 8 layers, 8 query heads over 2 KV heads, vocab 4096) is
 saved to a temporary directory and served four ways: one process ("uni"), two
@@ -11,6 +12,13 @@ Every configuration must draw the tokens of one process (checked). On a machine 
 cores the two ranks compete for the cores the single process had to itself, and every
 step adds the round trips of the collectives and the pipe: the figures show overhead,
 not speedup (docs/distributed.md projects the scaling on GPUs).
+
+--part load: a random Llama of about 300 MB in float32 (vocab 16000, hidden 1024, 4
+layers, intermediate 2816; --quick: a quarter of the layers and vocabulary) is saved,
+and each rank of TP=2 loads it in a fresh process, two ways: the whole model then cut
+(`load_model` + `DistributedModel`) and its share alone (`loading.load_share`).
+Printed per rank and way: the process's resident memory before loading (Python and
+torch), its peak after (ru_maxrss), the difference, and the ratio of the differences.
 """
 
 from __future__ import annotations
@@ -88,10 +96,81 @@ def measure(path: str, reqs: int, prompt: int, decode: int, **sizes) -> tuple[fl
     return times[0], statistics.median(times[1:]), [r.output_token_ids for r in requests]
 
 
+LOAD_MODEL = dict(
+    vocab_size=16000,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=4,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    max_position_embeddings=512,
+)
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now, MB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def load_rank(path: str, rank: int, tp: int, sliced: bool) -> tuple[float, float]:
+    """(resident MB before loading, peak resident MB after) of rank `rank` of TP=tp
+    loading its share in this (fresh) process, sliced or whole then cut."""
+    import resource
+
+    import torch
+
+    from pyagent_ref.distributed.loading import load_share
+    from pyagent_ref.distributed.model import DistributedModel
+    from pyagent_ref.distributed.parallel import ParallelContext
+    from pyagent_ref.model import load_model
+
+    torch.set_num_threads(1)
+    ctx = ParallelContext(rank, tp, 0, 1)
+    before = _rss_mb()
+    if sliced:
+        model = DistributedModel(load_share(path, ctx, progress=False), ctx, whole=False)
+    else:
+        model = DistributedModel(load_model(path, progress=False), ctx)
+    assert model.own  # the model is alive at the peak's measurement
+    return before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_load(quick: bool) -> None:
+    import multiprocessing
+
+    import torch
+    import transformers
+
+    sizes = LOAD_MODEL | (dict(num_hidden_layers=1, vocab_size=4000) if quick else {})
+    with tempfile.TemporaryDirectory() as path:
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(**sizes)
+        transformers.LlamaForCausalLM(config).save_pretrained(path)
+        size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) / 2**20
+        print(f"checkpoint {size:.0f} MB (float32), TP=2")
+        print(f"{'rank':5} {'way':12} {'before MB':>10} {'peak MB':>8} {'loading MB':>11}")
+        context = multiprocessing.get_context("spawn")
+        for rank in range(2):
+            grown = {}
+            for sliced in (False, True):
+                with context.Pool(1) as pool:
+                    before, peak = pool.apply(load_rank, (path, rank, 2, sliced))
+                way = "share only" if sliced else "whole + cut"
+                grown[sliced] = peak - before
+                print(f"{rank:<5} {way:12} {before:10.0f} {peak:8.0f} {peak - before:11.0f}")
+            print(f"rank {rank}: share only / whole + cut = {grown[True] / grown[False]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller model and batch")
+    parser.add_argument("--part", choices=["steps", "load"], default="steps")
     args = parser.parse_args()
+    if args.part == "load":
+        print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
+        bench_load(args.quick)
+        return
     reqs, prompt, decode = (4, 16, 8) if args.quick else (8, 64, 32)
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as path:

@@ -227,6 +227,7 @@ def load_model(
     device: str = "cpu",
     progress: bool = True,
     ops: ModuleType | None = None,
+    share=None,
 ) -> nn.Module:
     """Build the model a directory describes and load its weights.
 
@@ -238,6 +239,9 @@ def load_model(
         progress: show a progress bar while the weights load.
         ops: the ops namespace the layers call (`pyagent_ref.ops.load(...)`); default
             the reference ops.
+        share: a rank's share of the model (`distributed.loading.RankShare`): the model
+            is cut to it before any memory is allocated (`share.cut`) and only its part
+            of each tensor is read (`share.load`).
     Raises:
         FileNotFoundError: no config.json or no weights.
         ValueError: an unsupported architecture or dtype, a device torch does not know or
@@ -255,11 +259,14 @@ def load_model(
     ops = reference_ops if ops is None else ops
     with torch.device("meta"):  # no memory yet; the reference ops run on meta tensors
         model = model_cls(config, reference_ops)
+    if share is not None:
+        share.cut(model)
     model = model.to_empty(device=device).to(TORCH_DTYPES[dtype])
     for module in model.modules():
         if getattr(module, "keep_float32", False):  # DeepSeek's routers, as HF keeps them
             module.float()
     model.use_ops(ops)
     model.build_rotary()  # RoPE tables are computed, not loaded: build them for real (float32)
-    load_weights(model, safetensors_files(model_dir), TORCH_DTYPES[dtype], progress)
+    load = load_weights if share is None else share.load
+    load(model, safetensors_files(model_dir), TORCH_DTYPES[dtype], progress)
     return model.eval()
