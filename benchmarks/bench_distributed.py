@@ -18,7 +18,9 @@ layers, intermediate 2816; --quick: a quarter of the layers and vocabulary) is s
 and each rank of TP=2 loads it in a fresh process, two ways: the whole model then cut
 (`load_model` + `DistributedModel`) and its share alone (`loading.load_share`).
 Printed per rank and way: the process's resident memory before loading (Python and
-torch), its peak after (ru_maxrss), the difference, and the ratio of the differences.
+torch), its peak while loading (VmHWM, reset before; it counts the pages of the mapped
+checkpoint the rank touched), the difference, the rank's parameters, and the ratio of
+the differences.
 """
 
 from __future__ import annotations
@@ -107,17 +109,19 @@ LOAD_MODEL = dict(
 )
 
 
-def _rss_mb() -> float:
-    """This process's resident memory now, MB."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _memory_mb(field: str) -> float:
+    """This process's VmRSS (resident now) or VmHWM (peak resident), MB."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
 
 
-def load_rank(path: str, rank: int, tp: int, sliced: bool) -> tuple[float, float]:
-    """(resident MB before loading, peak resident MB after) of rank `rank` of TP=tp
-    loading its share in this (fresh) process, sliced or whole then cut."""
-    import resource
-
+def load_rank(path: str, warm: str, rank: int, tp: int, sliced: bool) -> tuple:
+    """(resident MB before loading, peak resident MB while loading, MB of the rank's
+    parameters) of rank `rank` of
+    TP=tp loading its share in this (fresh) process, sliced or whole then cut. The tiny
+    model in `warm` is loaded first (the lazy imports, torch's first ops), then the peak
+    is reset (Linux's clear_refs 5), so neither it nor the start-up counts."""
     import torch
 
     from pyagent_ref.distributed.loading import load_share
@@ -127,13 +131,17 @@ def load_rank(path: str, rank: int, tp: int, sliced: bool) -> tuple[float, float
 
     torch.set_num_threads(1)
     ctx = ParallelContext(rank, tp, 0, 1)
-    before = _rss_mb()
+    DistributedModel(load_share(warm, ctx, progress=False), ctx, whole=False)
+    DistributedModel(load_model(warm, progress=False), ctx)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _memory_mb("VmRSS")
     if sliced:
         model = DistributedModel(load_share(path, ctx, progress=False), ctx, whole=False)
     else:
         model = DistributedModel(load_model(path, progress=False), ctx)
-    assert model.own  # the model is alive at the peak's measurement
-    return before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _memory_mb("VmHWM")
+    return before, peak, sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
 
 
 def bench_load(quick: bool) -> None:
@@ -143,22 +151,29 @@ def bench_load(quick: bool) -> None:
     import transformers
 
     sizes = LOAD_MODEL | (dict(num_hidden_layers=1, vocab_size=4000) if quick else {})
-    with tempfile.TemporaryDirectory() as path:
+    with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as warm:
         torch.manual_seed(0)
-        config = transformers.LlamaConfig(**sizes)
-        transformers.LlamaForCausalLM(config).save_pretrained(path)
+        tiny = MODEL | dict(hidden_size=128, num_hidden_layers=1)
+        for where, config in [(path, sizes), (warm, tiny)]:
+            transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).save_pretrained(where)
         size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) / 2**20
         print(f"checkpoint {size:.0f} MB (float32), TP=2")
-        print(f"{'rank':5} {'way':12} {'before MB':>10} {'peak MB':>8} {'loading MB':>11}")
+        print(
+            f"{'rank':5} {'way':12} {'before MB':>10} {'peak MB':>8} {'loading MB':>11} "
+            f"{'share MB':>9}"
+        )
         context = multiprocessing.get_context("spawn")
         for rank in range(2):
             grown = {}
             for sliced in (False, True):
                 with context.Pool(1) as pool:
-                    before, peak = pool.apply(load_rank, (path, rank, 2, sliced))
+                    before, peak, held = pool.apply(load_rank, (path, warm, rank, 2, sliced))
                 way = "share only" if sliced else "whole + cut"
                 grown[sliced] = peak - before
-                print(f"{rank:<5} {way:12} {before:10.0f} {peak:8.0f} {peak - before:11.0f}")
+                print(
+                    f"{rank:<5} {way:12} {before:10.0f} {peak:8.0f} {peak - before:11.0f} "
+                    f"{held:9.0f}"
+                )
             print(f"rank {rank}: share only / whole + cut = {grown[True] / grown[False]:.2f}")
 
 

@@ -154,7 +154,8 @@ def load_share_weights(
     filled: dict[str, set] = {name: set() for name in params}
     for name, cut in plan.items():  # padding rows (past the vocabulary) are zero
         if name in params and bool((cut.index < 0).any()):
-            params[name].data.index_fill_(cut.dim, torch.nonzero(cut.index < 0)[:, 0], 0)
+            padding = torch.nonzero(cut.index < 0)[:, 0].to(params[name].device)
+            params[name].data.index_fill_(cut.dim, padding, 0)
     bar = tqdm(files, desc="loading weights", unit="file", disable=not progress or len(files) < 2)
     for path in bar:
         try:

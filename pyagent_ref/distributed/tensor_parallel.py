@@ -21,12 +21,18 @@ An MoE layer's experts split like the MLP, along each expert's intermediate size
 rank keeps every expert, a slice of each), and so does the shared expert: the block's
 output is a sum of partial outputs, all-reduced once (`ReducedBlock`).
 
+Every split is described once, as a `Cut` of a parameter of the whole model (the
+indices a rank keeps along one axis): `shard_model` applies the cuts to a loaded model,
+`loading.load_share` reads just those parts of a checkpoint; `localize` then turns the
+cut modules into the parallel layers.
+
 A norm over features that the heads split (OLMo 2's q/k norms over the whole
 projection, Mamba-2's gated norm with one group) is a sharded RMSNorm
-(`sharded_rms_norm`): each rank sums the squares of its features, the sums are
-all-reduced, and each rank normalises its features by the full width's mean square,
-times its slice of the weight. Multi-head latent attention (DeepSeek) splits its heads
-(q and kv_b projections column-parallel, o_proj row-parallel) and keeps the latent
+(`sharded_rms_norms`): each rank sums the squares of its features, the sums are
+all-reduced (OLMo 2's q and k sums stacked in one all-reduce), and each rank normalises
+its features by the full width's mean square, times its slice of the weight.
+Multi-head latent attention (DeepSeek) splits its heads (q and kv_b projections
+column-parallel, o_proj row-parallel) and keeps the latent
 projection, its norm and the latent cache whole on every rank. A Mamba-2 mixer splits
 its heads (z, x, dt, the SSM state and conv channels of x) and its groups of B and C
 (one group: replicated on every rank); out_proj is row-parallel.
@@ -123,34 +129,69 @@ class ReducedBlock(nn.Module):
         return self.ctx.all_reduce(self.block(x))
 
 
+def sharded_rms_norms(
+    parts: list[tuple[torch.Tensor, torch.Tensor, float, int, int]], ctx: ParallelContext
+) -> list[torch.Tensor]:
+    """RMSNorms over features the ranks split, their statistics in one all-reduce. Each
+    part (x, weight, eps, size, copies): an RMSNorm over `size` features of which this
+    rank holds x's last axis: the local sum of squares (float32; float64 for float64 x),
+    summed over the TP group, divided by `copies` (features replicated on that many
+    ranks are summed that many times), then weight * x / sqrt(sum / size + eps) as
+    `ops.layers.rms_norm` rounds it (normalised in the compute dtype, rounded to x's
+    dtype, times the weight slice). The parts' sums travel stacked in one all_reduce
+    (SUM): one float per token and part."""
+    hs = [x.to(torch.float64 if x.dtype == torch.float64 else torch.float32) for x, *_ in parts]
+    wide = torch.float64 if any(h.dtype == torch.float64 for h in hs) else torch.float32
+    sums = ctx.all_reduce(torch.cat([(h * h).sum(-1, keepdim=True).to(wide) for h in hs], -1))
+    out = []
+    for i, (h, (x, weight, eps, size, copies)) in enumerate(zip(hs, parts, strict=True)):
+        squares = sums[..., i : i + 1].to(h.dtype) / copies
+        normed = h / torch.sqrt(squares / size + eps)
+        out.append(weight.to(x.dtype) * normed.to(x.dtype))
+    return out
+
+
 def sharded_rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, size: int, ctx: ParallelContext, copies: int
 ) -> torch.Tensor:
-    """RMSNorm over `size` features of which this rank holds x's last axis: the local sum
-    of squares (float32; float64 for float64 x), all_reduce(SUM) over the TP group,
-    divided by `copies` (features replicated on that many ranks are summed that many
-    times), then weight * x / sqrt(sum / size + eps) as `ops.layers.rms_norm` rounds it
-    (normalised in the compute dtype, rounded to x's dtype, times the weight slice).
-    Communication: one float per token."""
-    h = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
-    squares = ctx.all_reduce((h * h).sum(-1, keepdim=True)) / copies
-    normed = h / torch.sqrt(squares / size + eps)
-    return weight.to(x.dtype) * normed.to(x.dtype)
+    """One `sharded_rms_norms` part: one float per token all-reduced."""
+    return sharded_rms_norms([(x, weight, eps, size, copies)], ctx)[0]
 
 
-class ShardedRMSNorm(nn.Module):
-    """`Norm` (RMSNorm) of a projection whose features the ranks split: this rank's
-    slice of the weight (`sharded_rms_norm`). OLMo 2's q/k norms."""
+class ShardedQKNormProjection(nn.Module):
+    """OLMo 2's qkv projection with its q and k norms over the whole projection, under
+    TP: this rank's column-parallel qkv (`sizes`: its features of q and of each of k
+    and v), then q and k normalised by sharded RMSNorms over the whole projection's
+    `widths` (a replicated KV head's features summed `copies` times), their sums of
+    squares in one all-reduce (`sharded_rms_norms`: 8 bytes per token)."""
 
     def __init__(
-        self, weight: torch.Tensor, size: int, eps: float, ctx: ParallelContext, copies: int = 1
+        self,
+        qkv: ColumnParallelLinear,
+        q_norm: nn.Module,
+        k_norm: nn.Module,
+        sizes: tuple[int, int],
+        widths: tuple[int, int],
+        ctx: ParallelContext,
+        copies: int,
     ) -> None:
         super().__init__()
-        self.size, self.eps, self.ctx, self.copies = size, eps, ctx, copies
-        self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+        self.qkv, self.ctx, self.copies = qkv, ctx, copies
+        self.sizes, self.widths, self.eps = sizes, widths, (q_norm.eps, k_norm.eps)
+        self.q_weight = nn.Parameter(q_norm.weight.data.contiguous(), requires_grad=False)
+        self.k_weight = nn.Parameter(k_norm.weight.data.contiguous(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return sharded_rms_norm(x, self.weight, self.eps, self.size, self.ctx, self.copies)
+        q_size, kv_size = self.sizes
+        q, k, v = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q, k = sharded_rms_norms(
+            [
+                (q, self.q_weight, self.eps[0], self.widths[0], 1),
+                (k, self.k_weight, self.eps[1], self.widths[1], self.copies),
+            ],
+            self.ctx,
+        )
+        return torch.cat([q, k, v], dim=-1)
 
 
 class ShardedGatedRMSNorm(nn.Module):
@@ -267,16 +308,23 @@ def attention_cuts(attn: Attention, ctx: ParallelContext) -> dict[str, Cut]:
 
 
 def localize_attention(attn: Attention, ctx: ParallelContext) -> None:
-    """The head counts become this rank's; OLMo 2's projection norms become sharded norms
-    of this rank's features (a replicated KV head's features counted once)."""
+    """The head counts become this rank's; OLMo 2's norms over the whole q/k projection
+    join the projection (`ShardedQKNormProjection`: one all-reduce for both)."""
     d = attn.head_dim
     heads, kv_heads = attn.num_heads // ctx.tp_size, len(_kv_heads(attn.num_kv_heads, ctx))
     attn.qkv_proj, attn.o_proj = _column(attn.qkv_proj), _row(attn.o_proj, ctx)
     if attn.qk_norm == "projection":
         copies = max(1, ctx.tp_size // attn.num_kv_heads)
-        q_norm, k_norm = attn.q_norm, attn.k_norm
-        attn.q_norm = ShardedRMSNorm(q_norm.weight.data, attn.q_size, q_norm.eps, ctx)
-        attn.k_norm = ShardedRMSNorm(k_norm.weight.data, attn.kv_size, k_norm.eps, ctx, copies)
+        attn.qkv_proj = ShardedQKNormProjection(
+            attn.qkv_proj,
+            attn.q_norm,
+            attn.k_norm,
+            (heads * d, kv_heads * d),
+            (attn.q_size, attn.kv_size),
+            ctx,
+            copies,
+        )
+        attn.qk_norm, attn.q_norm, attn.k_norm = None, None, None  # applied in qkv_proj
     attn.num_heads, attn.num_kv_heads = heads, kv_heads
     attn.q_size, attn.kv_size = heads * d, kv_heads * d
 
