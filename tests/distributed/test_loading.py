@@ -138,3 +138,35 @@ def test_runs_cover_the_index_in_order():
     assert _runs([0, 1, 2, 5, 6, 9]) == [(0, 3), (5, 7), (9, 10)]
     assert _runs([4]) == [(4, 5)]
     assert _runs([]) == []
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"), "checkpoint lacks 1 tensors"),
+        (
+            lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(8, 64)}),
+            r"'model.layers.0.self_attn.k_proj.weight' has shape \(8, 64\), expected \(32, 64\)",
+        ),
+        (
+            lambda t: t.update(
+                {"model.embed_tokens.weight": torch.zeros(97, 64, dtype=torch.int32)}
+            ),
+            "has dtype torch.int32, expected a floating-point dtype",
+        ),
+        (lambda t: t.update({"model.extra.weight": torch.zeros(2)}), "has no place"),
+    ],
+)
+def test_a_faulty_checkpoint_is_named_as_the_whole_load_names_it(tmp_path, change, message):
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA)).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    change(tensors)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=message):
+        load_model(tmp_path, progress=False)
+    for ctx in _contexts(2, 1):  # (a stage would not miss another stage's layer)
+        with pytest.raises(ValueError, match=message):
+            load_share(tmp_path, ctx, progress=False)
