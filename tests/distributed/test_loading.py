@@ -1,7 +1,8 @@
 """A rank's share read from the checkpoint (`loading.load_share`) equals the whole model
 loaded then cut (`shard_model`), exactly, for every family the parallel tests split and
-for every rank of TP=2, PP=2 and TP=2 x PP=2; and reading it touches only about the
-share's bytes of the files, never a whole tensor of a split parameter."""
+for every rank of TP=2 and TP=2 x PP=2; reading it (TP=2, PP=2, TP=2 x PP=2) touches no
+more bytes of the files than the share's, never a whole tensor of a split parameter; a
+faulty checkpoint is named as the whole load names it."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _state(model) -> dict[str, torch.Tensor]:
 def test_the_share_read_equals_the_whole_model_cut(model_dirs, family):
     path = model_dirs[family]
     whole = load_model(path, progress=False)
-    for tp, pp in SIZES:
+    for tp, pp in [(2, 1), (2, 2)]:  # PP alone cuts nothing (the bytes test reads it)
         try:
             check_parallel_sizes(whole.config, tp, pp)
         except ValueError:
