@@ -12,8 +12,10 @@ weights, GPT-NeoX's per-head qkv order): those read one whole tensor at a time, 
 keep their part. Tensors of the layers of other stages are not read at all. Last, the
 modules become the rank's parallel layers (`tensor_parallel.localize`).
 
-Peak memory: the share, plus one tensor's part (one whole tensor for the permuted
-families), where loading the whole model then cutting it needs the whole model.
+Memory allocated: the share, plus one tensor's part while it is copied in (one whole
+tensor for the permuted families), where loading the whole model then cutting it
+allocates the whole model; the pages of the mapped files a rank touches are the page
+cache's (benchmarks/bench_distributed.py --part load measures both ways).
 """
 
 from __future__ import annotations
