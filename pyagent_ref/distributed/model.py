@@ -67,31 +67,45 @@ def split_metadata(meta: AttentionMetadata, a: int, b: int) -> AttentionMetadata
     )
 
 
+def drop_other_stages(model: nn.Module, ctx: ParallelContext) -> None:
+    """Replace the decoder layers of the other pipeline stages by `MissingLayer`s."""
+    own = stage_layers(len(model.layers), ctx.pp_rank, ctx.pp_size)
+    for i in range(len(model.layers)):
+        if i not in own:
+            model.layers[i] = MissingLayer()
+
+
 class DistributedModel(nn.Module):
-    """A rank's share of `model` (see the module docstring); `model` is cut in place.
+    """A rank's share of `model` (see the module docstring).
 
     Args:
-        model: a loaded `LlamaForCausalLM` (or subclass), every weight present.
+        model: a loaded `LlamaForCausalLM` (or subclass), every weight present, cut
+            here in place (the other stages' layers dropped, then `shard_model`); or,
+            with whole=False, this rank's share already (`loading.load_share`: the rank
+            read only its part of the checkpoint).
         ctx: this rank's `ParallelContext`.
         num_micro_batches: how many micro-batches a step is cut into with pipeline
             parallelism; default pp_size.
+        whole: whether `model` is the whole model.
     """
 
     supports_cuda_graphs = False  # a step runs collectives the graphs would not record
 
     def __init__(
-        self, model: nn.Module, ctx: ParallelContext, num_micro_batches: int | None = None
+        self,
+        model: nn.Module,
+        ctx: ParallelContext,
+        num_micro_batches: int | None = None,
+        whole: bool = True,
     ) -> None:
         super().__init__()
         self.model, self.ctx = model, ctx
         self.num_micro_batches = num_micro_batches or ctx.pp_size
-        num_layers = len(model.layers)
-        self.own = stage_layers(num_layers, ctx.pp_rank, ctx.pp_size)
-        for i in range(num_layers):
-            if i not in self.own:
-                model.layers[i] = MissingLayer()
-        if ctx.tp_size > 1:
-            shard_model(model, ctx)
+        self.own = stage_layers(len(model.layers), ctx.pp_rank, ctx.pp_size)
+        if whole:
+            drop_other_stages(model, ctx)
+            if ctx.tp_size > 1:
+                shard_model(model, ctx)
 
     @property
     def config(self):

@@ -24,7 +24,7 @@ from ..sched.outputs import ModelRunnerOutput, SchedulerOutput
 class WorkerSpec:
     """What every rank needs to build itself (picklable: it travels to each process).
 
-    model_dir: the model directory each rank loads (and cuts to its share).
+    model_dir: the model directory each rank loads its share of (`loading.load_share`).
     dtype, ops: as `EngineConfig`'s. device: "cpu", or "cuda" (rank r takes local GPU
     r % count). tp_size, pp_size: the parallel sizes. runner_args: `ModelRunner` keyword
     arguments (sizes, KV groups, logprobs mode). logits_processors: classes, instantiated
@@ -57,16 +57,17 @@ class WorkerSpec:
 
 class Worker:
     """Rank `rank` of `spec`: joins the process group (gloo on CPU, NCCL on CUDA), loads
-    the model, keeps its share (`DistributedModel`) and builds its runner."""
+    its share of the model (`loading.load_share`: only that share is read) and builds
+    its runner."""
 
     def __init__(self, spec: WorkerSpec, rank: int) -> None:
         import torch.distributed as dist
 
         from ..attention_backends import with_attention_backend
-        from ..model import load_model
         from ..model.pooling import Pooler, PoolerConfig
         from ..ops import load as load_ops
         from ..worker.model_runner import ModelRunner
+        from .loading import load_share
         from .model import DistributedModel
         from .parallel import ParallelContext
 
@@ -88,8 +89,9 @@ class Worker:
         )
         ctx = ParallelContext.create(rank, spec.tp_size, spec.pp_size)
         ops = with_attention_backend(load_ops(spec.ops), spec.attention_backend)
-        model = load_model(spec.model_dir, spec.dtype, str(device), progress=False, ops=ops)
-        self.model = DistributedModel(model, ctx)
+        # this rank's share only: never the whole model in memory
+        model = load_share(spec.model_dir, ctx, spec.dtype, str(device), progress=False, ops=ops)
+        self.model = DistributedModel(model, ctx, whole=False)
         config = model.config
         self.runner = ModelRunner(
             self.model,

@@ -233,6 +233,7 @@ def load_model(
     device: str = "cpu",
     progress: bool = True,
     ops: ModuleType | None = None,
+    share=None,
 ) -> nn.Module:
     """Build the model a directory describes and load its weights.
 
@@ -244,6 +245,9 @@ def load_model(
         progress: show a progress bar while the weights load.
         ops: the ops namespace the layers call (`pyagent_ref.ops.load(...)`); default
             the reference ops.
+        share: a rank's share of the model (`distributed.loading.RankShare`): the model
+            is cut to it before any memory is allocated (`share.cut`) and only its part
+            of each tensor is read (`share.load`).
     Raises:
         FileNotFoundError: no config.json or no weights.
         ValueError: an unsupported architecture or dtype, a device torch does not know or
@@ -260,10 +264,17 @@ def load_model(
     dtype = dtype or config.dtype
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if scheme is not None and share is not None:
+        raise ValueError(
+            f"a quantized checkpoint ({scheme.method}) loads in one process only: it cannot be "
+            "read as a share of a tensor- or pipeline-parallel rank"
+        )
     model_cls = resolve_architecture(config.architecture)
     ops = reference_ops if ops is None else ops
     with torch.device("meta"):  # no memory yet; the reference ops run on meta tensors
         model = model_cls(config, reference_ops)
+    if share is not None:
+        share.cut(model)
     model = model.to_empty(device=device).to(TORCH_DTYPES[dtype])
     for module in model.modules():
         if getattr(module, "keep_float32", False):  # DeepSeek's routers, as HF keeps them
@@ -271,6 +282,9 @@ def load_model(
     model.use_ops(ops)
     model.build_rotary()  # RoPE tables are computed, not loaded: build them for real (float32)
     files = safetensors_files(model_dir)
+    if share is not None:  # a parallel rank (quantized checkpoints are refused there)
+        share.load(model, files, TORCH_DTYPES[dtype], progress)
+        return model.eval()
     tensors = None
     if scheme is not None:  # quantized layers become QuantLinear; the rest loads as usual
         tensors = load_quantized(model, iter_tensors(files, progress), scheme, ops)

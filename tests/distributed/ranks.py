@@ -1,6 +1,7 @@
 """Run a function on two gloo ranks in spawned processes, and the rank functions the
-tests run: a model of each family, whole on every rank and cut by `DistributedModel`
-(TP=2, then PP=2), fed the same steps on a paged cache."""
+tests run: a model of each family, whole on every rank and each rank's share as a
+worker loads it (`loading.load_share`, TP=2, then PP=2), fed the same steps on a paged
+cache."""
 
 from __future__ import annotations
 
@@ -151,6 +152,7 @@ def compare_families(rank: int, families: dict[str, str], prompts, special=None)
     ValueError message when the family cannot be split that way}. `special`: family ->
     its own prompts (LLaVA's hold image tokens). An encoder's "logits" are its final
     hidden states, its "greedy tokens" their argmax."""
+    from pyagent_ref.distributed.loading import load_share
     from pyagent_ref.distributed.model import DistributedModel
     from pyagent_ref.distributed.parallel import ParallelContext, check_parallel_sizes
     from pyagent_ref.model import load_model
@@ -165,13 +167,13 @@ def compare_families(rank: int, families: dict[str, str], prompts, special=None)
         family_prompts = (special or {}).get(family, prompts)
         whole = _steps(loaded, family_prompts, state_layers)
         for mode, ctx in contexts.items():
-            model = load_model(path, progress=False, ops=ops)
             try:
-                check_parallel_sizes(model.config, ctx.tp_size, ctx.pp_size)
+                check_parallel_sizes(loaded.config, ctx.tp_size, ctx.pp_size)
             except ValueError as exc:
                 out[family, mode] = str(exc)
                 continue
-            got = _steps(DistributedModel(model, ctx), family_prompts, state_layers)
+            model = load_share(path, ctx, progress=False, ops=ops)  # as a worker loads
+            got = _steps(DistributedModel(model, ctx, whole=False), family_prompts, state_layers)
             same = bool((got.argmax(-1) == whole.argmax(-1)).all())
             out[family, mode] = (float((got - whole).abs().max()), same)
     return out

@@ -1,8 +1,9 @@
 """Tensor and pipeline parallelism of every model family, on two gloo ranks: each rank
-cuts its share of the model (`DistributedModel`) and the step's logits equal the whole
-model's within TOL, with the same greedy tokens (a prefill of two prompts in one batch,
-so that PP runs two micro-batches, then a decode step). BERT (an encoder: its final
-hidden states, one step) runs with TP only; LLaVA's first prompt holds an image."""
+loads its share of the model (`loading.load_share`, `DistributedModel`) and the step's
+logits equal the whole model's within TOL, with the same greedy tokens (a prefill of
+two prompts in one batch, so that PP runs two micro-batches, then a decode step). BERT
+(an encoder: its final hidden states, one step) runs with TP only; LLaVA's first prompt
+holds an image."""
 
 from __future__ import annotations
 
