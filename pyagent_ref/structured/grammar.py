@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .dfa import DEAD, DFA, compile_regex, determinize, minimize
+from .dfa import DEAD, DFA, automata, compile_regex
 from .nfa import build_nfa
 from .regex import Node
 
@@ -76,7 +76,7 @@ class Terminal:
         if terminal is None:
             if len(_NODE_TERMINALS) > 4096:
                 _NODE_TERMINALS.clear()
-            dfa = minimize(determinize(build_nfa(node)))
+            dfa = automata().minimal_dfa(build_nfa(node))
             terminal = _NODE_TERMINALS[node] = Terminal(label, dfa)
         return terminal
 

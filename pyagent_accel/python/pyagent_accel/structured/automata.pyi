@@ -1,0 +1,36 @@
+from typing import Any
+
+__all__ = [
+    "choice_grammar",
+    "compile_grammar",
+    "compile_regex",
+    "constraint_grammar",
+    "determinize",
+    "intersect",
+    "json_schema_grammar",
+    "minimal_dfa",
+    "minimize",
+    "rust_automata",
+    "subtract",
+]
+
+MAX_DFA_STATES: int
+MAX_NFA_STATES: int
+
+def determinize(nfa: Any, max_states: int = 10_000) -> Any: ...
+def minimize(dfa: Any) -> Any: ...
+def minimal_dfa(nfa: Any, max_states: int = 10_000) -> Any: ...
+def intersect(a: Any, b: Any, max_states: int = 10_000) -> Any: ...
+def subtract(a: Any, b: Any, max_states: int = 10_000) -> Any: ...
+def compile_regex(pattern: str, max_states: int = 10_000, max_nfa_states: int = 100_000) -> Any: ...
+def json_schema_grammar(
+    schema: Any,
+    *,
+    whitespace: str | None = None,
+    any_whitespace: bool = True,
+    additional_properties: bool = True,
+) -> Any: ...
+def compile_grammar(text: str, syntax: str = "auto", start: str | None = None) -> Any: ...
+def choice_grammar(options: Any) -> Any: ...
+def rust_automata() -> Any: ...
+def constraint_grammar(params: Any) -> Any: ...
