@@ -5,7 +5,8 @@ Differential, table for table: the canonical numbering makes equal automata equa
 the reference's exact tables (byte classes, transitions, accepting states, start) on
 
 1. random patterns of the regex dialect (`tests.structured.helpers.trees`, hypothesis),
-   their unminimised and minimal DFAs, and the products of pairs of them;
+   their unminimised and minimal DFAs (from the NFA, and from the syntax tree with
+   Thompson's construction in Rust too), and the products of pairs of them;
 2. random, untrimmed DFAs (unreachable, dead and equivalent states) for `minimize`;
 3. every pattern of the conformance corpus and the JSON Schemas of the MaskBench slice in
    the repository: `json_schema_grammar` gives the same rules with equal terminal DFAs;
@@ -46,6 +47,7 @@ def test_subsets_and_minimal_dfas_are_the_references(tree):
     minimal = ref.minimize(subsets)
     assert accel.minimize(subsets) == minimal
     assert accel.minimal_dfa(nfa) == minimal
+    assert accel.node_dfa(parse_regex(render(tree))) == minimal
 
 
 @settings(deadline=None)  # the reference's constructions are slow on a loaded machine
@@ -77,10 +79,24 @@ def test_empty_languages():
     assert accel.intersect(a, empty) == ref.intersect(a, empty) == empty
 
 
-@pytest.mark.parametrize("pattern", [c.source for c in corpus.REGEX_CONSTRAINTS])
+WIDE_PATTERNS = (
+    ".{3}",
+    '[^"\\\\]*',
+    "[\\x00-\\u{10ffff}]",
+    "[\\ud000-\\uffff]+",
+    "[\\u0080-\\u07ff\\u0800-\\u{10000}]",
+    "\\D\\W\\S",
+    "(a|b|c){2,4}(de)*x{0}",
+)
+"""Classes across UTF-8 lengths and around the surrogates, and every kind of repetition."""
+
+
+@pytest.mark.parametrize("pattern", [*(c.source for c in corpus.REGEX_CONSTRAINTS), *WIDE_PATTERNS])
 def test_corpus_patterns(pattern):
-    nfa = build_nfa(parse_regex(pattern))
+    tree = parse_regex(pattern)
+    nfa = build_nfa(tree)
     assert accel.minimal_dfa(nfa) == ref.minimal_dfa(nfa)
+    assert accel.node_dfa(tree) == ref.node_dfa(tree)
 
 
 def grammar_tables(grammar) -> dict:
@@ -141,11 +157,11 @@ def test_rust_automata_only_inside_the_accelerators_compilers(monkeypatch):
 
     class Recording:
         def __getattr__(self, name):
-            return getattr(native, name)
+            def call(*args):
+                calls.append(name)
+                return getattr(native, name)(*args)
 
-        def nfa_to_dfa(self, *args):
-            calls.append(args)
-            return native.nfa_to_dfa(*args)
+            return call
 
     monkeypatch.setattr(automata, "_native", Recording())
     saved = clear_caches()
@@ -153,7 +169,7 @@ def test_rust_automata_only_inside_the_accelerators_compilers(monkeypatch):
         Terminal.regex("x[0-9]+y")  # the reference's compiler: its own constructions
         assert calls == []
         accel.compile_regex("x[0-9]+z")
-        assert len(calls) == 1
+        assert calls == ["regex_tree_to_dfa"]
         assert ref.automata() is ref.REFERENCE_AUTOMATA
     finally:
         restore_caches(saved)
@@ -165,6 +181,9 @@ def test_rust_automata_only_inside_the_accelerators_compilers(monkeypatch):
         (lambda m: m.compile_regex("(a|b)*a(a|b){20}"), "more than 10000 states"),
         (lambda m: m.compile_regex("(a|b)*a(a|b){3}", max_states=8), "more than 8 states"),
         (lambda m: m.compile_regex("abcdefghijk", max_nfa_states=10), "more than 10 NFA"),
+        (lambda m: m.compile_regex("[^a]{999999999}"), "more than 100000 NFA"),
+        (lambda m: m.compile_regex("((a{100}){100}){100}"), "more than 100000 NFA"),
+        (lambda m: m.compile_regex("x{3,999999999}", max_nfa_states=50), "50 NFA"),
         (
             lambda m: m.intersect(
                 ref.compile_regex("[ab]*a[ab]{6}"), ref.compile_regex("[ab]*b[ab]{6}"), 100
@@ -191,6 +210,11 @@ def test_limits_raise_the_references_errors(call, message):
         lambda: _native.nfa_to_dfa(0, 5, [[]], [[]], 10, True),
         lambda: _native.nfa_to_dfa(0, 0, [[(2, 1, 0)]], [[]], 10, True),
         lambda: _native.nfa_to_dfa(0, 0, [[(1, 2, 3)]], [[]], 10, True),
+        lambda: _native.regex_tree_to_dfa([0, 1, 5], 10, 10),
+        lambda: _native.regex_tree_to_dfa([0, 1, 5, 4], 10, 10),
+        lambda: _native.regex_tree_to_dfa([3, 2, 1, 0, 0], 10, 10),
+        lambda: _native.regex_tree_to_dfa([9, 0], 10, 10),
+        lambda: _native.regex_tree_to_dfa([1, 0, 1], 10, 10),
         lambda: _native.minimize_dfa((b"\0" * 255, [], [], -1)),
         lambda: _native.minimize_dfa((b"\0" * 256, [1], [True], 0)),
         lambda: _native.minimize_dfa((b"\0" * 256, [], [], 0)),

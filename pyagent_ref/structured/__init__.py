@@ -35,6 +35,7 @@ from .dfa import (
     intersect,
     minimal_dfa,
     minimize,
+    node_dfa,
     subtract,
 )
 from .earley import EarleyParser
@@ -72,6 +73,7 @@ __all__ = [
     "json_schema_grammar",
     "minimal_dfa",
     "minimize",
+    "node_dfa",
     "parse_gbnf",
     "parse_lark",
     "parse_regex",

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .nfa import MAX_NFA_STATES, NFA, build_nfa
-from .regex import RegexError, parse_regex
+from .regex import Node, RegexError, parse_regex
 
 __all__ = [
     "DEAD",
@@ -56,6 +56,7 @@ __all__ = [
     "intersect",
     "minimal_dfa",
     "minimize",
+    "node_dfa",
     "subtract",
     "using_automata",
 ]
@@ -362,21 +363,33 @@ def minimal_dfa(nfa: NFA, max_states: int = MAX_DFA_STATES) -> DFA:
     return minimize(determinize(nfa, max_states))
 
 
+def node_dfa(
+    node: Node, max_states: int = MAX_DFA_STATES, max_nfa_states: int = MAX_NFA_STATES
+) -> DFA:
+    """The minimal DFA of a regex syntax tree: `build_nfa`, then `minimal_dfa`.
+
+    Raises:
+        RegexError: past ``max_nfa_states`` NFA states or ``max_states`` DFA states.
+    """
+    return minimal_dfa(build_nfa(node, max_nfa_states), max_states)
+
+
 @dataclass(frozen=True)
 class Automata:
     """The automaton constructions the compilers call, as one set that can be swapped.
 
-    Each field has the contract of this module's function of the same name (its
-    ``max_states`` argument optional, `MAX_DFA_STATES` by default): it returns an equal
-    `DFA` and raises the same `RegexError`.
+    Each field has the contract of this module's function of the same name (its limits
+    optional, the same defaults): it returns an equal `DFA` and raises the same
+    `RegexError`.
     """
 
+    node_dfa: Callable[..., DFA]
     minimal_dfa: Callable[..., DFA]
     intersect: Callable[..., DFA]
     subtract: Callable[..., DFA]
 
 
-REFERENCE_AUTOMATA = Automata(minimal_dfa, intersect, subtract)
+REFERENCE_AUTOMATA = Automata(node_dfa, minimal_dfa, intersect, subtract)
 """This module's constructions: what `automata` returns unless `using_automata` is active."""
 
 _AUTOMATA: contextvars.ContextVar[Automata] = contextvars.ContextVar(
@@ -420,5 +433,4 @@ def compile_regex(
         RegexError: a malformed or unsupported pattern (naming the position), or an
             automaton over ``max_nfa_states`` NFA states or ``max_states`` DFA states.
     """
-    nfa = build_nfa(parse_regex(pattern), max_nfa_states)
-    return automata().minimal_dfa(nfa, max_states)
+    return automata().node_dfa(parse_regex(pattern), max_states, max_nfa_states)

@@ -84,7 +84,7 @@ from decimal import Decimal
 from .dfa import DFA, automata
 from .earley import EarleyParser
 from .grammar import Grammar, GrammarError, Symbol, Terminal
-from .nfa import NFA, build_nfa
+from .nfa import NFA
 from .regex import (
     MAX_CODE_POINT,
     Alt,
@@ -752,7 +752,7 @@ def _top_level_alternatives(pattern: str) -> list[str]:
 
 
 def _node_dfa(node: Node) -> DFA:
-    return automata().minimal_dfa(build_nfa(node))
+    return automata().node_dfa(node)
 
 
 # --- literal values -----------------------------------------------------------------------

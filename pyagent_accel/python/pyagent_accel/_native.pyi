@@ -304,6 +304,9 @@ def nfa_to_dfa(
     max_states: int,
     minimal: bool,
 ) -> tuple[list[int], list[int], list[bool], int]: ...
+def regex_tree_to_dfa(
+    tree: list[int], max_nfa_states: int, max_states: int
+) -> tuple[list[int], list[int], list[bool], int]: ...
 def minimize_dfa(
     dfa: tuple[bytes, list[int], list[bool], int],
 ) -> tuple[list[int], list[int], list[bool], int]: ...

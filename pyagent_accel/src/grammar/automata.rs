@@ -94,6 +94,247 @@ pub struct Nfa {
     pub epsilons: Vec<Vec<u32>>,
 }
 
+/// A regex syntax tree (the reference's `regex.Node`): a set of code points as ranges,
+/// a concatenation, an alternation, or a repetition (`max` None: unbounded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    Chars(Vec<(u32, u32)>),
+    Concat(Vec<Node>),
+    Alt(Vec<Node>),
+    Repeat(Box<Node>, u64, Option<u64>),
+}
+
+impl Node {
+    /// The tree of a prefix encoding (Python's `automata._flatten`): `0 n lo hi ...`
+    /// (chars), `1 n items...` (concat), `2 n options...` (alt), `3 min max item` (repeat,
+    /// max -1 for none). Err names what is malformed.
+    pub fn decode(code: &[i64]) -> Result<Node, String> {
+        let mut at = 0;
+        let node = Node::decode_at(code, &mut at, 0)?;
+        if at != code.len() {
+            return Err(format!("{} numbers after the tree", code.len() - at));
+        }
+        Ok(node)
+    }
+
+    fn decode_at(code: &[i64], at: &mut usize, depth: usize) -> Result<Node, String> {
+        let mut next = || -> Result<i64, String> {
+            let v = *code.get(*at).ok_or("the tree ends early")?;
+            *at += 1;
+            Ok(v)
+        };
+        if depth > 10_000 {
+            return Err("the tree is nested too deeply".into());
+        }
+        let (tag, count) = (next()?, next()?);
+        let count = usize::try_from(count).map_err(|_| format!("a count of {count}"))?;
+        match tag {
+            0 => {
+                let mut ranges = Vec::with_capacity(count.min(1 << 16));
+                for _ in 0..count {
+                    let (lo, hi) = (next()?, next()?);
+                    if !(0..=0x10FFFF).contains(&lo) || !(lo..=0x10FFFF).contains(&hi) {
+                        return Err(format!("a code point range {lo}..{hi}"));
+                    }
+                    ranges.push((lo as u32, hi as u32));
+                }
+                Ok(Node::Chars(ranges))
+            }
+            1 | 2 => {
+                let items = (0..count)
+                    .map(|_| Node::decode_at(code, at, depth + 1))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(if tag == 1 {
+                    Node::Concat(items)
+                } else {
+                    Node::Alt(items)
+                })
+            }
+            3 => {
+                let max = match next()? {
+                    -1 => None,
+                    m if m >= count as i64 => Some(m as u64),
+                    m => return Err(format!("a repetition {count}..{m}")),
+                };
+                let item = Node::decode_at(code, at, depth + 1)?;
+                Ok(Node::Repeat(Box::new(item), count as u64, max))
+            }
+            _ => Err(format!("an unknown node tag {tag}")),
+        }
+    }
+}
+
+/// The last code point of each UTF-8 length, and the surrogates (no encoding).
+const LENGTH_ENDS: [u32; 4] = [0x7F, 0x7FF, 0xFFFF, 0x10FFFF];
+const SURROGATES: (u32, u32) = (0xD800, 0xDFFF);
+
+/// The UTF-8 byte-range sequences matching exactly the encodings of the code points
+/// `lo..=hi` (contract and algorithm: the reference's `nfa.utf8_sequences`), appended to
+/// `out` in the reference's order.
+pub fn utf8_sequences(lo: u32, hi: u32, out: &mut Vec<Vec<(u8, u8)>>) {
+    let mut pieces = vec![(lo, hi)];
+    if lo <= SURROGATES.1 && hi >= SURROGATES.0 {
+        pieces = vec![(lo, SURROGATES.0 - 1), (SURROGATES.1 + 1, hi)];
+    }
+    for (piece_lo, piece_hi) in pieces {
+        let mut start = 0;
+        for (length, &end) in LENGTH_ENDS.iter().enumerate() {
+            let (a, b) = (piece_lo.max(start), piece_hi.min(end));
+            if a <= b {
+                same_length(a, b, length + 1, out);
+            }
+            start = end + 1;
+        }
+    }
+}
+
+fn same_length(lo: u32, hi: u32, length: usize, out: &mut Vec<Vec<(u8, u8)>>) {
+    for trailing in 1..length {
+        let mask = (1u32 << (6 * trailing)) - 1; // the bits of the last `trailing` bytes
+        if lo & !mask == hi & !mask {
+            continue; // the leading bytes agree: the trailing bytes are one range each
+        }
+        if lo & mask != 0 {
+            same_length(lo, lo | mask, length, out);
+            same_length((lo | mask) + 1, hi, length, out);
+            return;
+        }
+        if hi & mask != mask {
+            same_length(lo, (hi & !mask) - 1, length, out);
+            same_length(hi & !mask, hi, length, out);
+            return;
+        }
+    }
+    let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+    let a = char::from_u32(lo)
+        .expect("no surrogate")
+        .encode_utf8(&mut a)
+        .as_bytes();
+    let b = char::from_u32(hi)
+        .expect("no surrogate")
+        .encode_utf8(&mut b)
+        .as_bytes();
+    out.push(a.iter().copied().zip(b.iter().copied()).collect());
+}
+
+/// Thompson's construction (contract: the reference's `nfa.build_nfa`), with the same
+/// states: Err (the reference's message) exactly when it needs over `max_states`.
+pub fn build_nfa(node: &Node, max_states: i64) -> Result<Nfa, String> {
+    let mut builder = Builder {
+        edges: Vec::new(),
+        epsilons: Vec::new(),
+        max_states,
+    };
+    let (start, accept) = builder.fragment(node)?;
+    Ok(Nfa {
+        start,
+        accept,
+        edges: builder.edges,
+        epsilons: builder.epsilons,
+    })
+}
+
+struct Builder {
+    edges: Vec<Vec<(u8, u8, u32)>>,
+    epsilons: Vec<Vec<u32>>,
+    max_states: i64,
+}
+
+impl Builder {
+    fn state(&mut self) -> Result<u32, String> {
+        if self.edges.len() as i64 >= self.max_states {
+            return Err(format!(
+                "the pattern needs more than {} NFA states (max_nfa_states); large \
+                 repetition counts are expanded into copies",
+                self.max_states
+            ));
+        }
+        self.edges.push(Vec::new());
+        self.epsilons.push(Vec::new());
+        Ok(self.edges.len() as u32 - 1)
+    }
+
+    /// `node`'s fragment: its (start, end) states.
+    fn fragment(&mut self, node: &Node) -> Result<(u32, u32), String> {
+        match node {
+            Node::Chars(ranges) => {
+                let (start, end) = (self.state()?, self.state()?);
+                // "read these byte ranges, then end": one state per distinct suffix
+                let mut suffix_states: FxHashMap<Vec<(u8, u8)>, u32> = FxHashMap::default();
+                let mut sequences = Vec::new();
+                for &(lo, hi) in ranges {
+                    utf8_sequences(lo, hi, &mut sequences);
+                }
+                for sequence in &sequences {
+                    let mut target = end;
+                    for i in (1..sequence.len()).rev() {
+                        let rest = &sequence[i..];
+                        target = match suffix_states.get(rest) {
+                            Some(&q) => q,
+                            None => {
+                                let q = self.state()?;
+                                self.edges[q as usize].push((rest[0].0, rest[0].1, target));
+                                suffix_states.insert(rest.to_vec(), q);
+                                q
+                            }
+                        };
+                    }
+                    let (lo, hi) = sequence[0];
+                    self.edges[start as usize].push((lo, hi, target));
+                }
+                Ok((start, end))
+            }
+            Node::Concat(items) => {
+                let start = self.state()?;
+                let mut end = start;
+                for item in items {
+                    end = self.then(end, item)?;
+                }
+                Ok((start, end))
+            }
+            Node::Alt(options) => {
+                let (start, end) = (self.state()?, self.state()?);
+                for option in options {
+                    let (option_start, option_end) = self.fragment(option)?;
+                    self.epsilons[start as usize].push(option_start);
+                    self.epsilons[option_end as usize].push(end);
+                }
+                Ok((start, end))
+            }
+            Node::Repeat(item, min, max) => {
+                let start = self.state()?;
+                let mut end = start;
+                for _ in 0..*min {
+                    end = self.then(end, item)?;
+                }
+                let Some(max) = max else {
+                    // a loop: end -ε-> loop -ε-> item -ε-> loop
+                    let looping = self.state()?;
+                    self.epsilons[end as usize].push(looping);
+                    let (item_start, item_end) = self.fragment(item)?;
+                    self.epsilons[looping as usize].push(item_start);
+                    self.epsilons[item_end as usize].push(looping);
+                    return Ok((start, looping));
+                };
+                let exit = self.state()?;
+                for _ in *min..*max {
+                    self.epsilons[end as usize].push(exit);
+                    end = self.then(end, item)?;
+                }
+                self.epsilons[end as usize].push(exit);
+                Ok((start, exit))
+            }
+        }
+    }
+
+    /// Append `node`'s fragment after state `end`; its end.
+    fn then(&mut self, end: u32, node: &Node) -> Result<u32, String> {
+        let (start, node_end) = self.fragment(node)?;
+        self.epsilons[end as usize].push(start);
+        Ok(node_end)
+    }
+}
+
 /// Epsilon closures with an epoch-stamped visited set.
 struct Closure {
     seen: Vec<u32>,

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Arc;
 
-use super::automata::{self, Nfa, Table};
+use super::automata::{self, Nfa, Node, Table};
 use super::earley::{Parser, TooManyItems};
 use super::matcher::Matcher;
 use super::tables::{Dfa, Grammar};
@@ -349,6 +349,26 @@ fn nfa_to_dfa(
     Ok(tuple_of(table))
 }
 
+/// The minimal DFA of a regex tree (`Node::decode`'s encoding): Thompson's construction,
+/// the subset construction and the minimisation; ValueError for a malformed encoding, or
+/// with the reference's message past `max_nfa_states` or `max_states`.
+#[pyfunction]
+fn regex_tree_to_dfa(
+    py: Python<'_>,
+    tree: Vec<i64>,
+    max_nfa_states: i64,
+    max_states: i64,
+) -> PyResult<TableTuple> {
+    let node =
+        Node::decode(&tree).map_err(|msg| value_error(format!("malformed regex tree: {msg}")))?;
+    let table = detached(py, || {
+        let nfa = automata::build_nfa(&node, max_nfa_states)?;
+        automata::determinize(&nfa, max_states).map(|t| automata::minimize(&t))
+    })?
+    .map_err(value_error)?;
+    Ok(tuple_of(table))
+}
+
 /// Hopcroft's minimisation of a DFA (ValueError for malformed tables).
 #[pyfunction]
 fn minimize_dfa(py: Python<'_>, dfa: TableTuple) -> PyResult<TableTuple> {
@@ -374,6 +394,7 @@ fn product_dfa(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(nfa_to_dfa, m)?)?;
+    m.add_function(wrap_pyfunction!(regex_tree_to_dfa, m)?)?;
     m.add_function(wrap_pyfunction!(minimize_dfa, m)?)?;
     m.add_function(wrap_pyfunction!(product_dfa, m)?)?;
     m.add_class::<CompiledGrammarCore>()?;

@@ -40,6 +40,7 @@ from .automata import (
     json_schema_grammar,
     minimal_dfa,
     minimize,
+    node_dfa,
     subtract,
 )
 from .earley import MAX_COLUMN_ITEMS, CompiledGrammar, EarleyParser
@@ -62,6 +63,7 @@ __all__ = [
     "json_schema_grammar",
     "minimal_dfa",
     "minimize",
+    "node_dfa",
     "subtract",
 ]
 

@@ -9,6 +9,7 @@ from .automata import intersect as intersect
 from .automata import json_schema_grammar as json_schema_grammar
 from .automata import minimal_dfa as minimal_dfa
 from .automata import minimize as minimize
+from .automata import node_dfa as node_dfa
 from .automata import subtract as subtract
 from .earley import MAX_COLUMN_ITEMS as MAX_COLUMN_ITEMS
 from .earley import CompiledGrammar as CompiledGrammar
@@ -33,6 +34,7 @@ __all__ = [
     "json_schema_grammar",
     "minimal_dfa",
     "minimize",
+    "node_dfa",
     "subtract",
 ]
 

@@ -1,14 +1,15 @@
 """The compiler's automaton constructions in Rust: `pyagent_ref.structured.dfa`'s twins.
 
+`node_dfa` (Thompson's construction from a regex syntax tree, then the rest),
 `determinize`, `minimize`, `minimal_dfa`, `intersect` and `subtract` take and return the
-reference's `NFA` and `DFA` objects and give the same results table for table (both
-end in the canonical numbering, which depends only on the automaton), with the same
-`RegexError` past the same state limits. They are most of the time of compiling a JSON
+reference's syntax trees, `NFA` and `DFA` objects and give the same results table for
+table (both end in the canonical numbering, which depends only on the automaton), with
+the same `RegexError` past the same state limits. They are most of the time of compiling a JSON
 Schema or a grammar (nine tenths, in the reference), so the package's compilers
 (`compile_regex`, `json_schema_grammar`, `compile_grammar`, `choice_grammar`,
 `constraint_grammar`) are the reference's, run with these constructions installed
 (``dfa.using_automata(rust_automata())``): the same grammars, built faster. The other
-stages (parsing, Thompson's construction, the JSON Schema rules) stay the reference's
+stages (parsing patterns and grammars, the JSON Schema rules) stay the reference's
 Python.
 
 Like the rest of this package it reads the reference's objects duck-typed and looks its
@@ -33,6 +34,7 @@ __all__ = [
     "json_schema_grammar",
     "minimal_dfa",
     "minimize",
+    "node_dfa",
     "rust_automata",
     "subtract",
 ]
@@ -73,6 +75,49 @@ def _from_nfa(nfa: Any, max_states: int, minimal: bool) -> Any:
         tables = _native.nfa_to_dfa(
             nfa.start, nfa.accept, nfa.edges, nfa.epsilons, max_states, minimal
         )
+    except ValueError as exc:
+        raise _regex_error(exc) from None
+    return _dfa(tables)
+
+
+def _flatten(node: Any, out: list[int], cap: int) -> None:
+    """Append the prefix encoding of a regex tree that Rust decodes (`Node::decode`).
+    Repetition counts are capped at ``cap`` (one past the NFA state limit: a repetition
+    that large needs more states either way, so the same error comes)."""
+    regex = _ref("regex")
+    if isinstance(node, regex.Chars):
+        out += (0, len(node.ranges))
+        for lo, hi in node.ranges:
+            out += (lo, hi)
+        return
+    if isinstance(node, regex.Repeat):
+        low = min(node.min, cap)
+        out += (3, low, -1 if node.max is None else max(low, min(node.max, cap)))
+        _flatten(node.item, out, cap)
+        return
+    if isinstance(node, regex.Concat):
+        tag, items = 1, node.items
+    elif isinstance(node, regex.Alt):
+        tag, items = 2, node.options
+    else:
+        raise TypeError(f"not a regex node: {node!r}")
+    out += (tag, len(items))
+    for item in items:
+        _flatten(item, out, cap)
+
+
+def node_dfa(
+    node: Any, max_states: int = MAX_DFA_STATES, max_nfa_states: int = MAX_NFA_STATES
+) -> Any:
+    """The minimal DFA of a regex syntax tree (contract: the reference's `node_dfa`).
+
+    Raises:
+        RegexError: past ``max_nfa_states`` NFA states or ``max_states`` DFA states.
+    """
+    code: list[int] = []
+    _flatten(node, code, max(max_nfa_states, 0) + 1)
+    try:
+        tables = _native.regex_tree_to_dfa(code, max_nfa_states, max_states)
     except ValueError as exc:
         raise _regex_error(exc) from None
     return _dfa(tables)
@@ -133,7 +178,7 @@ def subtract(a: Any, b: Any, max_states: int = MAX_DFA_STATES) -> Any:
 def rust_automata() -> Any:
     """This module's constructions as the reference's `dfa.Automata`, for
     `dfa.using_automata` (built on first use)."""
-    return _ref("dfa").Automata(minimal_dfa, intersect, subtract)
+    return _ref("dfa").Automata(node_dfa, minimal_dfa, intersect, subtract)
 
 
 def _with_rust_automata(reference: Any) -> Any:
