@@ -45,6 +45,7 @@ MAX_NFA_STATES = 100_000
 """The reference's default NFA state limit (`pyagent_ref.structured.nfa.MAX_NFA_STATES`)."""
 
 
+@functools.cache
 def _ref(module: str) -> Any:
     return importlib.import_module(f"pyagent_ref.structured.{module}")
 
@@ -52,8 +53,7 @@ def _ref(module: str) -> Any:
 def _dfa(tables: tuple[bytes, list[int], list[bool], int]) -> Any:
     """The reference's `DFA` of the tables Rust returns (transitions row by row)."""
     byte_class, transitions, accepting, start = tables
-    k = max(byte_class) + 1
-    rows = tuple(tuple(transitions[i : i + k]) for i in range(0, len(transitions), k))
+    rows = tuple(zip(*[iter(transitions)] * (max(byte_class) + 1), strict=True))
     return _ref("dfa").DFA(tuple(byte_class), rows, tuple(accepting), start)
 
 
