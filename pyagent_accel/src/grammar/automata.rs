@@ -772,6 +772,37 @@ mod tests {
     }
 
     #[test]
+    fn utf8_sequences_of_greek_and_a_tree() {
+        let mut out = Vec::new();
+        utf8_sequences(0x3B1, 0x3C9, &mut out); // α-ω
+        assert_eq!(
+            out,
+            vec![
+                vec![(0xCE, 0xCE), (0xB1, 0xBF)],
+                vec![(0xCF, 0xCF), (0x80, 0x89)]
+            ]
+        );
+        out.clear();
+        utf8_sequences(0xD000, 0xE000, &mut out); // around the surrogates
+        assert!(out
+            .iter()
+            .all(|s| s.len() == 3 && s[0].0 != 0xED || s[1].1 < 0xA0));
+        // [ac]b+ as a tree: chars, then a repetition
+        let tree = Node::decode(&[1, 2, 0, 2, 97, 97, 99, 99, 3, 1, -1, 0, 1, 98, 98]).unwrap();
+        let dfa = minimize(&determinize(&build_nfa(&tree, 100).unwrap(), 100).unwrap());
+        for (text, yes) in [
+            (&b"ab"[..], true),
+            (b"cbbb", true),
+            (b"a", false),
+            (b"bb", false),
+        ] {
+            assert_eq!(accepts(&dfa, text), yes);
+        }
+        assert!(build_nfa(&tree, 3).is_err());
+        assert!(Node::decode(&[3, 2, 1, 0, 0]).is_err());
+    }
+
+    #[test]
     fn products() {
         let m = minimize(&determinize(&ab_or_cb(), 100).unwrap());
         let both = product(&m, &m, false, 100).unwrap();

@@ -607,9 +607,7 @@ mod timing {
         let mut byte_class = [0u8; 256];
         byte_class[b'"' as usize] = 1;
         byte_class[b'\\' as usize] = 2;
-        for b in 0x80..256 {
-            byte_class[b] = 2;
-        }
+        byte_class[0x80..].fill(2);
         let dfa = Dfa::new(
             &byte_class,
             vec![0, 1, -1, -1, -1, -1],
