@@ -10,6 +10,7 @@ from .automata import json_schema_grammar as json_schema_grammar
 from .automata import minimal_dfa as minimal_dfa
 from .automata import minimize as minimize
 from .automata import node_dfa as node_dfa
+from .automata import rust_automata as rust_automata
 from .automata import subtract as subtract
 from .earley import MAX_COLUMN_ITEMS as MAX_COLUMN_ITEMS
 from .earley import CompiledGrammar as CompiledGrammar
@@ -35,6 +36,7 @@ __all__ = [
     "minimal_dfa",
     "minimize",
     "node_dfa",
+    "rust_automata",
     "subtract",
 ]
 
