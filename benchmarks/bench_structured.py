@@ -20,7 +20,11 @@ Engines (`ENGINES`, by name; `--engines` picks):
   separators need). It takes up to 0.2 s per mask on 128k tokens, so it fills masks at
   `--ref-limit` positions of each instance only, spread from its first token to its last,
   and accepts the other tokens without one; its agreement column covers every token.
-- ``accel``: pyagent_accel.structured, the same API in Rust, when it imports.
+- ``accel``: pyagent_accel.structured, the same API in Rust, when it imports: the
+  matcher in Rust, and the reference's compiler with its automata (Thompson's
+  construction, subset construction, minimisation, products) built in Rust. Run it
+  without ``ref`` to time its compilation: the compilers share their caches of regexes
+  and terminals, so the engine run second finds them filled.
 - ``llguidance``: its default JSON options, as MaskBench ran it.
 - ``xgrammar``: as MaskBench's default run: ``any_whitespace=False, strict_mode=True``
   (separators ``", "`` and ``": "``; no property or item the schema does not list), one

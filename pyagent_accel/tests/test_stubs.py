@@ -168,7 +168,7 @@ def test_native_stub_matches_the_extension():
 
 # --- pyagent_accel.structured: the token level, twin of pyagent_ref.structured's --------------
 
-STRUCTURED = ("earley", "vocab", "matcher")
+STRUCTURED = ("automata", "earley", "vocab", "matcher")
 REFERENCE_CLASSES = {"EarleyParser": "earley", "TokenTrie": "vocab", "GrammarMatcher": "matcher"}
 
 

@@ -38,7 +38,8 @@ class StructuredOutputs:
     ``backend`` is the package whose `EarleyParser`, `TokenTrie` and `GrammarMatcher`
     run the token level: `pyagent_ref.structured` or `pyagent_accel.structured` (the
     same API and masks, in Rust; its grammars are the reference's, handed over once as
-    a `CompiledGrammar`).
+    a `CompiledGrammar`). A backend's own `constraint_grammar`, if it has one, compiles
+    the constraints (the accelerator's builds the same grammars with Rust automata).
     """
 
     def __init__(
@@ -60,7 +61,7 @@ class StructuredOutputs:
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
         """The constraint's grammar, in the backend's form."""
-        grammar = constraint_grammar(params)
+        grammar = getattr(self.backend, "constraint_grammar", constraint_grammar)(params)
         compiled = getattr(self.backend, "CompiledGrammar", None)
         return grammar if compiled is None else compiled(grammar)
 

@@ -26,7 +26,18 @@ Everything reads bytes, because tokens are bytes: a token may end in the middle 
 character. docs/structured.md works through an example.
 """
 
-from .dfa import DEAD, DFA, MAX_DFA_STATES, compile_regex, determinize, minimize
+from .dfa import (
+    DEAD,
+    DFA,
+    MAX_DFA_STATES,
+    compile_regex,
+    determinize,
+    intersect,
+    minimal_dfa,
+    minimize,
+    node_dfa,
+    subtract,
+)
 from .earley import EarleyParser
 from .ebnf import compile_grammar, detect_syntax
 from .gbnf import parse_gbnf
@@ -58,12 +69,16 @@ __all__ = [
     "compile_regex",
     "detect_syntax",
     "determinize",
+    "intersect",
     "json_schema_grammar",
+    "minimal_dfa",
     "minimize",
+    "node_dfa",
     "parse_gbnf",
     "parse_lark",
     "parse_regex",
     "regex_escape",
+    "subtract",
     "token_bytes",
     "utf8_sequences",
 ]

@@ -24,27 +24,41 @@ numbered by their smallest byte. So two DFAs of one language from `minimize` are
 (the product construction), for languages no single regex of the dialect writes down: a
 JSON Schema string with both a ``pattern`` and a ``maxLength``, or the property names a
 schema does not list.
+
+The compilers (`compile_regex`, `grammar.Terminal`, `json_schema`) call these
+constructions through `automata()`, the `Automata` in use: the functions of this module,
+unless a caller installs others with `using_automata` (``pyagent_accel.structured``
+installs its Rust twins, which return equal DFAs; the caches of compiled regexes and
+terminals are shared by both).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .nfa import MAX_NFA_STATES, NFA, build_nfa
-from .regex import RegexError, parse_regex
+from .regex import Node, RegexError, parse_regex
 
 __all__ = [
     "DEAD",
     "DFA",
     "MAX_DFA_STATES",
+    "REFERENCE_AUTOMATA",
+    "Automata",
+    "automata",
     "compile_regex",
     "determinize",
     "intersect",
+    "minimal_dfa",
     "minimize",
+    "node_dfa",
     "subtract",
+    "using_automata",
 ]
 
 DEAD = -1
@@ -340,6 +354,72 @@ def _canonical(
     )
 
 
+def minimal_dfa(nfa: NFA, max_states: int = MAX_DFA_STATES) -> DFA:
+    """``minimize(determinize(nfa, max_states))``: the minimal DFA of an NFA's language.
+
+    Raises:
+        RegexError: the subset construction passes ``max_states`` states.
+    """
+    return minimize(determinize(nfa, max_states))
+
+
+def node_dfa(
+    node: Node, max_states: int = MAX_DFA_STATES, max_nfa_states: int = MAX_NFA_STATES
+) -> DFA:
+    """The minimal DFA of a regex syntax tree: `build_nfa`, then `minimal_dfa`.
+
+    Raises:
+        RegexError: past ``max_nfa_states`` NFA states or ``max_states`` DFA states.
+    """
+    return minimal_dfa(build_nfa(node, max_nfa_states), max_states)
+
+
+@dataclass(frozen=True)
+class Automata:
+    """The automaton constructions the compilers call, as one set that can be swapped.
+
+    Each field has the contract of this module's function of the same name (its limits
+    optional, the same defaults): it returns an equal `DFA` and raises the same
+    `RegexError`.
+    """
+
+    node_dfa: Callable[..., DFA]
+    minimal_dfa: Callable[..., DFA]
+    intersect: Callable[..., DFA]
+    subtract: Callable[..., DFA]
+
+
+REFERENCE_AUTOMATA = Automata(node_dfa, minimal_dfa, intersect, subtract)
+"""This module's constructions: what `automata` returns unless `using_automata` is active."""
+
+_AUTOMATA: contextvars.ContextVar[Automata] = contextvars.ContextVar(
+    "automata", default=REFERENCE_AUTOMATA
+)
+
+
+def automata() -> Automata:
+    """The constructions in use in this context (thread, task): `REFERENCE_AUTOMATA`, or
+    those a `using_automata` block installed."""
+    return _AUTOMATA.get()
+
+
+@contextlib.contextmanager
+def using_automata(implementation: Automata) -> Iterator[None]:
+    """Within the block, in this context only, the compilers build automata with
+    ``implementation``.
+
+    Raises:
+        TypeError: ``implementation`` is not an `Automata`.
+    """
+    if not isinstance(implementation, Automata):
+        raise TypeError(f"implementation must be an Automata, got {type(implementation).__name__}")
+    token = _AUTOMATA.set(implementation)
+    try:
+        yield
+    finally:
+        _AUTOMATA.reset(token)
+
+
 @functools.lru_cache(maxsize=256)
 def compile_regex(
     pattern: str, max_states: int = MAX_DFA_STATES, max_nfa_states: int = MAX_NFA_STATES
@@ -353,5 +433,4 @@ def compile_regex(
         RegexError: a malformed or unsupported pattern (naming the position), or an
             automaton over ``max_nfa_states`` NFA states or ``max_states`` DFA states.
     """
-    nfa = build_nfa(parse_regex(pattern), max_nfa_states)
-    return minimize(determinize(nfa, max_states))
+    return automata().node_dfa(parse_regex(pattern), max_states, max_nfa_states)

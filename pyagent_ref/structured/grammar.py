@@ -25,8 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .dfa import DEAD, DFA, compile_regex, determinize, minimize
-from .nfa import build_nfa
+from .dfa import DEAD, DFA, automata, compile_regex
 from .regex import Node
 
 __all__ = ["Grammar", "GrammarError", "Symbol", "Terminal", "choice_grammar", "regex_escape"]
@@ -76,7 +75,7 @@ class Terminal:
         if terminal is None:
             if len(_NODE_TERMINALS) > 4096:
                 _NODE_TERMINALS.clear()
-            dfa = minimize(determinize(build_nfa(node)))
+            dfa = automata().node_dfa(node)
             terminal = _NODE_TERMINALS[node] = Terminal(label, dfa)
         return terminal
 

@@ -81,10 +81,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
-from .dfa import DFA, determinize, intersect, minimize, subtract
+from .dfa import DFA, automata
 from .earley import EarleyParser
 from .grammar import Grammar, GrammarError, Symbol, Terminal
-from .nfa import NFA, build_nfa
+from .nfa import NFA
 from .regex import (
     MAX_CODE_POINT,
     Alt,
@@ -576,7 +576,7 @@ def _multiple_of_dfa(step: Decimal, fraction: bool) -> DFA:
     on(fractions[s][0], "0", zeros)
     on(zeros, "0", zeros)
     epsilons[zeros].append(accept)
-    return minimize(determinize(NFA(start, accept, edges, epsilons)))
+    return automata().minimal_dfa(NFA(start, accept, edges, epsilons))
 
 
 # --- strings ------------------------------------------------------------------------------
@@ -752,7 +752,7 @@ def _top_level_alternatives(pattern: str) -> list[str]:
 
 
 def _node_dfa(node: Node) -> DFA:
-    return minimize(determinize(build_nfa(node)))
+    return automata().node_dfa(node)
 
 
 # --- literal values -----------------------------------------------------------------------
@@ -1182,7 +1182,7 @@ class _Compiler:
             if value <= 0:
                 raise SchemaError("must be greater than 0", "multipleOf", step, pointer)
             try:
-                dfa = intersect(dfa, _multiple_of_dfa(value, fraction=not integer))
+                dfa = automata().intersect(dfa, _multiple_of_dfa(value, fraction=not integer))
             except RegexError as exc:
                 raise SchemaError(
                     f"too large to compile ({exc})", "multipleOf", step, pointer
@@ -1245,7 +1245,7 @@ class _Compiler:
             terminals[1:], constraints[1:], strict=True
         ):
             try:
-                dfa = intersect(dfa, terminal.dfa)
+                dfa = automata().intersect(dfa, terminal.dfa)
             except RegexError as exc:
                 raise SchemaError(
                     f"too large to compile ({exc})", keyword, value, pointer
@@ -1438,15 +1438,15 @@ class _Compiler:
                 if len(names) > 1
                 else json_string_tree(_text(names[0]))
             )
-            keys = subtract(any_key, _node_dfa(listed))
+            keys = automata().subtract(any_key, _node_dfa(listed))
         regions = [_Region(keys, frozenset())]
         for index, (pointer, schema) in enumerate(parts):
             for i, (pattern, _) in enumerate(_pattern_properties(schema, pointer)):
                 matching = self.pattern_dfa(pattern, pointer, spelled=True)
                 split = []
                 for region in regions:
-                    inside = intersect(region.keys, matching)
-                    outside = subtract(region.keys, matching)
+                    inside = automata().intersect(region.keys, matching)
+                    outside = automata().subtract(region.keys, matching)
                     if inside.start >= 0:
                         split.append(_Region(inside, region.patterns | {(index, i)}))
                     if outside.start >= 0:

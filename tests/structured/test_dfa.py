@@ -199,3 +199,24 @@ def test_large_bounded_repetition_within_the_limits():
 
 def test_compile_is_cached():
     assert compile_regex("[a-z]+@[a-z]+") is compile_regex("[a-z]+@[a-z]+")
+
+
+def test_the_compilers_build_automata_with_the_set_in_use():
+    """`using_automata` swaps the constructions the compilers call, in its block only."""
+    from pyagent_ref.structured import dfa
+
+    calls = []
+
+    def traced(node, *limits):
+        calls.append(node)
+        return dfa.node_dfa(node, *limits)
+
+    traced_set = dfa.Automata(traced, dfa.minimal_dfa, dfa.intersect, dfa.subtract)
+    assert dfa.automata() is dfa.REFERENCE_AUTOMATA
+    with dfa.using_automata(traced_set):
+        assert dfa.automata() is traced_set
+        assert dfa.compile_regex("q[0-9]{2,3}q") == dfa.node_dfa(parse_regex("q[0-9]{2,3}q"))
+    assert dfa.automata() is dfa.REFERENCE_AUTOMATA and len(calls) == 1
+    with pytest.raises(TypeError, match="must be an Automata"):
+        with dfa.using_automata(dfa.node_dfa):
+            pass

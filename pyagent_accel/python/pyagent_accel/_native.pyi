@@ -294,7 +294,29 @@ class BpeCore:
     def encode_batch(self, texts: list[str], splitter: AddedTokenSplitter) -> list[list[int]]: ...
     def decode(self, ids: list[int]) -> str | None: ...
 
-# structured (pyagent_accel.structured): the grammar, parser, trie and matcher cores
+# structured (pyagent_accel.structured): the automaton constructions, then the grammar,
+# parser, trie and matcher cores
+def nfa_to_dfa(
+    start: int,
+    accept: int,
+    edges: list[list[tuple[int, int, int]]],
+    epsilons: list[list[int]],
+    max_states: int,
+    minimal: bool,
+) -> tuple[list[int], list[int], list[bool], int]: ...
+def regex_tree_to_dfa(
+    tree: list[int], max_nfa_states: int, max_states: int
+) -> tuple[list[int], list[int], list[bool], int]: ...
+def minimize_dfa(
+    dfa: tuple[bytes, list[int], list[bool], int],
+) -> tuple[list[int], list[int], list[bool], int]: ...
+def product_dfa(
+    a: tuple[bytes, list[int], list[bool], int],
+    b: tuple[bytes, list[int], list[bool], int],
+    subtract: bool,
+    max_states: int,
+) -> tuple[list[int], list[int], list[bool], int]: ...
+
 class CompiledGrammarCore:
     def __init__(
         self,

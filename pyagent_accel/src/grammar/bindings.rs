@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Arc;
 
+use super::automata::{self, Nfa, Node, Table};
 use super::earley::{Parser, TooManyItems};
 use super::matcher::Matcher;
 use super::tables::{Dfa, Grammar};
@@ -275,7 +276,127 @@ impl MatcherCore {
     }
 }
 
+/// A DFA as Python hands it over and gets it back: byte classes (256 bytes), transitions
+/// row by row, accepting flags, start state (`DEAD` with no states: the empty language).
+type TableTuple = (Vec<u8>, Vec<i32>, Vec<bool>, i32);
+
+fn table_of(
+    name: &str,
+    (byte_class, transitions, accepting, start): TableTuple,
+) -> PyResult<Table> {
+    let byte_class: [u8; 256] = byte_class.try_into().map_err(|b: Vec<u8>| {
+        value_error(format!(
+            "{name}: byte_class has {} entries, not 256",
+            b.len()
+        ))
+    })?;
+    Table::new(byte_class, transitions, accepting, start)
+        .map_err(|msg| value_error(format!("{name}: {msg}")))
+}
+
+fn tuple_of(table: Table) -> TableTuple {
+    (
+        table.byte_class.to_vec(),
+        table.transitions,
+        table.accepting,
+        table.start,
+    )
+}
+
+/// `determinize` (then `minimize` if `minimal`) of the NFA (start, accept, edges as
+/// (lo, hi, target) per state, epsilons per state); ValueError for an index out of
+/// range, or with the reference's message past `max_states`.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn nfa_to_dfa(
+    py: Python<'_>,
+    start: u32,
+    accept: u32,
+    edges: Vec<Vec<(u8, u8, u32)>>,
+    epsilons: Vec<Vec<u32>>,
+    max_states: i64,
+    minimal: bool,
+) -> PyResult<TableTuple> {
+    let n = edges.len();
+    let bad_edge = edges
+        .iter()
+        .flatten()
+        .any(|&(lo, hi, t)| lo > hi || t as usize >= n);
+    let bad_epsilon = epsilons.iter().flatten().any(|&t| t as usize >= n);
+    if epsilons.len() != n || start as usize >= n || accept as usize >= n || bad_edge || bad_epsilon
+    {
+        return Err(value_error(format!(
+            "malformed NFA: {n} states, {} epsilon lists, start {start}, accept {accept}",
+            epsilons.len()
+        )));
+    }
+    let nfa = Nfa {
+        start,
+        accept,
+        edges,
+        epsilons,
+    };
+    let table = detached(py, || {
+        automata::determinize(&nfa, max_states).map(|t| {
+            if minimal {
+                automata::minimize(&t)
+            } else {
+                t
+            }
+        })
+    })?
+    .map_err(value_error)?;
+    Ok(tuple_of(table))
+}
+
+/// The minimal DFA of a regex tree (`Node::decode`'s encoding): Thompson's construction,
+/// the subset construction and the minimisation; ValueError for a malformed encoding, or
+/// with the reference's message past `max_nfa_states` or `max_states`.
+#[pyfunction]
+fn regex_tree_to_dfa(
+    py: Python<'_>,
+    tree: Vec<i64>,
+    max_nfa_states: i64,
+    max_states: i64,
+) -> PyResult<TableTuple> {
+    let node =
+        Node::decode(&tree).map_err(|msg| value_error(format!("malformed regex tree: {msg}")))?;
+    let table = detached(py, || {
+        let nfa = automata::build_nfa(&node, max_nfa_states)?;
+        automata::determinize(&nfa, max_states).map(|t| automata::minimize(&t))
+    })?
+    .map_err(value_error)?;
+    Ok(tuple_of(table))
+}
+
+/// Hopcroft's minimisation of a DFA (ValueError for malformed tables).
+#[pyfunction]
+fn minimize_dfa(py: Python<'_>, dfa: TableTuple) -> PyResult<TableTuple> {
+    let table = table_of("dfa", dfa)?;
+    Ok(tuple_of(detached(py, || automata::minimize(&table))?))
+}
+
+/// The minimal DFA of `a`'s strings that `b` accepts (`subtract`: does not accept);
+/// ValueError for malformed tables, or with the reference's message past `max_states`.
+#[pyfunction]
+fn product_dfa(
+    py: Python<'_>,
+    a: TableTuple,
+    b: TableTuple,
+    subtract: bool,
+    max_states: i64,
+) -> PyResult<TableTuple> {
+    let (a, b) = (table_of("a", a)?, table_of("b", b)?);
+    let table =
+        detached(py, || automata::product(&a, &b, subtract, max_states))?.map_err(value_error)?;
+    Ok(tuple_of(table))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(nfa_to_dfa, m)?)?;
+    m.add_function(wrap_pyfunction!(regex_tree_to_dfa, m)?)?;
+    m.add_function(wrap_pyfunction!(minimize_dfa, m)?)?;
+    m.add_function(wrap_pyfunction!(product_dfa, m)?)?;
     m.add_class::<CompiledGrammarCore>()?;
     m.add_class::<EarleyCore>()?;
     m.add_class::<TokenTrieCore>()?;

@@ -10,6 +10,7 @@
 //! depends only on the lexemes cached per vocabulary; `matcher` is one output's state
 //! (accept, rollback, jump-forward); `bindings` are the `_native` classes.
 
+pub mod automata;
 mod bindings;
 pub mod earley;
 pub mod matcher;

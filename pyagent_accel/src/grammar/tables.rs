@@ -141,6 +141,21 @@ impl Dfa {
         self.start
     }
 
+    pub fn num_states(&self) -> usize {
+        self.accepting.len()
+    }
+
+    /// The bytes on which the state whose row is `row` moves to itself, a 256-bit set.
+    pub fn loop_bytes(&self, row: u32) -> [u64; 4] {
+        let mut set = [0u64; 4];
+        for b in 0..=255u8 {
+            if self.step_move(row, b) & !ACCEPTS == row {
+                set[(b >> 6) as usize] |= 1 << (b & 63);
+            }
+        }
+        set
+    }
+
     /// Whether the empty string is in the language.
     pub fn nullable(&self) -> bool {
         self.accepts(self.start)

@@ -39,6 +39,9 @@ pub struct Trie {
     /// id -> bytes (`None`: a special token or no token).
     pub token_bytes: Vec<Option<Vec<u8>>>,
     pub max_depth: usize,
+    /// The bytes of the nodes strictly below each node, as a 256-bit set: a walk whose
+    /// DFA state loops on all of them allows the whole subtree at once.
+    below: Vec<[u64; 4]>,
     slices: Mutex<SliceCache>,
 }
 
@@ -97,6 +100,7 @@ impl Trie {
             node.subtree_end = end;
         }
         let max_depth = nodes.iter().map(|n| n.depth as usize).max().unwrap_or(0);
+        let below = bytes_below(&nodes, max_depth);
         token_ids.push(0); // a sentinel: `allow_tokens` reads a node's first id unchecked
         nodes.push(Node {
             subtree_end: 0,
@@ -109,6 +113,7 @@ impl Trie {
             token_ids,
             token_bytes,
             max_depth,
+            below,
             slices: Mutex::default(),
         })
     }
@@ -181,6 +186,20 @@ impl Trie {
         }
     }
 
+    /// The bytes of the nodes strictly below `node` (its subtree but itself), a 256-bit set.
+    #[inline(always)]
+    pub fn bytes_below(&self, node: usize) -> &[u64; 4] {
+        &self.below[node]
+    }
+
+    /// The ids of the nodes strictly below `node` (they are contiguous: preorder).
+    #[inline(always)]
+    pub fn tokens_below(&self, node: usize) -> &[u32] {
+        let end = self.nodes[node].subtree_end as usize;
+        &self.token_ids
+            [self.nodes[node + 1].token_start as usize..self.nodes[end].token_start as usize]
+    }
+
     /// The number of nodes in the subtrees of the root's children that `live` keeps
     /// (`live(byte)`: whether a walk goes on after that first byte).
     pub fn live_nodes(&self, live: impl Fn(u8) -> bool) -> usize {
@@ -212,6 +231,27 @@ impl Trie {
         cache.bytes += size;
         cache.map.insert(key, slice);
     }
+}
+
+/// For each node (in preorder), the set of the bytes of the nodes strictly below it.
+fn bytes_below(nodes: &[Node], max_depth: usize) -> Vec<[u64; 4]> {
+    let mut parent = vec![0usize; nodes.len()];
+    let mut last_at_depth = vec![0usize; max_depth + 1];
+    for (i, n) in nodes.iter().enumerate().skip(1) {
+        let d = n.depth as usize;
+        parent[i] = last_at_depth[d - 1];
+        last_at_depth[d] = i;
+    }
+    let mut below = vec![[0u64; 4]; nodes.len()];
+    for i in (1..nodes.len()).rev() {
+        let mut set = below[i];
+        let b = nodes[i].byte;
+        set[(b >> 6) as usize] |= 1 << (b & 63);
+        for (w, s) in below[parent[i]].iter_mut().zip(set) {
+            *w |= s;
+        }
+    }
+    below
 }
 
 /// For each node (given by its depth, in preorder), the first node after its subtree:
@@ -276,6 +316,18 @@ mod tests {
         assert_eq!(t.children(0), [1, 4]);
         assert_eq!(t.children(1), [2]);
         assert_eq!(t.max_depth, 3);
+        let set = |bytes: &[u8]| {
+            let mut s = [0u64; 4];
+            for &b in bytes {
+                s[(b >> 6) as usize] |= 1 << (b & 63);
+            }
+            s
+        };
+        assert_eq!(t.bytes_below(0), &set(b"abc"));
+        assert_eq!(t.bytes_below(1), &set(b"bc"));
+        assert_eq!(t.bytes_below(3), &set(b""));
+        assert_eq!(t.tokens_below(1), &[0, 4, 6]);
+        assert_eq!(t.tokens_below(0), &[2, 0, 4, 6, 3]);
         assert!(Trie::new(vec![Some(vec![0; MAX_TOKEN_BYTES + 1])]).is_err());
     }
 }

@@ -22,7 +22,8 @@
 //!   per node (`Walk::one_run`); an accepting node that starts nothing (a regex whose
 //!   lexeme may end anywhere) does not even leave the loop;
 //! * *slices*: the walk of one lexeme from the root, stopping where it accepts, depends
-//!   only on its DFA and state. Such a walk (the tokens it allows and its frontier, the
+//!   only on its DFA and state; where the state loops on every byte below a node (the
+//!   body of a string, say), the node's whole subtree is allowed without a walk. Such a walk (the tokens it allows and its frontier, the
 //!   nodes where it accepts) is cached in the `Trie` under the DFA's fingerprint, shared
 //!   by every matcher of the vocabulary whatever its grammar: inside a JSON string a
 //!   mask is the cached words plus the walks below the nodes that close the string.
@@ -132,6 +133,7 @@ fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize
     let mut rows = vec![0u32; trie.max_depth + 1]; // the state's row after each depth
     let mut path = vec![0u8; trie.max_depth];
     rows[0] = dfa.row(state);
+    let mut loops = LoopBytes::new(dfa);
     let mut node = 1;
     let mut visited = 0;
     while node < trie.len() {
@@ -150,17 +152,56 @@ fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize
         } else {
             walk.ids.extend_from_slice(trie.tokens(node));
         }
+        let end = n.subtree_end as usize;
         if next & ACCEPTS != 0 {
-            if node + 1 < n.subtree_end as usize {
+            if node + 1 < end {
                 walk.frontiers.push(node, &path[..k]);
             }
-            node = n.subtree_end as usize;
+            node = end;
+        } else if node + 1 < end && loops.covers(dfa, next, trie.bytes_below(node)) {
+            // every byte below keeps the (non-accepting) state: the whole subtree is
+            // allowed and accepts nowhere
+            if dense {
+                allow(&mut walk.words, trie.tokens_below(node));
+            } else {
+                walk.ids.extend_from_slice(trie.tokens_below(node));
+            }
+            visited += end - node - 1;
+            node = end;
         } else {
             node += 1;
         }
     }
     walk.frontiers.visited = visited;
     walk
+}
+
+/// The bytes on which each state of a DFA loops (`Dfa::loop_bytes`), computed when first
+/// asked for, for one walk.
+struct LoopBytes {
+    sets: Vec<[u64; 4]>,
+    known: Vec<bool>,
+}
+
+impl LoopBytes {
+    fn new(dfa: &Dfa) -> LoopBytes {
+        LoopBytes {
+            sets: vec![[0; 4]; dfa.num_states()],
+            known: vec![false; dfa.num_states()],
+        }
+    }
+
+    /// Whether the state whose row is `row` loops on every byte of `bytes`.
+    #[inline(always)]
+    fn covers(&mut self, dfa: &Dfa, row: u32, bytes: &[u64; 4]) -> bool {
+        let q = dfa.state_of_row(row) as usize;
+        if !self.known[q] {
+            self.sets[q] = dfa.loop_bytes(row);
+            self.known[q] = true;
+        }
+        let set = &self.sets[q];
+        (0..4).all(|w| bytes[w] & !set[w] == 0)
+    }
 }
 
 /// Set the bits of `ids` in `words`.
@@ -532,5 +573,61 @@ impl Walk<'_> {
         }
         self.parser.truncate(real);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+    use crate::grammar::tables::Dfa;
+
+    /// Times one uncached lexeme walk over a real vocabulary (a file of u16 lengths, 0xFFFF
+    /// for none, then bytes): `STRUCTURED_VOCAB=... cargo test walk_timing -- --ignored`.
+    #[test]
+    #[ignore]
+    fn walk_timing() {
+        let Ok(path) = std::env::var("STRUCTURED_VOCAB") else {
+            return;
+        };
+        let data = std::fs::read(path).unwrap();
+        let (mut at, mut tokens) = (0, Vec::new());
+        while at < data.len() {
+            let n = u16::from_le_bytes([data[at], data[at + 1]]) as usize;
+            at += 2;
+            if n == 0xFFFF {
+                tokens.push(None);
+            } else {
+                tokens.push(Some(data[at..at + n].to_vec()));
+                at += n;
+            }
+        }
+        let trie = Trie::new(tokens).unwrap();
+        // "[^"\\]*" from inside the string: state 0 loops on all but '"' and '\\' and
+        // bytes >= 0x80 (class 2 leads to state 1, which accepts)
+        let mut byte_class = [0u8; 256];
+        byte_class[b'"' as usize] = 1;
+        byte_class[b'\\' as usize] = 2;
+        byte_class[0x80..].fill(2);
+        let dfa = Dfa::new(
+            &byte_class,
+            vec![0, 1, -1, -1, -1, -1],
+            vec![false, true],
+            0,
+        )
+        .unwrap();
+        let words = trie.vocab_size().div_ceil(32);
+        for dense in [true, false, true] {
+            let t = std::time::Instant::now();
+            let walk = walk_lexeme(&dfa, 0, &trie, dense, words);
+            let ones: u32 = walk.words.iter().map(|w| w.count_ones()).sum();
+            eprintln!(
+                "dense {dense}: {:?}, visited {}, allowed {} + {} ids, frontiers {}",
+                t.elapsed(),
+                walk.frontiers.visited,
+                ones,
+                walk.ids.len(),
+                walk.frontiers.nodes.len()
+            );
+        }
     }
 }

@@ -2,11 +2,12 @@
 
 `EarleyParser`, `TokenTrie` and `GrammarMatcher` have the reference's methods and give
 the same results (the same masks bit for bit, the same accepted tokens, rollbacks and
-forced bytes); the grammars themselves are still compiled by the reference
-(`pyagent_ref.structured`: regex, JSON Schema, GBNF / Lark to a `Grammar`) and handed
-over once as flat tables (`CompiledGrammar`). This package does not import
-`pyagent_ref`: a grammar is read duck-typed (``rules``, ``start``, each terminal's
-``dfa``)::
+forced bytes). The compilers (`compile_regex`, `json_schema_grammar`, `compile_grammar`,
+`choice_grammar`) are the reference's with their automaton constructions (subset
+construction, minimisation, products: most of their time) in Rust (`automata`), giving
+the same `Grammar`; it is handed over once as flat tables (`CompiledGrammar`). This
+package does not import `pyagent_ref` at import time: a grammar is read duck-typed
+(``rules``, ``start``, each terminal's ``dfa``)::
 
     from pyagent_accel.structured import CompiledGrammar, EarleyParser, GrammarMatcher, TokenTrie
 
@@ -17,8 +18,8 @@ over once as flat tables (`CompiledGrammar`). This package does not import
 
 How a mask is computed fast is in `pyagent_accel`'s Rust sources (``src/grammar/walk.rs``).
 
-The compiler's names (`json_schema_grammar`, `compile_grammar`, `Grammar`, `Terminal`,
-`token_bytes`, ... every other name of `pyagent_ref.structured`) are looked up in
+The compiler's other names (`Grammar`, `Terminal`, `token_bytes`, ... every other name
+of `pyagent_ref.structured`) are looked up in
 `pyagent_ref.structured` on first use, so this package stands in for the reference's
 wherever the token level runs (the engine, the conformance suite, the benchmark);
 without `pyagent_ref` they raise ImportError.
@@ -29,6 +30,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import automata
+from .automata import choice_grammar as choice_grammar
+from .automata import compile_grammar as compile_grammar
+from .automata import compile_regex as compile_regex
+from .automata import constraint_grammar as constraint_grammar
+from .automata import determinize as determinize
+from .automata import intersect as intersect
+from .automata import json_schema_grammar as json_schema_grammar
+from .automata import minimal_dfa as minimal_dfa
+from .automata import minimize as minimize
+from .automata import node_dfa as node_dfa
+from .automata import rust_automata as rust_automata
+from .automata import subtract as subtract
 from .earley import MAX_COLUMN_ITEMS, CompiledGrammar, EarleyParser
 from .matcher import MAX_JUMP_FORWARD_BYTES, GrammarMatcher
 from .vocab import TokenTrie
@@ -40,6 +54,7 @@ __all__ = [
     "EarleyParser",
     "GrammarMatcher",
     "TokenTrie",
+    *automata.__all__,
 ]
 
 
