@@ -115,7 +115,9 @@ def _k4_scales(xp: Any, b: Any) -> tuple[Any, Any]:
     top = xp.bitwise_left_shift(xp.bitwise_right_shift(lo, 6), 4)
     sc = xp.concat([xp.bitwise_and(lo, 63), xp.bitwise_or(xp.bitwise_and(both, 15), top)], axis=-1)
     top = xp.bitwise_left_shift(xp.bitwise_right_shift(hi, 6), 4)
-    m = xp.concat([xp.bitwise_and(hi, 63), xp.bitwise_or(xp.bitwise_right_shift(both, 4), top)], -1)
+    m = xp.concat(
+        [xp.bitwise_and(hi, 63), xp.bitwise_or(xp.bitwise_right_shift(both, 4), top)], axis=-1
+    )
     return sc, m
 
 
@@ -250,7 +252,6 @@ def _u8(xp: Any, v: Any) -> Any:
 
 def _encode(xp: Any, x: Any, fmt: str) -> Any:
     """(n, type_size) uint8 blocks of float32 weights x (n, block_size)."""
-    n = x.shape[0]
     if fmt == "Q8_0":
         d = xp.max(xp.abs(x), axis=1) / 127.0
         inverse = xp.where(d == 0, xp.zeros_like(d), 1.0 / _safe(xp, d != 0, d))
@@ -278,8 +279,9 @@ def _encode_q4_k(xp: Any, x: Any) -> Any:
     scales, mins, codes = _qkx2(xp, sub, weights)
     scales, mins = xp.reshape(scales, (n, 8)), xp.reshape(mins, (n, 8))
     zero = xp.zeros((n,), dtype=xp.float32, device=device(x))
-    max_scale = xp.maximum(xp.max(scales, axis=1), zero)
-    max_min = xp.maximum(xp.max(mins, axis=1), zero)
+    max_scale, max_min = xp.max(scales, axis=1), xp.max(mins, axis=1)
+    max_scale = xp.where(max_scale > 0, max_scale, zero)  # +0, never -0, as C's loop
+    max_min = xp.where(max_min > 0, max_min, zero)
     inv_scale = xp.where(max_scale > 0, 63.0 / _safe(xp, max_scale > 0, max_scale), zero)
     inv_min = xp.where(max_min > 0, 63.0 / _safe(xp, max_min > 0, max_min), zero)
     sc = xp.astype(xp.clip(xp.round(inv_scale[:, None] * scales), 0, 63), xp.int32)
@@ -292,7 +294,9 @@ def _encode_q4_k(xp: Any, x: Any) -> Any:
     again = xp.clip(xp.round((sub + shift[:, :, None]) / _safe(xp, d != 0, d)[:, :, None]), 0, 15)
     codes = xp.where((d != 0)[:, :, None], again, xp.reshape(codes, (n, 8, 32)))
     codes = xp.reshape(_u8(xp, codes), (n, 4, 2, 32))
-    qs = xp.reshape(xp.bitwise_or(codes[:, :, 0], xp.bitwise_left_shift(codes[:, :, 1], 4)), (n, 128))
+    qs = xp.reshape(
+        xp.bitwise_or(codes[:, :, 0], xp.bitwise_left_shift(codes[:, :, 1], 4)), (n, 128)
+    )
 
     def six(v: Any, s: int) -> Any:
         return xp.bitwise_left_shift(xp.bitwise_right_shift(v[:, s + 4 : s + 5], 4), 6)
@@ -300,7 +304,10 @@ def _encode_q4_k(xp: Any, x: Any) -> Any:
     sc_bytes = [xp.bitwise_or(sc[:, s : s + 1], six(sc, s)) for s in range(4)]
     m_bytes = [xp.bitwise_or(m[:, s : s + 1], six(m, s)) for s in range(4)]
     low = [
-        xp.bitwise_or(xp.bitwise_and(sc[:, s : s + 1], 15), xp.bitwise_left_shift(xp.bitwise_and(m[:, s : s + 1], 15), 4))
+        xp.bitwise_or(
+            xp.bitwise_and(sc[:, s : s + 1], 15),
+            xp.bitwise_left_shift(xp.bitwise_and(m[:, s : s + 1], 15), 4),
+        )
         for s in range(4, 8)
     ]
     scale_bytes = _u8(xp, xp.concat([*sc_bytes, *m_bytes, *low], axis=1))
@@ -328,7 +335,9 @@ def _encode_q6_k(xp: Any, x: Any) -> Any:
     for t in range(1, 4):
         qh = xp.bitwise_or(qh, xp.bitwise_left_shift(high[:, :, t], 2 * t))
     sc_bytes = _u8(xp, xp.where(sc < 0, sc + 256, sc))
-    block = xp.concat([xp.reshape(ql, (n, 128)), xp.reshape(qh, (n, 64)), sc_bytes, d_bytes], 1)
+    block = xp.concat(
+        [xp.reshape(ql, (n, 128)), xp.reshape(qh, (n, 64)), sc_bytes, d_bytes], axis=1
+    )
     return xp.where(ok[:, None], block, xp.zeros_like(block))
 
 
