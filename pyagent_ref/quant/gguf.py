@@ -109,6 +109,12 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return field.contents()
 
 
+def _decimal(value: Any) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (GGUF stores the
+    config's 1e-05 as float32 9.99999974e-06; this gives 1e-05 back)."""
+    return float(str(np.float32(value)))
+
+
 def _tensors(reader: Any) -> dict[str, Any]:
     return {t.name: t for t in reader.tensors}
 
@@ -136,8 +142,8 @@ def config_dict(reader: Any) -> dict[str, Any]:
         "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", heads)),
         "head_dim": int(_field(reader, "llama.attention.key_length", hidden // heads)),
         "max_position_embeddings": int(_field(reader, "llama.context_length")),
-        "rms_norm_eps": float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _decimal(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        "rope_theta": _decimal(_field(reader, "llama.rope.freq_base", 10000.0)),
         "tie_word_embeddings": "output.weight" not in tensors,
         "hidden_act": "silu",
         "torch_dtype": "float32",
