@@ -20,7 +20,7 @@ Reading (`read_config`, `load_gguf`, `load_gguf_tokenizer`):
 - the tokenizer: a byte-level BPE vocabulary (tokenizer.ggml.model "gpt2" with
   pre-tokenizer "gpt-2" or "default": tokens, merges, token types, BOS / EOS / padding ids,
   chat template) becomes a tokenizer.json; other tokenizers need a Hugging Face tokenizer
-  directory (`LLM(..., tokenizer=...)`) and the error says so.
+  directory (`LLM(model, tokenizer=DIR)`, `--tokenizer DIR`) and the error says so.
 
 Writing (`write_gguf`): a Llama-family model directory as a .gguf in F32 or one of
 `ops.gguf`'s formats, quantized with `ops.gguf.quantize` (llama.cpp's reference
@@ -325,7 +325,7 @@ def load_gguf_tokenizer(path: str | Path, backend: str = "library", encoding_cla
         raise ValueError(
             f"{str(path)!r} has tokenizer {model!r} (pre-tokenizer {pre!r}); only byte-level BPE "
             f"('gpt2' with pre-tokenizer 'gpt-2') is read from GGUF metadata: pass a Hugging "
-            f"Face tokenizer directory (tokenizer=DIR, or --tokenizer DIR)"
+            f"Face tokenizer directory (LLM(model, tokenizer=DIR), or --tokenizer DIR)"
         )
     tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]
     types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
