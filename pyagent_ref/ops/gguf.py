@@ -165,6 +165,16 @@ def _first_absmax(xp: Any, x: Any) -> Any:
     return xp.sum(xp.where(columns[None, :] == index[:, None], x, xp.zeros_like(x)), axis=1)
 
 
+def _div(xp: Any, a: Any, b: Any) -> Any:
+    """a / b correctly rounded, a or b a Python float: torch computes `2.0 / t` as
+    `t.reciprocal() * 2.0` (two roundings), so the scalar becomes an array first."""
+    if isinstance(a, float):
+        a = xp.full_like(b, a)
+    if isinstance(b, float):
+        b = xp.full_like(a, b)
+    return a / b
+
+
 def _safe(xp: Any, ok: Any, v: Any) -> Any:
     return xp.where(ok, v, xp.ones_like(v))
 
@@ -181,8 +191,8 @@ def _qkx2(xp: Any, x: Any, w: Any) -> tuple[Any, Any, Any]:
     lo = xp.where(lo > 0, xp.zeros_like(lo), lo)
     ok = hi != lo
     span = _safe(xp, ok, hi - lo)
-    iscale = float(F32(15)) / span
-    scale = 1.0 / iscale
+    iscale = _div(xp, float(F32(15)), span)
+    scale = _div(xp, 1.0, iscale)
     codes = xp.clip(xp.round(iscale[:, None] * (x - lo[:, None])), 0, 15)
     best = xp.zeros_like(lo)
     for i in range(n):
@@ -190,7 +200,9 @@ def _qkx2(xp: Any, x: Any, w: Any) -> tuple[Any, Any, Any]:
         best = best + w[:, i] * (diff * diff)
     for step in range(21):
         numerator = F32(F32(-1) + F32(0.1) * F32(step)) + F32(15)
-        trial = xp.clip(xp.round((float(numerator) / span)[:, None] * (x - lo[:, None])), 0, 15)
+        trial = xp.clip(
+            xp.round(_div(xp, float(numerator), span)[:, None] * (x - lo[:, None])), 0, 15
+        )
         sum_l = sum_l2 = sum_xl = xp.zeros_like(lo)
         for i in range(n):
             wl = w[:, i] * trial[:, i]
@@ -230,13 +242,13 @@ def _qx(xp: Any, x: Any) -> tuple[Any, Any]:
             sum_lx, sum_l2 = sum_lx + wi * x[:, i] * q[:, i], sum_l2 + wi * q[:, i] * q[:, i]
         return sum_lx, sum_l2
 
-    codes = xp.clip(xp.round((-32.0 / top)[:, None] * x), -32, 31)
+    codes = xp.clip(xp.round(_div(xp, -32.0, top)[:, None] * x), -32, 31)
     sum_lx, sum_l2 = sums(codes)
     scale = xp.where(sum_l2 > 0, sum_lx / _safe(xp, sum_l2 > 0, sum_l2), xp.zeros_like(top))
     best = scale * sum_lx
     for step in (*range(-9, 0), *range(1, 10)):
         numerator = -(F32(32) + F32(0.1) * F32(step))
-        trial = xp.clip(xp.round((float(numerator) / top)[:, None] * x), -32, 31)
+        trial = xp.clip(xp.round(_div(xp, float(numerator), top)[:, None] * x), -32, 31)
         sum_lx, sum_l2 = sums(trial)
         better = (sum_l2 > 0) & (sum_lx * sum_lx > best * sum_l2)
         codes = xp.where(better[:, None], trial, codes)
@@ -253,14 +265,14 @@ def _u8(xp: Any, v: Any) -> Any:
 def _encode(xp: Any, x: Any, fmt: str) -> Any:
     """(n, type_size) uint8 blocks of float32 weights x (n, block_size)."""
     if fmt == "Q8_0":
-        d = xp.max(xp.abs(x), axis=1) / 127.0
-        inverse = xp.where(d == 0, xp.zeros_like(d), 1.0 / _safe(xp, d != 0, d))
+        d = _div(xp, xp.max(xp.abs(x), axis=1), 127.0)
+        inverse = xp.where(d == 0, xp.zeros_like(d), _div(xp, 1.0, _safe(xp, d != 0, d)))
         q = xp.astype(_round_half_away(xp, x * inverse[:, None]), xp.int16)
         q = _u8(xp, xp.where(q < 0, q + 256, q))
         return xp.concat([_half_bytes(xp, d), q], axis=1)
     if fmt == "Q4_0":
-        d = _first_absmax(xp, x) / -8.0
-        inverse = xp.where(d == 0, xp.zeros_like(d), 1.0 / _safe(xp, d != 0, d))
+        d = _div(xp, _first_absmax(xp, x), -8.0)
+        inverse = xp.where(d == 0, xp.zeros_like(d), _div(xp, 1.0, _safe(xp, d != 0, d)))
         q = xp.clip(xp.floor(x * inverse[:, None] + 8.5), 0, 15)
         packed = xp.bitwise_or(_u8(xp, q[:, :16]), xp.bitwise_left_shift(_u8(xp, q[:, 16:]), 4))
         return xp.concat([_half_bytes(xp, d), packed], axis=1)
@@ -275,18 +287,21 @@ def _encode_q4_k(xp: Any, x: Any) -> Any:
     sum_x2 = xp.zeros_like(sub[:, 0])
     for i in range(32):
         sum_x2 = sum_x2 + sub[:, i] * sub[:, i]
-    weights = xp.sqrt(sum_x2 / 32.0)[:, None] + xp.abs(sub)
+    weights = xp.sqrt(_div(xp, sum_x2, 32.0))[:, None] + xp.abs(sub)
     scales, mins, codes = _qkx2(xp, sub, weights)
     scales, mins = xp.reshape(scales, (n, 8)), xp.reshape(mins, (n, 8))
     zero = xp.zeros((n,), dtype=xp.float32, device=device(x))
     max_scale, max_min = xp.max(scales, axis=1), xp.max(mins, axis=1)
     max_scale = xp.where(max_scale > 0, max_scale, zero)  # +0, never -0, as C's loop
     max_min = xp.where(max_min > 0, max_min, zero)
-    inv_scale = xp.where(max_scale > 0, 63.0 / _safe(xp, max_scale > 0, max_scale), zero)
-    inv_min = xp.where(max_min > 0, 63.0 / _safe(xp, max_min > 0, max_min), zero)
+    inv_scale = xp.where(max_scale > 0, _div(xp, 63.0, _safe(xp, max_scale > 0, max_scale)), zero)
+    inv_min = xp.where(max_min > 0, _div(xp, 63.0, _safe(xp, max_min > 0, max_min)), zero)
     sc = xp.astype(xp.clip(xp.round(inv_scale[:, None] * scales), 0, 63), xp.int32)
     m = xp.astype(xp.clip(xp.round(inv_min[:, None] * mins), 0, 63), xp.int32)
-    d_bytes, dmin_bytes = _half_bytes(xp, max_scale / 63.0), _half_bytes(xp, max_min / 63.0)
+    d_bytes, dmin_bytes = (
+        _half_bytes(xp, _div(xp, max_scale, 63.0)),
+        _half_bytes(xp, _div(xp, max_min, 63.0)),
+    )
     b = xp.astype(xp.concat([d_bytes, dmin_bytes], axis=1), xp.int32)
     d = _half(xp, b[:, 0:1], b[:, 1:2]) * xp.astype(sc, xp.float32)
     shift = _half(xp, b[:, 2:3], b[:, 3:4]) * xp.astype(m, xp.float32)
@@ -320,8 +335,8 @@ def _encode_q6_k(xp: Any, x: Any) -> Any:
     scales = xp.reshape(scales, (n, 16))
     top = _first_absmax(xp, scales)
     ok = xp.abs(top) >= float(F32(1e-15))
-    iscale = -128.0 / _safe(xp, ok, top)
-    d_bytes = _half_bytes(xp, 1.0 / iscale)
+    iscale = _div(xp, -128.0, _safe(xp, ok, top))
+    d_bytes = _half_bytes(xp, _div(xp, 1.0, iscale))
     sc = xp.astype(xp.minimum(xp.round(iscale[:, None] * scales), xp.asarray(127.0)), xp.int32)
     b = xp.astype(d_bytes, xp.int32)
     d = _half(xp, b[:, 0:1], b[:, 1:2]) * xp.astype(sc, xp.float32)
