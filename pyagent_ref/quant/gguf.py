@@ -206,7 +206,6 @@ class GGUFLinear(nn.Module):
         self.formats = [kind for _, kind in parts]
         for i, (data, _) in enumerate(parts):
             self.register_buffer(f"part{i}", torch.from_numpy(np.array(data, copy=True)))
-        self.in_features = int(parts[0][0].shape[1]) if self.formats[0] in FLOAT_TYPES else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
