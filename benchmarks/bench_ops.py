@@ -74,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pyagent_ref from
 from _timing import machine_line, timeit  # noqa: E402
 
 from pyagent_ref.ops import attention as ref_attention  # noqa: E402
+from pyagent_ref.ops import gguf as ref_gguf  # noqa: E402
 from pyagent_ref.ops import hashing as ref_hashing  # noqa: E402
 from pyagent_ref.ops import layers as ref_layers  # noqa: E402
 from pyagent_ref.ops import lora as ref_lora  # noqa: E402
@@ -94,6 +95,7 @@ except ImportError:  # torch is optional: the torch column is skipped
 try:
     import pyagent_accel._native as accel_native
     from pyagent_accel.ops import attention as accel_attention
+    from pyagent_accel.ops import gguf as accel_gguf
     from pyagent_accel.ops import hashing as accel_hashing
     from pyagent_accel.ops import layers as accel_layers
     from pyagent_accel.ops import lora as accel_lora
@@ -1067,6 +1069,59 @@ def bench_quant(token_counts: list[int], budget: float, min_reps: int) -> list[d
     return rows
 
 
+GGUF_FORMATS = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")
+
+
+def bench_gguf(token_counts: list[int], budget: float, min_reps: int) -> list[dict]:
+    """ops.gguf at the quant layers' shapes: quantize (ref numpy vs accel), gguf_matmul (the
+    reference on torch CPU, which dequantizes the whole weight per call, vs accel's fused
+    kernel; `float W` is torch's float32 x @ W.T), x float32."""
+    rows = []
+    header = (
+        f"{'op':<12} {'layer':<8} {'format':<6} {'tokens':>6} {'ref ms':>10} {'accel ms':>10} "
+        f"{'float W ms':>10} {'ref/accel':>10} {'floatW/accel':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    rng = np.random.default_rng(7)
+    for layer, n, out in QUANT_LAYERS:
+        weight = rng.normal(0.0, n**-0.5, (out, n)).astype(np.float32)
+        tw = torch.from_numpy(weight)
+        for fmt in GGUF_FORMATS:
+            raw = ref_gguf.quantize(weight, fmt)
+            assert np.array_equal(accel_gguf.quantize(weight, fmt), raw), fmt
+            t_ref = timeit(functools.partial(ref_gguf.quantize, weight, fmt), budget, min_reps, 5)
+            t_acc = timeit(
+                functools.partial(accel_gguf.quantize, weight, fmt), budget, min_reps, 20
+            )
+            rows.append(dict(op="quantize", layer=layer, fmt=fmt, tokens=out, accel=t_acc))
+            print(
+                f"{'quantize':<12} {layer:<8} {fmt:<6} {out:>6} {fmt_ms(t_ref):>10} "
+                f"{fmt_ms(t_acc):>10} {'':>10} {fmt_ratio(t_ref, t_acc):>10}",
+                flush=True,
+            )
+            traw = torch.from_numpy(raw)
+            for tokens in token_counts:
+                x = torch.from_numpy(rng.normal(0.0, 1.0, (tokens, n)).astype(np.float32))
+                want = ref_gguf.gguf_matmul(x, traw, fmt)
+                check_close(accel_gguf.gguf_matmul(x, traw, fmt), want, "gguf_matmul")
+                t_float = timeit(functools.partial(torch.matmul, x, tw.T), budget, min_reps, 200)
+                fns = (ref_gguf.gguf_matmul, accel_gguf.gguf_matmul)
+                t_ref, t_acc = (
+                    timeit(functools.partial(f, x, traw, fmt), budget, min_reps, 50) for f in fns
+                )
+                rows.append(
+                    dict(op="gguf_matmul", layer=layer, fmt=fmt, tokens=tokens, accel=t_acc)
+                )
+                print(
+                    f"{'gguf_matmul':<12} {layer:<8} {fmt:<6} {tokens:>6} {fmt_ms(t_ref):>10} "
+                    f"{fmt_ms(t_acc):>10} {fmt_ms(t_float):>10} {fmt_ratio(t_ref, t_acc):>10} "
+                    f"{fmt_ratio(t_float, t_acc):>12}",
+                    flush=True,
+                )
+    return rows
+
+
 TARGET_OPS = ("apply_top_k", "apply_top_p", "apply_min_p", "apply_penalties", "sample")
 
 
@@ -1128,6 +1183,8 @@ def main() -> None:
         print()
         bench_ssm(64 if args.quick else 512, 8, budget, min_reps)
         bench_quant([1] if args.quick else [1, 64], budget, min_reps)
+        print()
+        bench_gguf([1] if args.quick else [1, 64], budget, min_reps)
     print()
     bench_attention_ops(args.quick, budget, min_reps)
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")

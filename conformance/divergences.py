@@ -622,6 +622,30 @@ _STRUCTURED_DIVERGENCES = (
 )
 
 
+GGUF_PY = "conformance.adapters.gguf_py"
+
+_GGUF_NO_K_QUANTIZER = (
+    "gguf-py 0.19 quantizes Q8_0 and Q4_0 (bit-exact with llama.cpp's reference) but has no "
+    "Q4_K or Q6_K quantizer: gguf.quants.quantize raises NotImplementedError for them"
+)
+_GGUF_NO_VALIDATION = (
+    "gguf.quants checks neither dtypes nor the type name's family: integer weights are cast, "
+    "int8 bytes are viewed as uint8, and any GGML type name (F16, Q5_K, IQ2_XS) is a format"
+)
+_GGUF_DIVERGENCES = (
+    *(
+        Divergence(GGUF_PY, "gguf.quantize", prop, _GGUF_NO_K_QUANTIZER)
+        for prop in (
+            "returns_documented_types",
+            "dequantizes_within_the_format_error",
+            "does_not_modify_inputs",
+            "matches_reference",
+        )
+    ),
+    Divergence(GGUF_PY, "gguf.quantize", "rejects_invalid_input", _GGUF_NO_VALIDATION),
+    Divergence(GGUF_PY, "gguf.dequantize", "rejects_invalid_input", _GGUF_NO_VALIDATION),
+)
+
 DIVERGENCES: tuple[Divergence, ...] = (
     _hf("apply_temperature", "zero_temperature_rows_unchanged", _HF_T0),
     _hf("apply_temperature", "matches_reference", _HF_T0),
@@ -739,6 +763,7 @@ DIVERGENCES: tuple[Divergence, ...] = (
     *_TOKENIZER_DIVERGENCES,
     *_STRUCTURED_DIVERGENCES,
     *_MATCHER_DIVERGENCES,
+    *_GGUF_DIVERGENCES,
 )
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from pyagent_ref.ops import attention as A
 from pyagent_ref.ops import block_table as BT
+from pyagent_ref.ops import gguf as GG
 from pyagent_ref.ops import hashing as H
 from pyagent_ref.ops import layers as L
 from pyagent_ref.ops import lora as LO
@@ -3157,6 +3158,7 @@ def implementation(m: Mutant) -> Impl:
         ("pooling", P),
         ("ssm", SS),
         ("quant", Q),
+        ("gguf", GG),
     ):
         ns = SimpleNamespace(**{k: getattr(mod, k) for k in mod.__all__})
         if name == m.module:
@@ -3519,3 +3521,132 @@ def update_without_softplus(
     bound = _update_args(rest, kw)
     SS.selective_state_update(state, x, dt, A, B, C, **bound)
     return SS.selective_state_update(state, x, dt, A, B, C, **(bound | {"dt_softplus": False}))
+
+
+# --- gguf -----------------------------------------------------------------------------------
+
+
+def _blocks(raw: Any, fmt: str) -> np.ndarray:
+    """A copy of raw's bytes as (blocks, type_size) (after the reference's own checks)."""
+    GG.dequantize(raw, fmt)
+    return _np(raw).reshape(-1, GG.BLOCKS[fmt][1])
+
+
+def _dequantize_bytes(raw: Any, fmt: str, edit: Callable[[np.ndarray], None]) -> Any:
+    """The reference's dequantize of raw's blocks after `edit` (in place) when fmt matches."""
+    b = _blocks(raw, fmt)
+    edit(b)
+    return _back(raw, _np(GG.dequantize(b.reshape(_np(raw).shape), fmt)))
+
+
+@mutant("gguf", "dequantize", "Q4_0: weights 2j and 2j + 1 in byte j (interleaved nibbles)")
+def dequantize_q4_0_interleaved(raw: Any, fmt: str) -> Any:
+    w = _np(GG.dequantize(raw, fmt))
+    if fmt == "Q4_0":
+        blocks = w.reshape(-1, 2, 16)
+        w = np.stack([blocks[:, 0], blocks[:, 1]], axis=2).reshape(w.shape)
+    return _back(raw, w)
+
+
+def _no_high_bits(b: np.ndarray) -> None:
+    b[:, 4:12] &= 63
+
+
+@mutant("gguf", "dequantize", "Q4_K: ignores the high two bits of the scales and mins 4-7")
+def dequantize_q4_k_six_bits_lost(raw: Any, fmt: str) -> Any:
+    return _dequantize_bytes(raw, fmt, _no_high_bits if fmt == "Q4_K" else lambda b: None)
+
+
+def _flip_dmin_sign(b: np.ndarray) -> None:
+    b[:, 3] ^= 0x80
+
+
+@mutant("gguf", "dequantize", "Q4_K: adds dmin * m instead of subtracting it")
+def dequantize_q4_k_adds_min(raw: Any, fmt: str) -> Any:
+    return _dequantize_bytes(raw, fmt, _flip_dmin_sign if fmt == "Q4_K" else lambda b: None)
+
+
+def _reverse_high_bits(b: np.ndarray) -> None:
+    qh = b[:, 128:192].copy()
+    b[:, 128:192] = sum(((qh >> (2 * t)) & 3) << (6 - 2 * t) for t in range(4))
+
+
+@mutant("gguf", "dequantize", "Q6_K: reads the 2-bit high fields of qh from the top down")
+def dequantize_q6_k_high_bits_reversed(raw: Any, fmt: str) -> Any:
+    return _dequantize_bytes(raw, fmt, _reverse_high_bits if fmt == "Q6_K" else lambda b: None)
+
+
+def _q8_q4(weight: Any, fmt: str, **bug: bool) -> Any:
+    """quantize with Q8_0 / Q4_0 in numpy, with one of the bugs below (other formats: the
+    reference)."""
+    out = GG.quantize(weight, fmt)
+    if fmt not in ("Q8_0", "Q4_0"):
+        return out
+    f32 = np.float32
+    x = _np(weight).astype(f32).reshape(-1, 32)
+    if fmt == "Q8_0":
+        d = np.max(np.abs(x), axis=1) / f32(128 if bug.get("over_128") else 127)
+        inverse = np.divide(f32(1), d, out=np.zeros_like(d), where=d != 0)
+        v = x * inverse[:, None]
+        q = np.trunc(v) + np.where(np.abs(v - np.trunc(v)) >= 0.5, np.sign(v), 0)
+        codes = q.astype(np.int8).view(np.uint8)
+    else:
+        top = np.max(np.abs(x), axis=1)  # the bug: |m| / 8 instead of m / -8
+        d = top / f32(8)
+        inverse = np.divide(f32(1), d, out=np.zeros_like(d), where=d != 0)
+        q = np.clip(np.floor(x * inverse[:, None] + f32(8.5)), 0, 15).astype(np.uint8)
+        codes = q[:, :16] | (q[:, 16:] << 4)
+    half = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return _back(weight, np.concatenate([half, codes], axis=1).reshape(_np(out).shape))
+
+
+@mutant("gguf", "quantize", "Q8_0: d = max|w| / 128 instead of / 127")
+def quantize_q8_0_over_128(weight: Any, fmt: str) -> Any:
+    return _q8_q4(weight, fmt, over_128=True)
+
+
+@mutant("gguf", "quantize", "Q4_0: d = max|w| / 8 (the sign of the largest entry dropped)")
+def quantize_q4_0_unsigned_max(weight: Any, fmt: str) -> Any:
+    return _q8_q4(weight, fmt, unsigned=True)
+
+
+@mutant("gguf", "quantize", "Q4_K: packs weights 2l and 2l + 1 into byte l of a chunk")
+def quantize_q4_k_interleaved(weight: Any, fmt: str) -> Any:
+    raw = _np(GG.quantize(weight, fmt))
+    if fmt == "Q4_K" and raw.size:
+        b = raw.reshape(-1, 144)
+        qs = b[:, 16:].reshape(-1, 4, 32)
+        codes = np.concatenate([qs & 15, qs >> 4], axis=2)  # (blocks, chunk, 64) in order
+        b[:, 16:] = (codes[:, :, 0::2] | (codes[:, :, 1::2] << 4)).reshape(-1, 128)
+    return _back(weight, raw)
+
+
+@mutant("gguf", "quantize", "Q6_K: writes qh before ql")
+def quantize_q6_k_qh_first(weight: Any, fmt: str) -> Any:
+    raw = _np(GG.quantize(weight, fmt))
+    if fmt == "Q6_K" and raw.size:
+        b = raw.reshape(-1, 210)
+        b[:, :192] = np.concatenate([b[:, 128:192], b[:, :128]], axis=1)
+    return _back(weight, raw)
+
+
+def _gguf_linear(x: Any, raw: Any, fmt: str, **bug: bool) -> Any:
+    """gguf_matmul in numpy, with one of the bugs below."""
+    GG.gguf_matmul(x, raw, fmt)
+    xs = _np(x)
+    c = np.float64 if xs.dtype == np.float64 else np.float32
+    w = _np(GG.dequantize(raw, fmt))
+    if bug.get("half_weight"):
+        w = w.astype(np.float16)
+    y = xs.astype(c) @ w.astype(c).T
+    return _back(x, y if bug.get("compute_dtype") else y.astype(xs.dtype))
+
+
+@mutant("gguf", "gguf_matmul", "rounds the dequantized weight to float16")
+def gguf_matmul_half_weight(*args: Any) -> Any:
+    return _gguf_linear(*args, half_weight=True)
+
+
+@mutant("gguf", "gguf_matmul", "returns the compute dtype instead of x's")
+def gguf_matmul_compute_dtype(*args: Any) -> Any:
+    return _gguf_linear(*args, compute_dtype=True)

@@ -16,6 +16,7 @@ pub mod block_table;
 pub mod bpe;
 pub mod elem;
 pub mod float;
+pub mod gguf;
 pub mod grammar;
 pub mod hashing;
 pub mod layers;
@@ -43,6 +44,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     lora::register(m)?;
     pooling::register(m)?;
     quant::register(m)?;
+    gguf::register(m)?;
     rope::register(m)?;
     attention::register(m)?;
     structured::register(m)?;

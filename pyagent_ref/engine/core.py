@@ -134,7 +134,9 @@ class EngineConfig:
     Each field below is also a `pyagent` command-line flag (`max_num_seqs` is
     --max-num-seqs), whose help is the field's entry here.
 
-    model: HF model directory; None is the embedded default model.
+    model: HF model directory or llama.cpp .gguf file; None is the embedded default model.
+    tokenizer: the directory of the tokenizer; None: the model's (a .gguf file's own
+        vocabulary when it is byte-level BPE).
     dtype: the weights' and activations' dtype.
     device: the torch device the model runs on.
     block_size: tokens per KV cache block.
@@ -232,6 +234,7 @@ class EngineConfig:
     """
 
     model: str | Path | None = None
+    tokenizer: str | Path | None = None
     dtype: str = "float32"
     device: str = "cpu"
     block_size: int = 16

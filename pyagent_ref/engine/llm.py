@@ -100,7 +100,9 @@ class _Frontend:
         model_dir = Path(self.config.model or default_model_path())
         self.core = core or EngineCore.from_config(self.config)
         self.tokenizer = tokenizer or load_tokenizer(
-            model_dir, self.config.tokenizer_backend, _bpe_encoding_class(self.config.ops)
+            self.config.tokenizer or model_dir,
+            self.config.tokenizer_backend,
+            _bpe_encoding_class(self.config.ops),
         )
         model_config = ModelConfig.from_pretrained(model_dir)
         self.pooler_config = PoolerConfig.from_model(model_config, self.config.model)

@@ -558,13 +558,18 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
-        """Read ``config.json`` of a model directory (see `from_hf`).
+        """Read ``config.json`` of a model directory (see `from_hf`), or the metadata of a
+        .gguf file (`pyagent_ref.quant.gguf.read_config`).
 
         Raises:
             FileNotFoundError: the directory has no config.json.
             ValueError: config.json is not a JSON object (the message names the file and,
                 for invalid JSON, the line and column), or lacks what `from_hf` needs.
         """
+        from ..quant.gguf import is_gguf, read_config
+
+        if is_gguf(model_dir):  # the metadata of a llama.cpp file
+            return read_config(model_dir)
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no config.json in model directory {str(model_dir)!r}")

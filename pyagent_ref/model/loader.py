@@ -238,7 +238,8 @@ def load_model(
     """Build the model a directory describes and load its weights.
 
     Args:
-        model_dir: an HF-layout directory with config.json and safetensors weights.
+        model_dir: an HF-layout directory with config.json and safetensors weights, or a
+            .gguf file (`pyagent_ref.quant.gguf.load_gguf`).
         dtype: "float32", "bfloat16" or "float16"; default: the config's dtype. Modules
             that set `keep_float32` (DeepSeek's routers) keep float32 parameters.
         device: where the parameters live ("cpu", "cuda", ...).
@@ -257,6 +258,10 @@ def load_model(
             `pyagent_ref.quant`), an unknown quant_method, unsupported bits, a group_size
             that does not divide a layer, or a missing / mis-shaped quantized tensor.
     """
+    from ..quant.gguf import is_gguf, load_gguf
+
+    if is_gguf(model_dir):  # llama.cpp's single-file format (`pyagent_ref.quant.gguf`)
+        return load_gguf(model_dir, dtype, device, ops)
     device = check_device(device)
     model_dir = Path(model_dir)
     config = ModelConfig.from_pretrained(model_dir)

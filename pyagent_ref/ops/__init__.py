@@ -16,6 +16,7 @@ from types import ModuleType
 from . import (
     attention,
     block_table,
+    gguf,
     hashing,
     layers,
     lora,
@@ -43,6 +44,7 @@ MODULES = (
     "pooling",
     "ssm",
     "quant",
+    "gguf",
 )
 IMPLEMENTATIONS = ("ref", "accel", "auto")
 
@@ -51,6 +53,7 @@ __all__ = [
     "MODULES",
     "attention",
     "block_table",
+    "gguf",
     "hashing",
     "layers",
     "load",
@@ -74,7 +77,7 @@ def load(name: str = "auto") -> ModuleType:
     accelerator's twin when its array arguments live on the host (numpy arrays, CPU
     tensors) and the reference when one is a tensor on another device (CUDA, meta),
     which the accelerator does not take; without the wheel, "auto" is "ref". The
-    result has one attribute per ops module (`.sampling`, ..., `.ssm`, `.quant`).
+    result has one attribute per ops module (`.sampling`, ..., `.quant`, `.gguf`).
     """
     if name == "ref":
         return importlib.import_module(__name__)

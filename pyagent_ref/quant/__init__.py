@@ -23,6 +23,9 @@ qkv_proj and gate_up_proj take their q/k/v or gate/up layers' codes stacked by r
 and loads the remaining float tensors (norms, embeddings, biases) as usual. The layers
 call `ops.quant.dequant_matmul` of the model's ops namespace, so the accelerator's fused
 kernel reads the packed codes directly.
+
+llama.cpp's GGUF files are read by `gguf` (`LLM(model="x.gguf")`): their block formats
+are `pyagent_ref.ops.gguf`'s, not this package's layout.
 """
 
 from __future__ import annotations

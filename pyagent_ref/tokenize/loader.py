@@ -19,7 +19,8 @@ def load_tokenizer(
     backend: Literal["library", "pyagent", "auto"] = "library",
     encoding_class: type | None = None,
 ) -> Tokenizer:
-    """Load the tokenizer stored in ``model_dir``.
+    """Load the tokenizer stored in ``model_dir`` (or in a .gguf file's metadata:
+    `pyagent_ref.quant.gguf.load_gguf_tokenizer`).
 
     * ``tokenizer.json`` present: with ``backend="library"``,
       `HFTokenizer.from_pretrained` (the `tokenizers` library); with ``"pyagent"``,
@@ -43,6 +44,10 @@ def load_tokenizer(
     if backend not in TOKENIZER_BACKENDS:
         raise ValueError(f"backend must be one of {TOKENIZER_BACKENDS}, got {backend!r}")
     root = Path(model_dir)
+    if root.suffix == ".gguf" and root.is_file():  # the vocabulary in a llama.cpp file
+        from ..quant.gguf import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(root, backend, encoding_class)
     if not root.is_dir():
         raise FileNotFoundError(f"model_dir {str(model_dir)!r} is not a directory")
     if (root / "tokenizer.json").is_file():

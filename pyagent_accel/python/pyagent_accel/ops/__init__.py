@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import (
     attention,
     block_table,
+    gguf,
     hashing,
     layers,
     lora,
@@ -36,12 +37,14 @@ MODULES = (
     "pooling",
     "ssm",
     "quant",
+    "gguf",
 )
 
 __all__ = [
     "MODULES",
     "attention",
     "block_table",
+    "gguf",
     "hashing",
     "layers",
     "lora",

@@ -1,5 +1,6 @@
 from . import attention as attention
 from . import block_table as block_table
+from . import gguf as gguf
 from . import hashing as hashing
 from . import layers as layers
 from . import lora as lora
@@ -18,6 +19,7 @@ __all__ = [
     "MODULES",
     "attention",
     "block_table",
+    "gguf",
     "hashing",
     "layers",
     "lora",
