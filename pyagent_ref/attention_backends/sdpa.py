@@ -145,8 +145,8 @@ def _attend(
     fmt, k_scale, v_scale = fp8
 
     def dense(cache: torch.Tensor, kv_scale: float) -> torch.Tensor:  # (1, kv_heads, S, d)
-        blocks = cache[used] if fmt is None else _fp8.decode(cache[used], kv_scale, fmt)
-        return blocks.reshape(-1, num_kv_heads, d)[:seq_len].transpose(0, 1)[None].to(compute)
+        kv = cache[used].reshape(-1, num_kv_heads, d)[:seq_len].transpose(0, 1)[None]
+        return kv.to(compute) if fmt is None else _fp8.decode(kv, fmt).to(compute) * kv_scale
 
     k, v = dense(key_cache, k_scale), dense(value_cache, v_scale)
     j = torch.arange(seq_len, device=q.device)

@@ -23,8 +23,9 @@ first kv_lora_rank output features are kept (see `pyagent_ref.model.deepseek`).
 An FP8 KV cache (kv_cache_dtype "fp8" = "fp8_e4m3", or "fp8_e5m2") holds each value
 as one byte: uint8 arrays of the format's bit patterns (`ops._fp8`), written as
 x / k_scale (x / v_scale for values) by a saturating cast and read back as code value
-times the scale, in float32. The scales are per layer (vLLM's k_scale and v_scale). The
-same memory holds 2x the blocks of a float16 cache, 4x those of a float32 one.
+times the scale, in the compute dtype (float32; float64 for float64 queries). The
+scales are per layer (vLLM's k_scale and v_scale). The same memory holds 2x the blocks
+of a float16 cache, 4x those of a float32 one.
 
 `paged_decode_attention` is the special case of one query token per request written
 with static shapes and no host reads of device values, so that a CUDA graph can capture
@@ -359,8 +360,8 @@ def paged_attention(
     out = softmax over visible j of the scores, applied to v_j. Scores and softmax are
     computed in float32 (float64 for float64 inputs). Query tokens past
     query_start_loc[-1] (padding) get zeros. With an fp8 kv_cache_dtype, k_j and v_j are
-    the values of the caches' codes times k_scale and v_scale, in float32 (see
-    `reshape_and_cache`): the result is that of attention over those dequantized caches.
+    the values of the caches' codes (see `reshape_and_cache`) times k_scale and v_scale,
+    in the compute dtype: the result is that of attention over those dequantized caches.
 
     Args:
         query: float array, shape (num_tokens, num_heads, head_size).
@@ -535,8 +536,8 @@ def _attend(
     past all its query positions, so the causal mask hides them (without it, a mask of
     the sequence's length does). Reads no device value on the host. Returns
     (n * q_len, num_heads, d) in `compute`. fp8: (format or None, k_scale, v_scale);
-    with a format, the gathered codes are dequantized (in float32) before the cast to
-    `compute`.
+    with a format, the gathered codes are dequantized: their values times the scale,
+    in `compute`.
     """
     n, (_, num_heads, d) = table.shape[0], query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -551,9 +552,9 @@ def _attend(
 
     def gather(cache: Any, kv_scale: float) -> Any:  # (n, kv_heads, S, d)
         kv = xp.take(cache, xp.reshape(table, (-1,)), axis=0)
-        if fmt is not None:
-            kv = _fp8.decode(kv, kv_scale, fmt)
         kv = xp.reshape(kv, (n, span, num_kv_heads, d))
+        if fmt is not None:
+            kv = xp.astype(_fp8.decode(kv, fmt), compute) * kv_scale
         return xp.permute_dims(xp.astype(kv, compute, copy=False), (0, 2, 1, 3))
 
     k, v = gather(key_cache, k_scale), gather(value_cache, v_scale)
