@@ -711,6 +711,8 @@ class EngineCore:
         allocated); ValueError for a model that cannot keep an fp8 cache."""
         config, mcfg = self.config, model.config
         if config.kv_cache_dtype == "auto":
+            if hasattr(model, "set_kv_cache_dtype"):  # a model an earlier engine set to fp8
+                model.set_kv_cache_dtype("auto")
             return
         if self.encoder or not hasattr(model, "set_kv_cache_dtype"):
             raise ValueError(
