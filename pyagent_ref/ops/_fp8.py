@@ -83,11 +83,18 @@ def _table(xp: Any, fmt: Fp8Format, dev: Any) -> Any:
     return xp.asarray(values(fmt), device=dev)
 
 
+@cache
+def _scalar(xp: Any, value: float, dev: Any) -> Any:
+    # float32(value) on the device: a true division by it (torch divides by a host
+    # scalar on CUDA as a product with its reciprocal); made once, so a graph may read it
+    return xp.asarray(value, dtype=xp.float32, device=dev)
+
+
 def encode(xp: Any, x: Any, scale: float, fmt: Fp8Format, dev: Any) -> Any:
     """uint8 codes of float32(x) / float32(scale), rounded and saturated (module doc)."""
     table = _table(xp, fmt, dev)
     finite = table[: fmt.max_code + 1]  # +0 .. max, ascending
-    y = xp.astype(x, xp.float32) / xp.asarray(scale, dtype=xp.float32, device=dev)
+    y = xp.astype(x, xp.float32) / _scalar(xp, float(scale), dev)
     a = xp.clip(xp.abs(y), 0.0, fmt.max)  # NaN stays NaN
     hi = xp.clip(xp.searchsorted(finite, xp.reshape(a, (-1,))), 0, fmt.max_code)
     lo = xp.clip(hi - 1, 0, None)
