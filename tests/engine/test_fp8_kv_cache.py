@@ -125,6 +125,34 @@ def test_prefix_caching_and_offload_change_no_token(model):
     assert core.kv.metrics().onboarded_blocks > 0
 
 
+def test_preemption_changes_no_token(model):
+    """A cache too small for the batch preempts (the blocks are freed and recomputed):
+    the fp8 codes come back the same, and so do the tokens."""
+    roomy = generate_ids(tiny_engine(model, kv_cache_dtype="fp8"), ID_PROMPTS, 10)
+    core = tiny_engine(model, kv_cache_dtype="fp8", num_kv_blocks=12)
+    assert generate_ids(core, ID_PROMPTS, 10) == roomy
+    assert core.stats.preemptions > 0
+
+
+def test_a_hybrid_models_attention_layers_keep_fp8_and_its_states_their_dtype(tmp_path):
+    """Bamba: attention layers cache uint8 codes (1 byte per element in bytes_per_block),
+    the Mamba-2 layers keep their float32 states."""
+    from pyagent_ref.model import load_model
+    from tests.model.test_mamba import build_hf
+
+    build_hf("bamba").save_pretrained(tmp_path)
+    hybrid = load_model(tmp_path, dtype="float32", progress=False)
+    auto = EngineCore(hybrid, EngineConfig(ops="ref", num_kv_blocks=32, block_size=4))
+    core = EngineCore(
+        hybrid, EngineConfig(ops="ref", num_kv_blocks=32, block_size=4, kv_cache_dtype="fp8")
+    )
+    assert auto.kv.config.bytes_per_block == 4 * core.kv.config.bytes_per_block
+    assert auto.kv.config.state_bytes == core.kv.config.state_bytes
+    dtypes = {t.dtype for tensors in core.runner.kv_caches for t in tensors}
+    assert dtypes == {torch.uint8, torch.float32}
+    assert len(generate_ids(core, ID_PROMPTS[:1], 2)[0]) == 2
+
+
 def test_checkpoint_scales_are_read_and_used(tmp_path, tiny_llm_dir):
     """k_scale / v_scale tensors in the checkpoint reach each layer (the weight loader
     skips them)."""
