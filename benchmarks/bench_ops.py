@@ -26,7 +26,8 @@ three models' shapes, for decode and prefill token counts, in bfloat16 and float
 reference on numpy (float32 only: numpy has no bfloat16; its erf is `math.erf` one
 element at a time) and on torch CPU tensors, and accel on the same torch tensors.
 Attention (`bench_attention_ops`) times reshape_and_cache, a prefill chunk and a decode
-batch over the paged cache at two models' shapes, the same way, and DeepSeek-V2-Lite's
+batch over the paged cache at two models' shapes, the same way (the write and the decode
+also into and over an fp8 (e4m3) cache of uint8 codes), and DeepSeek-V2-Lite's
 multi-head latent attention at its real shape (`MLA_MODEL`: 16 heads over one latent of
 512 + 64): the latent write `concat_and_cache_mla`, and the absorbed attention of a
 prefill chunk and of a decode batch, `paged_attention` / `paged_decode_attention` with
@@ -584,6 +585,9 @@ def attention_cases(heads: int, kv_heads: int, d: int, quick: bool, rng: np.rand
             (q, kc, vc, table, qsl, np.array([chunk + cached], np.int32), d**-0.5),
         ),
     ]
+    codes = [np.zeros(kc.shape, np.uint8) for _ in range(2)]  # an fp8 (e4m3) cache
+    fp8 = ("fp8", 2.0**-6, 2.0**-6)
+    cases.append((f"fp8 write {chunk} tok", "reshape_and_cache", (k, k, *codes, slots, *fp8)))
     lens = rng.integers(lo, hi + 1, n_dec).tolist()
     kc, vc, table = paged_cache(lens, kv_heads, d, rng)
     q = rng.standard_normal((n_dec, heads, d), dtype=np.float32)
@@ -592,6 +596,17 @@ def attention_cases(heads: int, kv_heads: int, d: int, quick: bool, rng: np.rand
             f"decode {n_dec} x {lo}-{hi}",
             "paged_decode_attention",
             (q, kc, vc, table, np.array(lens, np.int32), d**-0.5),
+        )
+    )
+    # finite e4m3 codes of either sign (|value| <= 448, times the scale 2^-6)
+    codes = [(rng.integers(0, 0x7F, kc.shape) | rng.integers(0, 2, kc.shape) << 7) for _ in "kv"]
+    codes = [c.astype(np.uint8) for c in codes]
+    lens_ = np.array(lens, np.int32)
+    cases.append(
+        (
+            f"fp8 decode {n_dec} x {lo}-{hi}",
+            "paged_decode_attention",
+            (q, *codes, table, lens_, d**-0.5, None, None, None, *fp8),
         )
     )
     return cases

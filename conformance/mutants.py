@@ -1651,12 +1651,75 @@ def attention_always_causal(*args: Any) -> Any:
 
 
 @mutant("attention", "reshape_and_cache", "writes padding tokens too (slot -1: the last slot)")
-def cache_writes_padding(key: Any, value: Any, key_cache: Any, value_cache: Any, slots: Any) -> Any:
-    A.reshape_and_cache(key, value, key_cache, value_cache, slots)
+def cache_writes_padding(
+    key: Any, value: Any, key_cache: Any, value_cache: Any, slots: Any, *fp8: Any
+) -> Any:
+    A.reshape_and_cache(key, value, key_cache, value_cache, slots, *fp8)
+    n, b = key_cache.shape[:2]
+    s = _np(slots)
+    last = _back(slots, np.where(s < 0, n * b - 1, -1).astype(s.dtype))
+    A.reshape_and_cache(key, value, key_cache, value_cache, last, *fp8)
+    return None
+
+
+def _fp8_args(args: tuple[Any, ...], at: int) -> tuple[list[Any], str]:
+    """args (every argument before kv_cache_dtype, at position `at`, given) as a list
+    completed with the defaults of kv_cache_dtype, k_scale and v_scale; the
+    kv_cache_dtype."""
+    full = list(args) + ["auto", 1.0, 1.0][len(args) - at :]
+    return full, full[at]
+
+
+@mutant("attention", "paged_attention", "reads an fp8 cache without its scales (k_scale, v_scale)")
+def attention_fp8_ignores_scales(*args: Any) -> Any:
+    A.paged_attention(*args)  # the reference's errors
+    args, _ = _fp8_args(args, 12)
+    return A.paged_attention(*args[:13], 1.0, 1.0)
+
+
+@mutant("attention", "paged_decode_attention", "reads an fp8 cache without its v_scale")
+def decode_fp8_ignores_v_scale(*args: Any) -> Any:
+    A.paged_decode_attention(*args)
+    args, _ = _fp8_args(args, 9)
+    return A.paged_decode_attention(*args[:11], 1.0)
+
+
+@mutant("attention", "paged_decode_attention", "reads fp8_e5m2 codes as e4m3 (wrong format)")
+def decode_fp8_wrong_format(*args: Any) -> Any:
+    A.paged_decode_attention(*args)
+    args, name = _fp8_args(args, 9)
+    if name == "fp8_e5m2":
+        args[9] = "fp8_e4m3"
+    return A.paged_decode_attention(*args)
+
+
+@mutant("attention", "reshape_and_cache", "no saturation: an fp8 value beyond max becomes NaN")
+def cache_fp8_no_saturation(
+    key: Any, value: Any, key_cache: Any, value_cache: Any, slots: Any, *fp8: Any
+) -> Any:
+    A.reshape_and_cache(key, value, key_cache, value_cache, slots, *fp8)
+    name, k_scale, v_scale = fp8 or ("auto", 1.0, 1.0)
+    if name == "auto":
+        return None
+    top = 448.0 if name != "fp8_e5m2" else 57344.0
     n, b, h, d = key_cache.shape
-    for t in np.flatnonzero(_np(slots) < 0).tolist():
-        key_cache.reshape(n * b, h, d)[-1] = key[t]
-        value_cache.reshape(n * b, h, d)[-1] = value[t]
+    s = _np(slots)
+    for cache, x, scale in ((key_cache, key, k_scale), (value_cache, value, v_scale)):
+        y = _np(x).astype(np.float32) / np.float32(scale)
+        flat = _np(cache).reshape(n * b, h, d)
+        for t in np.flatnonzero(s >= 0).tolist():
+            flat[s[t]] = np.where(np.abs(y[t]) > top, 0x7F, flat[s[t]])
+        cache.reshape(n * b, h, d)[...] = _back(cache, flat)
+    return None
+
+
+@mutant("attention", "reshape_and_cache", "writes fp8 (e4m3) codes for fp8_e5m2 (wrong format)")
+def cache_fp8_wrong_format(
+    key: Any, value: Any, key_cache: Any, value_cache: Any, slots: Any, *fp8: Any
+) -> Any:
+    A.reshape_and_cache(key, value, key_cache, value_cache, slots, *fp8)
+    if fp8 and fp8[0] == "fp8_e5m2":
+        A.reshape_and_cache(key, value, key_cache, value_cache, slots, "fp8", *fp8[1:])
     return None
 
 

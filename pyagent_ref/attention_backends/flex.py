@@ -26,7 +26,8 @@ scores of every slot, which is correct and slow; compiled on a GPU it is a fused
 (the path to measure where a GPU is lent). Half-precision inputs are computed in
 float32 on the CPU (the unfused path would keep their dtype), in their own dtype with
 float32 accumulation on a GPU. numpy arrays are taken and returned (computed through
-torch).
+torch). An fp8 cache (`kv_cache_dtype`) is not read here: flex_attention computes q.k
+from float keys, so such a call is the reference's (`ops.attention`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from ..ops import attention as reference
 from ..ops.attention import _check_batch, _check_decode
 
 __all__ = ["paged_attention", "paged_decode_attention"]
@@ -56,9 +58,19 @@ def paged_attention(
     alibi_slopes: Any = None,
     custom_masks: Sequence[Any | None] | None = None,
     causal: bool = True,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """`pyagent_ref.ops.attention.paged_attention`'s contract, computed by flex_attention
-    over the paged cache in place (see the module docstring)."""
+    over the paged cache in place (see the module docstring); an fp8 cache is the
+    reference's."""
+    if kv_cache_dtype != "auto":
+        return reference.paged_attention(
+            query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale,
+            sliding_window, soft_cap, alibi_slopes, custom_masks, causal, kv_cache_dtype,
+            k_scale, v_scale,
+        )  # fmt: skip
     _check_batch(query, key_cache, block_table, query_start_loc, seq_lens, custom_masks, causal)
     q, qsl, lens = (torch.as_tensor(x) for x in (query, query_start_loc, seq_lens))
     dev = q.device
@@ -91,9 +103,18 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     alibi_slopes: Any = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """`pyagent_ref.ops.attention.paged_decode_attention`'s contract: request r's one
-    query token at position seq_lens[r] - 1; a request with seq_lens[r] == 0 gets zeros."""
+    query token at position seq_lens[r] - 1; a request with seq_lens[r] == 0 gets zeros;
+    an fp8 cache is the reference's."""
+    if kv_cache_dtype != "auto":
+        return reference.paged_decode_attention(
+            query, key_cache, value_cache, block_table, seq_lens, scale,
+            sliding_window, soft_cap, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
+        )  # fmt: skip
     _check_decode(query, key_cache, block_table, seq_lens)
     lens = torch.as_tensor(seq_lens).to(torch.as_tensor(query).device, torch.int64)
     token_req = torch.where(lens > 0, torch.arange(len(lens), device=lens.device), -1)

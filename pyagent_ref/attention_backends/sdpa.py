@@ -12,7 +12,8 @@ with nothing visible gets zeros (SDPA would give NaN). SDPA has no soft-capping:
 with `soft_cap` is the reference's (`ops.attention`), which is what the conformance
 suite then sees. This is the prefill backend where SDPA's fused kernels apply (a long
 q_len per request); decode (`paged_decode_attention`) runs the same loop with one query
-token per request. Half-precision inputs are computed in float32 on the CPU; numpy
+token per request. An fp8 cache (`kv_cache_dtype`) is dequantized block by block as
+each request's blocks are gathered. Half-precision inputs are computed in float32 on the CPU; numpy
 arrays are taken and returned (computed through torch).
 """
 
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..ops import _fp8
 from ..ops import attention as reference
 from ..ops.attention import _check_batch, _check_decode
 
@@ -44,17 +46,23 @@ def paged_attention(
     alibi_slopes: Any = None,
     custom_masks: Sequence[Any | None] | None = None,
     causal: bool = True,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """`pyagent_ref.ops.attention.paged_attention`'s contract through SDPA (see the
     module docstring)."""
     if soft_cap is not None:
         return reference.paged_attention(
             query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale,
-            sliding_window, soft_cap, alibi_slopes, custom_masks, causal,
+            sliding_window, soft_cap, alibi_slopes, custom_masks, causal, kv_cache_dtype,
+            k_scale, v_scale,
         )  # fmt: skip
     _, qsl, lens = _check_batch(
         query, key_cache, block_table, query_start_loc, seq_lens, custom_masks, causal
     )
+    caches = {"key_cache": key_cache, "value_cache": value_cache}
+    fp8 = _fp8.check(kv_cache_dtype, k_scale, v_scale, caches), k_scale, v_scale
     q, kc, vc, table = (torch.as_tensor(x) for x in (query, key_cache, value_cache, block_table))
     out = torch.zeros_like(q)
     for r, seq_len in enumerate(lens):
@@ -72,6 +80,7 @@ def paged_attention(
                 alibi_slopes,
                 mask,
                 causal,
+                fp8,
             )
     return out.numpy() if isinstance(query, np.ndarray) else out
 
@@ -86,22 +95,28 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     alibi_slopes: Any = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """`pyagent_ref.ops.attention.paged_decode_attention`'s contract: request r's one
     query token at position seq_lens[r] - 1; seq_lens[r] == 0 gets zeros."""
     if soft_cap is not None:
         return reference.paged_decode_attention(
             query, key_cache, value_cache, block_table, seq_lens, scale,
-            sliding_window, soft_cap, alibi_slopes,
+            sliding_window, soft_cap, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
         )  # fmt: skip
     _check_decode(query, key_cache, block_table, seq_lens)
+    caches = {"key_cache": key_cache, "value_cache": value_cache}
+    fp8 = _fp8.check(kv_cache_dtype, k_scale, v_scale, caches), k_scale, v_scale
     q, kc, vc, table = (torch.as_tensor(x) for x in (query, key_cache, value_cache, block_table))
     out = torch.zeros_like(q)
     for r, seq_len in enumerate(int(n) for n in seq_lens):
         if seq_len:
             out[r : r + 1] = _attend(
-                q[r : r + 1], kc, vc, table[r], seq_len, scale, sliding_window, alibi_slopes
-            )
+                q[r : r + 1], kc, vc, table[r], seq_len, scale, sliding_window, alibi_slopes,
+                None, True, fp8,
+            )  # fmt: skip
     return out.numpy() if isinstance(query, np.ndarray) else out
 
 
@@ -116,19 +131,24 @@ def _attend(
     alibi_slopes: Any,
     custom_mask: Any = None,
     causal: bool = True,
+    fp8: tuple[Any, float, float] = (None, 1.0, 1.0),
 ) -> torch.Tensor:
     """One request's q_len query tokens (q_len, H, D), the last of its seq_len, over its
-    blocks: SDPA with the spec's visibility as an additive mask."""
+    blocks: SDPA with the spec's visibility as an additive mask. fp8: (format or None,
+    k_scale, v_scale) of the caches."""
     q_len, num_heads, d = q.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     used = blocks[: -(-seq_len // block_size)].long()
     compute = q.dtype
     if q.device.type == "cpu" and q.dtype not in (torch.float32, torch.float64):
         compute = torch.float32
-    k, v = (
-        c[used].reshape(-1, num_kv_heads, d)[:seq_len].transpose(0, 1)[None].to(compute)
-        for c in (key_cache, value_cache)
-    )
+    fmt, k_scale, v_scale = fp8
+
+    def dense(cache: torch.Tensor, kv_scale: float) -> torch.Tensor:  # (1, kv_heads, S, d)
+        kv = cache[used].reshape(-1, num_kv_heads, d)[:seq_len].transpose(0, 1)[None]
+        return kv.to(compute) if fmt is None else _fp8.decode(kv, fmt).to(compute) * kv_scale
+
+    k, v = dense(key_cache, k_scale), dense(value_cache, v_scale)
     j = torch.arange(seq_len, device=q.device)
     p = seq_len - q_len + torch.arange(q_len, device=q.device)[:, None]
     visible = j <= p if causal else torch.ones((q_len, seq_len), dtype=torch.bool, device=q.device)

@@ -82,12 +82,23 @@ FROM_INSTANCE = Ready | StartupFailed | Prefilled | Tokens | StatsReply
 
 
 def layout(core: EngineCore) -> dict[str, str]:
-    """What must agree between a prefill and a decode instance for KV to move."""
+    """What must agree between a prefill and a decode instance for KV to move.
+
+    Raises:
+        ValueError: calculate_kv_scales (each instance would compute its own scales).
+    """
     config = core.config
+    if config.calculate_kv_scales:
+        raise ValueError(
+            "calculate_kv_scales: the prefill and decode instances would each compute their "
+            "own fp8 KV scales; load them from the checkpoint instead"
+        )
     return {
         "architecture": str(core.limits.architecture),
         "vocab_size": str(core.limits.vocab_size),
         "dtype": config.dtype,
+        "kv_cache_dtype": config.kv_cache_dtype,
+        "kv_scales": repr(core.kv_scales),
         "block_size": str(config.block_size),
         "prefix_caching_hash_algo": config.prefix_caching_hash_algo,
         "kv_cache_groups": repr(core.kv.config.groups),

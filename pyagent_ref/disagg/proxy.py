@@ -56,7 +56,7 @@ from .instance import (
 )
 
 _DEAD = object()  # what a waiter gets once its instance's process is gone
-_LAYOUT_FIELDS = ("model", "dtype", "block_size", "prefix_caching_hash_algo")
+_LAYOUT_FIELDS = ("model", "dtype", "kv_cache_dtype", "block_size", "prefix_caching_hash_algo")
 
 
 def check_layouts(prefill: dict, decode: dict) -> None:

@@ -50,8 +50,11 @@ from ..lora import LoRAConfig, LoRARequest
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..model.eplb import EPLBConfig, ExpertBalancer
+from ..model.kv_scales import read_kv_scales
+from ..model.loader import safetensors_files
 from ..model.pooling import RUNNERS, TASKS, Pooler, PoolerConfig, supported_tasks
 from ..ops import load as load_ops
+from ..ops._fp8 import KV_CACHE_DTYPES
 from ..sample.logits_processor import load_logits_processors
 from ..sample.sampler import LOGPROBS_MODES
 from ..sched.outputs import (
@@ -143,6 +146,16 @@ class EngineConfig:
     num_kv_blocks: KV cache blocks (block 0 is the null block); None sizes the cache
         from kv_cache_memory_bytes.
     kv_cache_memory_bytes: the KV cache's memory when num_kv_blocks is None.
+    kv_cache_dtype: the KV cache's element type: "auto" (the model's dtype) or FP8
+        ("fp8" = "fp8_e4m3", "fp8_e5m2"): one byte per value, so the same memory holds
+        2x the blocks of a float16 model, 4x those of a float32 one. Each layer's keys
+        and values are divided by its k_scale / v_scale (the checkpoint's
+        `self_attn.k_scale` / `v_scale` tensors, else 1.0) and saturated to the format
+        (`ops.attention.reshape_and_cache`). Not for MLA or encoder models.
+    calculate_kv_scales: with an fp8 kv_cache_dtype, compute each layer's scales from
+        the first batch it runs (its largest |k|, |v| at a quarter of the format's
+        range) instead of the checkpoint's; not with CUDA graphs or kv_offload (blocks
+        written under other scales could be read back).
     max_num_seqs: the most requests running in one step.
     max_num_batched_tokens: the most tokens (prefill and decode) in one step.
     max_model_len: prompt + output tokens of one request; None takes the model's
@@ -240,6 +253,8 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int = 256 * 2**20
+    kv_cache_dtype: str = "auto"
+    calculate_kv_scales: bool = False
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
@@ -312,6 +327,21 @@ class EngineConfig:
                 f"ray_address={self.ray_address!r} needs distributed_executor_backend='ray', "
                 f"got {self.distributed_executor_backend!r}"
             )
+        if self.calculate_kv_scales and self.kv_cache_dtype == "auto":
+            raise ValueError(
+                "calculate_kv_scales computes the scales of an fp8 KV cache, but "
+                "kv_cache_dtype='auto'; set kv_cache_dtype='fp8'"
+            )
+        if self.calculate_kv_scales and self.kv_offload is not None:
+            raise ValueError(
+                "calculate_kv_scales with kv_offload: offloaded blocks written under another "
+                "run's scales would be read with this run's; load the scales from the checkpoint"
+            )
+        if self.kv_cache_dtype != "auto" and world > 1:
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} runs in one process here; it is not "
+                f"available with tensor_parallel_size x pipeline_parallel_size = {world}"
+            )
         if self.kv_offload is not None and not self.enable_prefix_caching:
             raise ValueError(
                 "kv_offload needs enable_prefix_caching=True: offloaded blocks are found "
@@ -329,6 +359,8 @@ _CONFIG_RULES = {
     "block_size": (int, lambda v: v >= 1, "an int >= 1"),
     "num_kv_blocks": (_OPTIONAL_INT, lambda v: v is None or v >= 2, "None or an int >= 2"),
     "kv_cache_memory_bytes": (int, lambda v: v >= 1, "an int >= 1"),
+    "kv_cache_dtype": (str, lambda v: v in KV_CACHE_DTYPES, f"one of {KV_CACHE_DTYPES}"),
+    "calculate_kv_scales": (bool, _ANY, "a bool"),
     "max_num_seqs": (int, lambda v: v >= 1, "an int >= 1"),
     "max_num_batched_tokens": (int, lambda v: v >= 1, "an int >= 1"),
     "max_model_len": (_OPTIONAL_INT, lambda v: v is None or v >= 2, "None or an int >= 2"),
@@ -398,7 +430,11 @@ _CONFIG_RULES = {
 
 
 def kv_cache_groups(
-    config: ModelConfig, block_size: int, dtype_bytes: int, hybrid: bool = True
+    config: ModelConfig,
+    block_size: int,
+    dtype_bytes: int,
+    hybrid: bool = True,
+    kv_dtype_bytes: int | None = None,
 ) -> tuple[KVCacheGroup, ...]:
     """The KV cache groups of a model, from its `layer_types`.
 
@@ -411,9 +447,11 @@ def kv_cache_groups(
     one latent of kv_lora_rank + qk_rope_head_dim per token. "mamba" layers keep a state
     per request (`MambaSpec`: the convolution's conv_kernel - 1 inputs in the model's
     dtype and the float32 SSM state), all in one group. Layer names are the decoder
-    layers' paths, "layers.<i>".
+    layers' paths, "layers.<i>". kv_dtype_bytes: the bytes of one cached key or value
+    element (1 for an fp8 cache), dtype_bytes by default.
     """
-    shape = (block_size, config.num_key_value_heads, config.head_dim, dtype_bytes)
+    kv_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    shape = (block_size, config.num_key_value_heads, config.head_dim, kv_bytes)
 
     def spec(kind: str) -> FullAttentionSpec | MambaSpec:
         if kind == "mamba":
@@ -432,7 +470,15 @@ def kv_cache_groups(
 class EngineCore:
     """Scheduler + KV cache manager + model runner, stepping together."""
 
-    def __init__(self, model: torch.nn.Module, config: EngineConfig, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: EngineConfig,
+        clock=time.monotonic,
+        kv_scales: dict[int, tuple[float, float]] | None = None,
+    ) -> None:
+        """kv_scales: each layer's (k_scale, v_scale) for an fp8 KV cache (the
+        checkpoint's, `model.kv_scales`; `from_config` reads them); None: 1.0."""
         self.config = config
         self.ops = with_attention_backend(load_ops(config.ops), config.attention_backend)
         model.use_ops(self.ops)  # the model's layers run on the engine's ops
@@ -473,11 +519,14 @@ class EngineCore:
                 self.ops,
             )
         dtype = next(model.parameters()).dtype
+        self.kv_scales = kv_scales
+        self._use_kv_cache_dtype(model, kv_scales)
         groups = kv_cache_groups(
             mcfg,
             config.block_size,
             dtype.itemsize,
             hybrid=not config.disable_hybrid_kv_cache_manager,
+            kv_dtype_bytes=None if config.kv_cache_dtype == "auto" else 1,
         )
         # state-space layers: one state slot per running request (slot 0 is the null slot)
         num_state_slots = config.max_num_seqs + 1 if mcfg.mamba is not None else 0
@@ -544,12 +593,11 @@ class EngineCore:
             self.runner = None
             self.executor = start_executor(config, mcfg, runner_args, self.logits_processor_classes)
         if config.kv_offload is not None:
+            namespace = f"{mcfg.architecture}|{dtype}|{groups!r}"
+            if config.kv_cache_dtype != "auto":  # fp8 codes mean nothing under other scales
+                namespace += f"|{config.kv_cache_dtype}|{kv_scales}"
             self.kv.enable_offload(
-                BlockOffloader(
-                    config.kv_offload.make_tiers(),
-                    self.runner,
-                    f"{mcfg.architecture}|{dtype}|{groups!r}",
-                )
+                BlockOffloader(config.kv_offload.make_tiers(), self.runner, namespace)
             )
         self.max_model_len = max_model_len
         self.limits = Limits(
@@ -661,6 +709,27 @@ class EngineCore:
             wanted = bound
         return wanted
 
+    def _use_kv_cache_dtype(self, model: torch.nn.Module, kv_scales) -> None:
+        """Give the model the configured KV cache dtype and scales (before its cache is
+        allocated); ValueError for a model that cannot keep an fp8 cache."""
+        config, mcfg = self.config, model.config
+        if config.kv_cache_dtype == "auto":
+            if hasattr(model, "set_kv_cache_dtype"):  # a model an earlier engine set to fp8
+                model.set_kv_cache_dtype("auto")
+            return
+        if self.encoder or not hasattr(model, "set_kv_cache_dtype"):
+            raise ValueError(
+                f"kv_cache_dtype={config.kv_cache_dtype!r}: {mcfg.architecture} keeps no "
+                "fp8 KV cache here (encoders and MLA models); use 'auto'"
+            )
+        graphs = not config.enforce_eager and config.graph_mode == "auto"
+        if config.calculate_kv_scales and graphs and torch.device(config.device).type == "cuda":
+            raise ValueError(
+                "calculate_kv_scales sets the scales at the first batch, after CUDA graphs "
+                "recorded the old ones: set enforce_eager=True (or load the scales)"
+            )
+        model.set_kv_cache_dtype(config.kv_cache_dtype, kv_scales, config.calculate_kv_scales)
+
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
         from ..model import default_model_path
@@ -669,7 +738,11 @@ class EngineCore:
         if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
             # the ranks load the weights; the engine needs the architecture alone
             return cls(model_skeleton(path, config.dtype), config)
-        return cls(load_model(path, config.dtype, config.device, progress=False), config)
+        model = load_model(path, config.dtype, config.device, progress=False)
+        kv_scales = None
+        if config.kv_cache_dtype != "auto" and not config.calculate_kv_scales:
+            kv_scales = read_kv_scales(safetensors_files(Path(path)))
+        return cls(model, config, kv_scales=kv_scales)
 
     # --- requests ----------------------------------------------------------------------
 

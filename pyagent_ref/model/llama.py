@@ -19,6 +19,10 @@ with (`pyagent_ref.ops.load(...)`: reference, accelerator, or per-device "auto")
 model never branches on the backend. Parameters are fused as inference engines keep them:
 q/k/v in one `qkv_proj`, gate/up in one `gate_up_proj` (`loader` fills them from HF's
 separate tensors).
+
+The KV cache may be kept in FP8 (`set_kv_cache_dtype`): uint8 tensors of e4m3 or e5m2
+codes, written and read by the same ops with the layer's k_scale and v_scale (from the
+checkpoint, `model.kv_scales`, or computed from the first batch).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 from torch import nn
 
 from .. import ops as reference_ops
+from ..ops._fp8 import KV_CACHE_DTYPES, KV_CACHE_FORMATS
 from .config import ModelConfig
 
 
@@ -136,6 +141,9 @@ class Attention(nn.Module):
         self.sliding_window = config.sliding_window if is_sliding else None
         self.scale = config.attention_scale or self.head_dim**-0.5
         self.soft_cap = config.attn_logit_softcapping
+        # the cache's format and scales, passed to the attention ops ({}: the model's dtype)
+        self.kv_args: dict[str, Any] = {}
+        self.calculate_kv_scales = False
 
     def forward(self, positions, hidden, meta: AttentionMetadata, kv_cache, rotary):
         """`rotary` is the layer's RoPE, or None for a model without (learned positions)."""
@@ -152,7 +160,10 @@ class Attention(nn.Module):
             q, k = rotary(positions, q, k)
         key_cache, value_cache = kv_cache
         attention = self.ops.attention
-        attention.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        if self.calculate_kv_scales:
+            self._calculate_kv_scales(k, v)
+        kv_args = self.kv_args
+        attention.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping, **kv_args)
         if meta.decode_only:
             out = attention.paged_decode_attention(
                 q,
@@ -163,6 +174,7 @@ class Attention(nn.Module):
                 self.scale,
                 sliding_window=self.sliding_window,
                 soft_cap=self.soft_cap,
+                **kv_args,
             )
         else:
             out = attention.paged_attention(
@@ -176,8 +188,18 @@ class Attention(nn.Module):
                 sliding_window=self.sliding_window,
                 soft_cap=self.soft_cap,
                 custom_masks=meta.custom_masks,
+                **kv_args,
             )
         return self.o_proj(out.reshape(n, self.q_size))
+
+    def _calculate_kv_scales(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """This batch's scales, once: the largest |k| (|v|) lands at a quarter of the
+        format's largest finite (headroom for larger values later); 1.0 when it is 0."""
+        top = KV_CACHE_FORMATS[self.kv_args["kv_cache_dtype"]].max
+        for name, x in (("k_scale", k), ("v_scale", v)):
+            largest = float(x.detach().abs().max()) if x.numel() else 0.0
+            self.kv_args[name] = largest / (top / 4) if 0 < largest < float("inf") else 1.0
+        self.calculate_kv_scales = False
 
 
 class MLP(nn.Module):
@@ -428,12 +450,64 @@ class LlamaForCausalLM(nn.Module):
         cfg = self.config
         return (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
 
+    kv_cache_dtype = "auto"
+
+    def set_kv_cache_dtype(
+        self,
+        kv_cache_dtype: str,
+        scales: dict[int, tuple[float, float]] | None = None,
+        calculate: bool = False,
+    ) -> None:
+        """Keep the KV cache in `kv_cache_dtype` from the next `new_kv_cache` on: "auto"
+        (the parameters' dtype) or an fp8 format ("fp8" = "fp8_e4m3", "fp8_e5m2"; uint8
+        tensors of its codes, see `ops.attention.reshape_and_cache`). An fp8 layer i
+        writes and reads with scales[i] = (k_scale, v_scale) (default 1.0, 1.0), or with
+        calculate=True computes them from the first batch it runs.
+
+        Raises:
+            ValueError: an unknown kv_cache_dtype, an fp8 one for a layer that does not
+                keep its KV with `Attention` (MLA), scales or calculate with "auto", a
+                scales key that is not an attention layer.
+        """
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}"
+            )
+        fp8 = kv_cache_dtype != "auto"
+        scales = scales or {}
+        if not fp8 and (scales or calculate):
+            raise ValueError("KV scales and calculate_kv_scales need an fp8 kv_cache_dtype")
+        attention = {
+            i: layer.self_attn
+            for i, layer in enumerate(self.layers)
+            if isinstance(layer.self_attn, Attention)
+        }
+        if fp8 and self.config.mla is not None:
+            raise ValueError(
+                f"kv_cache_dtype={kv_cache_dtype!r}: {self.config.architecture}'s multi-head "
+                "latent attention keeps an MLA cache, which has no fp8 form here; use 'auto'"
+            )
+        unknown = sorted(set(scales) - set(attention))
+        if unknown:
+            raise ValueError(f"KV scales for layers {unknown}, which are not attention layers")
+        self.kv_cache_dtype = kv_cache_dtype
+        for i, attn in attention.items():
+            k_scale, v_scale = scales.get(i, (1.0, 1.0))
+            attn.kv_args = (
+                {"kv_cache_dtype": kv_cache_dtype, "k_scale": k_scale, "v_scale": v_scale}
+                if fp8
+                else {}
+            )
+            attn.calculate_kv_scales = fp8 and calculate
+
     def new_kv_cache(self, num_blocks: int, block_size: int) -> tuple[torch.Tensor, ...]:
-        """One layer's paged cache, zeroed, in the parameters' dtype and device: the tuple
-        its attention takes, (key_cache, value_cache) here, both of `kv_cache_shape`."""
+        """One layer's paged cache, zeroed, in the parameters' dtype (uint8 with an fp8
+        `kv_cache_dtype`) and device: the tuple its attention takes, (key_cache,
+        value_cache) here, both of `kv_cache_shape`."""
         weight = self.embed_tokens.weight
+        dtype = weight.dtype if self.kv_cache_dtype == "auto" else torch.uint8
         shape = self.kv_cache_shape(num_blocks, block_size)
-        return tuple(torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in range(2))
+        return tuple(torch.zeros(shape, dtype=dtype, device=weight.device) for _ in range(2))
 
 
 def param_mapping() -> list[tuple[str, str, Any]]:

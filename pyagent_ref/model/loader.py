@@ -169,7 +169,9 @@ def load_weights(
     dtype, or a checkpoint tensor that is missing) or the file that cannot be read."""
     params = dict(model.named_parameters())
     family = FAMILIES.get(model.config.architecture)
-    ignored = ("rotary_emb.inv_freq", *(family.ignored if family else ()))
+    # RoPE tables, and an fp8 KV cache's scales (read by `model.kv_scales`)
+    ignored = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale")
+    ignored = (*ignored, *(family.ignored if family else ()))
     filled: dict[str, set] = {name: set() for name in params}
     for hf_name, tensor in iter_tensors(files, progress) if tensors is None else tensors:
         if hf_name.endswith(ignored):

@@ -20,6 +20,13 @@ whose values are the first kv_lora_rank features of its keys: `paged_attention` 
 `paged_decode_attention`) with `kv_cache[:, :, None, :]` as both caches, of which the
 first kv_lora_rank output features are kept (see `pyagent_ref.model.deepseek`).
 
+An FP8 KV cache (kv_cache_dtype "fp8" = "fp8_e4m3", or "fp8_e5m2") holds each value
+as one byte: uint8 arrays of the format's bit patterns (`ops._fp8`), written as
+x / k_scale (x / v_scale for values) by a saturating cast and read back as code value
+times the scale, in the compute dtype (float32; float64 for float64 queries). The
+scales are per layer (vLLM's k_scale and v_scale). The same memory holds 2x the blocks
+of a float16 cache, 4x those of a float32 one.
+
 `paged_decode_attention` is the special case of one query token per request written
 with static shapes and no host reads of device values, so that a CUDA graph can capture
 it (and `reshape_and_cache`) for a decode step; `paged_attention` groups requests on the
@@ -34,6 +41,7 @@ from typing import Any
 
 from array_api_compat import device
 
+from . import _fp8
 from ._arrays import can_read_values, dtype_name, namespace
 
 __all__ = [
@@ -69,31 +77,53 @@ def _check_query(query: Any, key_cache: Any) -> Any:
 
 
 def reshape_and_cache(
-    key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write each token's key and value into its cache slot, in place.
 
     For token t with slot s = slot_mapping[t] >= 0: key_cache[s // B, s % B] = key[t]
     and value_cache[s // B, s % B] = value[t] (B = block_size), cast to the cache dtype.
-    Tokens with s < 0 (padding) are skipped. One of the two ops that mutate their
-    arguments (with `concat_and_cache_mla`): the cache is the state the engine keeps on
-    the device. While a CUDA graph is
-    captured or torch.compile traces, it reads no value on the host (so the graph can
+    Tokens with s < 0 (padding) are skipped. With an fp8 kv_cache_dtype the caches are
+    uint8 and the slot gets the code of float32(key[t]) / float32(k_scale) (value[t] /
+    v_scale), rounded to the nearest value of the format (ties to the even code) and
+    saturating: a value beyond the format's largest finite (448 for e4m3, 57344 for
+    e5m2; infinities included) becomes that largest finite with its sign; NaN stays NaN
+    (code 0x7F with the input's sign bit). This equals torch's
+    clamp(x / scale, -max, max).to(torch.float8_e4m3fn or float8_e5m2) bit for bit.
+    One of the two ops that mutate their arguments (with `concat_and_cache_mla`): the
+    cache is the state the engine keeps on the device. While a CUDA graph is captured
+    or torch.compile traces, it reads no value on the host (so the graph can
     hold it); the slot range is checked whenever it runs eagerly.
 
     Args:
         key: float array, shape (num_tokens, num_kv_heads, head_size).
         value: float array, shape (num_tokens, num_kv_heads, head_size).
-        key_cache: float array, shape (num_blocks, B, num_kv_heads, head_size),
-            C-contiguous (it is written through a reshaped view).
+        key_cache: float array (uint8 with an fp8 kv_cache_dtype), shape
+            (num_blocks, B, num_kv_heads, head_size), C-contiguous (it is written
+            through a reshaped view).
         value_cache: like key_cache.
         slot_mapping: integer array, shape (num_tokens,), each < num_blocks * B.
+        kv_cache_dtype: "auto" (the caches' own float dtype), "fp8" or "fp8_e4m3"
+            (e4m3), "fp8_e5m2": the caches hold uint8 bit patterns of that format.
+        k_scale: positive finite float, the keys' scale (used with an fp8 cache only).
+        v_scale: the same for the values.
     Raises:
-        TypeError: non-integer slot_mapping.
-        ValueError: shapes disagree, a non-contiguous cache, a slot out of range.
+        TypeError: non-integer slot_mapping; a scale that is not a float; an fp8
+            kv_cache_dtype with caches that are not uint8.
+        ValueError: shapes disagree, a non-contiguous cache, a slot out of range, an
+            unknown kv_cache_dtype, a scale that is not positive and finite.
     """
     xp = namespace(key_cache, "key_cache")
     _check_cache(key_cache, "key_cache")
+    caches = {"key_cache": key_cache, "value_cache": value_cache}
+    fmt = _fp8.check(kv_cache_dtype, k_scale, v_scale, caches)
     if tuple(value_cache.shape) != tuple(key_cache.shape):
         raise ValueError(
             f"value_cache must have shape {tuple(key_cache.shape)}, got {tuple(value_cache.shape)}"
@@ -105,6 +135,10 @@ def reshape_and_cache(
             raise ValueError(
                 f"{name} must have shape ({num_tokens}, {heads}, {head_size}), got {tuple(x.shape)}"
             )
+    if fmt is not None:  # the sources become codes; the writes copy them
+        dev = device(key_cache)
+        key = _fp8.encode(xp, key, k_scale, fmt, dev)
+        value = _fp8.encode(xp, value, v_scale, fmt, dev)
     writes = [(key_cache, "key_cache", key), (value_cache, "value_cache", value)]
     _write_slots(xp, slot_mapping, num_blocks * block_size, writes)
 
@@ -307,6 +341,9 @@ def paged_attention(
     alibi_slopes: Any = None,
     custom_masks: Sequence[Any | None] | None = None,
     causal: bool = True,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """Multi-head attention of a flattened batch over the paged KV cache, causal or not.
 
@@ -322,11 +359,14 @@ def paged_attention(
     (AND-ed: for tree attention, where the flattened drafts are in topological order).
     out = softmax over visible j of the scores, applied to v_j. Scores and softmax are
     computed in float32 (float64 for float64 inputs). Query tokens past
-    query_start_loc[-1] (padding) get zeros.
+    query_start_loc[-1] (padding) get zeros. With an fp8 kv_cache_dtype, k_j and v_j are
+    the values of the caches' codes (see `reshape_and_cache`) times k_scale and v_scale,
+    in the compute dtype: the result is that of attention over those dequantized caches.
 
     Args:
         query: float array, shape (num_tokens, num_heads, head_size).
-        key_cache: shape (num_blocks, block_size, num_kv_heads, head_size).
+        key_cache: shape (num_blocks, block_size, num_kv_heads, head_size); uint8
+            with an fp8 kv_cache_dtype.
         value_cache: like key_cache.
         block_table: integer array, shape (num_reqs, max_blocks_per_req).
         query_start_loc: integer array, shape (num_reqs + 1,), from 0, non-decreasing.
@@ -339,18 +379,26 @@ def paged_attention(
         custom_masks: per request, None or a boolean array (q_len_r, seq_lens[r]).
         causal: whether a query token sees only the keys up to its own position
             (decoders) or every key of its sequence (encoders: BERT).
+        kv_cache_dtype: as in `reshape_and_cache`: "auto", or the fp8 format of the
+            uint8 caches.
+        k_scale: as in `reshape_and_cache`.
+        v_scale: as in `reshape_and_cache`.
     Returns:
         An array like query.
     Raises:
         TypeError: non-float query, non-integer index arrays, a non-boolean custom mask,
-            a causal that is not a bool.
+            a causal that is not a bool; a scale that is not a float, caches that are
+            not uint8 with an fp8 kv_cache_dtype.
         ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
             sequence longer than its block table, seq_lens[r] < q_len_r, a custom
-            mask not of shape (q_len_r, seq_lens[r]).
+            mask not of shape (q_len_r, seq_lens[r]); an unknown kv_cache_dtype, a
+            scale that is not positive and finite.
     """
     xp, qsl, lens = _check_batch(
         query, key_cache, block_table, query_start_loc, seq_lens, custom_masks, causal
     )
+    caches = {"key_cache": key_cache, "value_cache": value_cache}
+    fp8 = _fp8.check(kv_cache_dtype, k_scale, v_scale, caches), k_scale, v_scale
     block_size = key_cache.shape[1]
     compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
     out = xp.zeros(query.shape, dtype=query.dtype, device=device(query))
@@ -382,6 +430,7 @@ def paged_attention(
             alibi_slopes,
             masks,
             causal,
+            fp8,
         )
         out[index] = xp.astype(o, query.dtype, copy=False)
     return out
@@ -397,6 +446,9 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     alibi_slopes: Any = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """`paged_attention` for one query token per request, with static shapes.
 
@@ -413,7 +465,8 @@ def paged_decode_attention(
 
     Args:
         query: float array, shape (num_reqs, num_heads, head_size).
-        key_cache: shape (num_blocks, block_size, num_kv_heads, head_size).
+        key_cache: shape (num_blocks, block_size, num_kv_heads, head_size); uint8
+            with an fp8 kv_cache_dtype.
         value_cache: like key_cache.
         block_table: integer array, shape (num_reqs, max_blocks_per_req).
         seq_lens: integer array, shape (num_reqs,), each in [0, max_blocks_per_req *
@@ -422,14 +475,21 @@ def paged_decode_attention(
         sliding_window: as in `paged_attention`.
         soft_cap: as in `paged_attention`.
         alibi_slopes: as in `paged_attention`.
+        kv_cache_dtype: as in `paged_attention` (an fp8 cache is read in place).
+        k_scale: as in `paged_attention`.
+        v_scale: as in `paged_attention`.
     Returns:
         An array like query.
     Raises:
-        TypeError: non-float query, non-integer block_table or seq_lens.
+        TypeError: non-float query, non-integer block_table or seq_lens; a scale that
+            is not a float, caches that are not uint8 with an fp8 kv_cache_dtype.
         ValueError: shapes disagree, num_heads not a multiple of num_kv_heads, a
-            seq_len outside [0, max_blocks_per_req * block_size].
+            seq_len outside [0, max_blocks_per_req * block_size]; an unknown
+            kv_cache_dtype, a scale that is not positive and finite.
     """
     xp = _check_decode(query, key_cache, block_table, seq_lens)
+    caches = {"key_cache": key_cache, "value_cache": value_cache}
+    fp8 = _fp8.check(kv_cache_dtype, k_scale, v_scale, caches), k_scale, v_scale
     compute = xp.float64 if dtype_name(query) == "float64" else xp.float32
     o = _attend(
         xp,
@@ -445,6 +505,8 @@ def paged_decode_attention(
         soft_cap,
         alibi_slopes,
         None,
+        True,
+        fp8,
     )
     return xp.astype(o, query.dtype, copy=False)
 
@@ -464,6 +526,7 @@ def _attend(
     alibi_slopes: Any,
     custom_masks: list[Any] | None,
     causal: bool = True,
+    fp8: tuple[Any, float, float] = (None, 1.0, 1.0),
 ) -> Any:
     """Attention of n requests of `q_len` query tokens each (see `paged_attention`).
 
@@ -472,7 +535,9 @@ def _attend(
     gathered (S = W * block_size positions); positions past a request's sequence lie
     past all its query positions, so the causal mask hides them (without it, a mask of
     the sequence's length does). Reads no device value on the host. Returns
-    (n * q_len, num_heads, d) in `compute`.
+    (n * q_len, num_heads, d) in `compute`. fp8: (format or None, k_scale, v_scale);
+    with a format, the gathered codes are dequantized: their values times the scale,
+    in `compute`.
     """
     n, (_, num_heads, d) = table.shape[0], query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -483,12 +548,16 @@ def _attend(
     used = xp.reshape((seq + block_size - 1) // block_size, (n, 1))
     table = xp.where(xp.arange(width, device=dev)[None, :] < used, xp.astype(table, xp.int64), 0)
 
-    def gather(cache: Any) -> Any:  # (n, kv_heads, S, d)
+    fmt, k_scale, v_scale = fp8
+
+    def gather(cache: Any, kv_scale: float) -> Any:  # (n, kv_heads, S, d)
         kv = xp.take(cache, xp.reshape(table, (-1,)), axis=0)
         kv = xp.reshape(kv, (n, span, num_kv_heads, d))
+        if fmt is not None:
+            kv = xp.astype(_fp8.decode(kv, fmt), compute) * kv_scale
         return xp.permute_dims(xp.astype(kv, compute, copy=False), (0, 2, 1, 3))
 
-    k, v = gather(key_cache), gather(value_cache)
+    k, v = gather(key_cache, k_scale), gather(value_cache, v_scale)
     # Per KV head, its `group` query heads attend together: stack them as rows.
     q = xp.reshape(xp.astype(query, compute, copy=False), (n, q_len, num_kv_heads, group, d))
     q = xp.reshape(xp.permute_dims(q, (0, 2, 3, 1, 4)), (n, num_kv_heads, group * q_len, d))

@@ -98,6 +98,7 @@ def reshape_and_cache(
     key_cache: np.ndarray,
     value_cache: np.ndarray,
     slot_mapping: np.ndarray,
+    kv_format: str | None = None,
 ) -> None: ...
 def concat_and_cache_mla(
     kv_c: np.ndarray, k_pe: np.ndarray, kv_cache: np.ndarray, slot_mapping: np.ndarray
@@ -115,6 +116,9 @@ def paged_attention(
     alibi_slopes: np.ndarray | None = None,
     custom_masks: list[np.ndarray | None] | None = None,
     causal: bool = True,
+    kv_format: str | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> np.ndarray: ...
 def paged_decode_attention(
     query: np.ndarray,
@@ -126,6 +130,9 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     alibi_slopes: np.ndarray | None = None,
+    kv_format: str | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> np.ndarray: ...
 def rms_norm(
     x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None

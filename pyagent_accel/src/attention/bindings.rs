@@ -29,6 +29,28 @@ fn dims<const N: usize>(shape: &[usize], name: &str) -> PyResult<[usize; N]> {
         .map_err(|_| value_error(format!("{name} must have {N} axes, got shape {shape:?}")))
 }
 
+/// `$body` with `$E` bound to a cache's storage type: the fp8 format `$format` names
+/// ("e4m3", "e5m2": a uint8 cache of its codes), or with None the float dtype of the
+/// array `$cache` (`with_elem`).
+macro_rules! with_cache_elem {
+    ($format:expr, $cache:expr, $name:expr, $E:ident => $body:expr) => {
+        match $format {
+            None => with_elem!(dtype_of($cache, $name)?, $E => $body),
+            Some("e4m3") => {
+                type $E = super::fp8::E4m3;
+                $body
+            }
+            Some("e5m2") => {
+                type $E = super::fp8::E5m2;
+                $body
+            }
+            Some(other) => Err(value_error(format!(
+                "kv_format must be None, 'e4m3' or 'e5m2', got {other:?}"
+            ))),
+        }
+    };
+}
+
 /// The value cache, which must have the key cache's dtype.
 fn like_keys<'py, E: Elem>(x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, E>> {
     if x.cast::<PyArrayDyn<E>>().is_err() {
@@ -42,11 +64,15 @@ fn like_keys<'py, E: Elem>(x: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn
 // ---------------------------------------------------------------------------------
 // reshape_and_cache
 
-/// reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None
+/// reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_format=None)
+/// -> None
 ///
 /// slot_mapping: int64 (num_tokens,). Writes key[t] / value[t] into slot
-/// slot_mapping[t] >= 0 of the caches, cast to their dtype.
+/// slot_mapping[t] >= 0 of the caches, cast to their dtype; with kv_format ("e4m3",
+/// "e5m2") the caches are uint8 and get the codes of key[t] / value[t] (already divided
+/// by the scales).
 #[pyfunction]
+#[pyo3(signature = (key, value, key_cache, value_cache, slot_mapping, kv_format=None))]
 fn reshape_and_cache(
     py: Python<'_>,
     key: &Bound<'_, PyAny>,
@@ -54,15 +80,18 @@ fn reshape_and_cache(
     key_cache: &Bound<'_, PyAny>,
     value_cache: &Bound<'_, PyAny>,
     slot_mapping: PyReadonlyArray1<'_, i64>,
+    kv_format: Option<&str>,
 ) -> PyResult<()> {
     let slots = slice(&slot_mapping, "slot_mapping")?;
     // key_cache's slots bound both writes (a float array: TypeError otherwise)
-    dtype_of(key_cache, "key_cache")?;
+    if kv_format.is_none() {
+        dtype_of(key_cache, "key_cache")?;
+    }
     let shape: Vec<usize> = key_cache.getattr("shape")?.extract()?;
     let num_slots = shape.iter().take(2).product::<usize>();
     // one write: `write_typed` for the dtypes of src and cache
     let write = |src: &Bound<'_, PyAny>, cache: &Bound<'_, PyAny>, src_name, cache_name| {
-        with_elem!(dtype_of(src, src_name)?, S => with_elem!(dtype_of(cache, cache_name)?, D => {
+        with_elem!(dtype_of(src, src_name)?, S => with_cache_elem!(kv_format, cache, cache_name, D => {
             write_typed::<S, D>(py, src, cache, slots, num_slots, src_name, cache_name)
         }))
     };
@@ -202,6 +231,10 @@ struct Batch<'a> {
     soft_cap: Option<f64>,
     alibi: Option<&'a [f64]>,
     causal: bool,
+    /// an fp8 cache's format, and the scales its codes are read with
+    kv_format: Option<&'a str>,
+    k_scale: f64,
+    v_scale: f64,
 }
 
 fn table_of<'a>(
@@ -226,11 +259,13 @@ fn count(x: i64, name: &str) -> PyResult<usize> {
 ///
 /// block_table (num_reqs, W), query_start_loc (num_reqs + 1,) and seq_lens (num_reqs,)
 /// are int64; alibi_slopes float64 (num_heads,); custom_masks a list of None or C-order
-/// boolean (q_len_r, seq_lens[r]) arrays.
+/// boolean (q_len_r, seq_lens[r]) arrays; kv_format None, or "e4m3" / "e5m2" for
+/// uint8 caches of fp8 codes read as their values times k_scale / v_scale.
 #[pyfunction]
 #[pyo3(signature = (
     query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale,
-    sliding_window=None, soft_cap=None, alibi_slopes=None, custom_masks=None, causal=true
+    sliding_window=None, soft_cap=None, alibi_slopes=None, custom_masks=None, causal=true,
+    kv_format=None, k_scale=1.0, v_scale=1.0
 ))]
 #[allow(clippy::too_many_arguments)]
 fn paged_attention<'py>(
@@ -247,6 +282,9 @@ fn paged_attention<'py>(
     alibi_slopes: Option<PyReadonlyArray1<'py, f64>>,
     custom_masks: Option<Vec<Option<PyReadonlyArray2<'py, bool>>>>,
     causal: bool,
+    kv_format: Option<&str>,
+    k_scale: f64,
+    v_scale: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
     let qsl = slice(&query_start_loc, "query_start_loc")?;
     let lens = slice(&seq_lens, "seq_lens")?;
@@ -304,16 +342,21 @@ fn paged_attention<'py>(
         soft_cap,
         alibi,
         causal,
+        kv_format,
+        k_scale,
+        v_scale,
     };
     attend(py, query, key_cache, value_cache, &batch)
 }
 
 /// paged_decode_attention(...) -> array like query: one query token per request,
-/// requests with seq_len 0 get zeros. Index arrays as for `paged_attention`.
+/// requests with seq_len 0 get zeros. Index arrays and the fp8 arguments as for
+/// `paged_attention`.
 #[pyfunction]
 #[pyo3(signature = (
     query, key_cache, value_cache, block_table, seq_lens, scale,
-    sliding_window=None, soft_cap=None, alibi_slopes=None
+    sliding_window=None, soft_cap=None, alibi_slopes=None, kv_format=None, k_scale=1.0,
+    v_scale=1.0
 ))]
 #[allow(clippy::too_many_arguments)]
 fn paged_decode_attention<'py>(
@@ -327,6 +370,9 @@ fn paged_decode_attention<'py>(
     sliding_window: Option<i64>,
     soft_cap: Option<f64>,
     alibi_slopes: Option<PyReadonlyArray1<'py, f64>>,
+    kv_format: Option<&str>,
+    k_scale: f64,
+    v_scale: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
     let lens = slice(&seq_lens, "seq_lens")?;
     let (table, table_width) = table_of(&block_table, lens.len())?;
@@ -349,6 +395,9 @@ fn paged_decode_attention<'py>(
         soft_cap,
         alibi,
         causal: true,
+        kv_format,
+        k_scale,
+        v_scale,
     };
     let query_rows = query.getattr("shape")?.get_item(0)?.extract::<usize>()?;
     if query_rows != lens.len() {
@@ -360,7 +409,9 @@ fn paged_decode_attention<'py>(
     attend(py, query, key_cache, value_cache, &batch)
 }
 
-/// `attend_typed` for the dtypes of the query and the caches.
+/// `attend_typed` for the dtypes of the query and the caches (an fp8 cache's codes
+/// read in place: its k_scale folds into the softmax scale, its v_scale into the
+/// output, both in the compute type).
 fn attend<'py>(
     py: Python<'py>,
     query: &Bound<'py, PyAny>,
@@ -368,7 +419,7 @@ fn attend<'py>(
     value_cache: &Bound<'py, PyAny>,
     batch: &Batch<'_>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    with_elem!(dtype_of(query, "query")?, Q => with_elem!(dtype_of(key_cache, "key_cache")?, E => {
+    with_elem!(dtype_of(query, "query")?, Q => with_cache_elem!(batch.kv_format, key_cache, "key_cache", E => {
         attend_typed::<Q, E>(py, query, key_cache, value_cache, batch)
     }))
 }
@@ -418,7 +469,7 @@ fn attend_typed<'py, Q: Elem, E: Elem>(
         .collect();
     let c = Q::C::from_f64;
     let scoring = Scoring {
-        scale: c(batch.scale),
+        scale: c(batch.scale * batch.k_scale),
         window: batch.sliding_window,
         soft_cap: batch.soft_cap.map(c),
         alibi: batch.alibi.map(|a| a.iter().map(|&x| c(x)).collect()),
@@ -438,7 +489,8 @@ fn attend_typed<'py, Q: Elem, E: Elem>(
         };
         check_batch(&cache, &queries, &requests, &scoring)?;
         let out = attention(&cache, &queries, &requests, &scoring);
-        Ok(out.into_iter().map(Q::store).collect())
+        let v_scale = c(batch.v_scale);
+        Ok(out.into_iter().map(|o| Q::store(o * v_scale)).collect())
     })?
     .map_err(value_error)?;
     let out = Array3::from_shape_vec((num_tokens, num_heads, head_size), out)

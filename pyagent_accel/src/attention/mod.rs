@@ -5,9 +5,11 @@
 //! Its float arrays are of the storage dtypes of `crate::elem`.
 //!
 //! - `kernels`: the cache write and the attention kernel, on validated input.
+//! - `fp8`: the FP8 KV cache formats (e4m3, e5m2) as storage dtypes over uint8.
 //! - `bindings`: the `_native` functions: arguments, validation, the GIL released.
 
 mod bindings;
+pub mod fp8;
 pub mod kernels;
 #[cfg(test)]
 mod tests;

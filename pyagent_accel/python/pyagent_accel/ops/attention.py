@@ -17,6 +17,13 @@ online softmax in float32 (float64 for float64 queries), requests x KV heads (x 
 with the reference within the specification's float tolerance (the summation order
 differs).
 
+FP8 caches (kv_cache_dtype "fp8", "fp8_e4m3", "fp8_e5m2": uint8 arrays of codes) are
+read in place too, each code decoded in the kernel; the keys' scale folds into the
+softmax scale and the values' into the output, in the compute type (the reference
+multiplies the dequantized values: equal within the float tolerance). A write divides
+the keys and values by their scales in float32 here, as the reference does, and Rust
+rounds them to the format (bit for bit the reference's codes).
+
 The wrappers make the reference's checks in its order, with its exception classes and
 messages; Rust checks again what its kernels rely on. Differences from the reference:
 - a torch tensor on another device (CUDA, meta) raises TypeError;
@@ -50,6 +57,8 @@ __all__ = [
 ]
 
 _I64 = _np.dtype(_np.int64)
+_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+_FORMATS = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
 
 
 # --- the reference's checks ----------------------------------------------------------
@@ -109,6 +118,27 @@ def _check_masks(custom_masks: Sequence[Any | None], qsl: list[int], lens: list[
             )
 
 
+def _check_fp8(kv_cache_dtype: Any, k_scale: Any, v_scale: Any, *caches: Any) -> str | None:
+    """The reference's fp8 checks; the format's name for Rust (None for "auto")."""
+    if kv_cache_dtype not in _KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype must be one of {_KV_CACHE_DTYPES}, got {kv_cache_dtype!r}"
+        )
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(s, bool) or not isinstance(s, (int, float, _np.floating, _np.integer)):
+            raise TypeError(f"{name} must be a float, got {s!r}")
+        if not 0 < float(s) < math.inf:
+            raise ValueError(f"{name} must be a positive finite float, got {s!r}")
+    fmt = _FORMATS.get(kv_cache_dtype)
+    for name, cache in zip(("key_cache", "value_cache"), caches, strict=True):
+        if fmt is not None and _c.dtype_name(cache) != "uint8":
+            raise TypeError(
+                f"{name} must be uint8 (the {kv_cache_dtype} bit patterns) with "
+                f"kv_cache_dtype={kv_cache_dtype!r}, got dtype {_c.dtype_name(cache)}"
+            )
+    return fmt
+
+
 # --- conversions for Rust ----------------------------------------------------------
 
 
@@ -147,11 +177,18 @@ def _float_view(x: Any, name: str) -> _np.ndarray:
 
 
 def _cache(
-    x: Any, name: str, why: str = "to be read in place (pyagent_accel never copies it)"
+    x: Any,
+    name: str,
+    why: str = "to be read in place (pyagent_accel never copies it)",
+    fp8: str | None = None,
 ) -> _np.ndarray:
-    """A cache as a numpy view of the caller's memory; ValueError if not C-contiguous
-    (`why`: the reference's words for the write)."""
-    arr = _float_view(x, name)
+    """A cache as a numpy view of the caller's memory (uint8 codes with an fp8 format);
+    ValueError if not C-contiguous (`why`: the reference's words for the write)."""
+    if fp8 is not None:
+        _library(x, name)
+        arr = _c.tensor_to_numpy(x) if _c.is_torch(x) else x
+    else:
+        arr = _float_view(x, name)
     if not (arr.flags.c_contiguous and arr.flags.aligned):
         raise ValueError(f"{name} must be C-contiguous {why}")
     return arr
@@ -210,16 +247,34 @@ def _mask(mask: Any, r: int) -> _np.ndarray | None:
 # --- the ops ----------------------------------------------------------------------
 
 
+def _scaled(x: Any, scale: float, name: str) -> _np.ndarray:
+    """float32(x) / float32(scale): what an fp8 write rounds (the reference's division)."""
+    if _c.is_torch(x):
+        _c.check_cpu(x, name)
+        x = x.detach().to(_c.torch_module().float32).numpy()
+    if "float" not in _c.dtype_name(x):
+        raise TypeError(f"{name} must be float32, float64, float16 or bfloat16")
+    return _np.asarray(x, dtype=_np.float32) / _np.float32(scale)
+
+
 def reshape_and_cache(
-    key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write each token's key and value into its cache slot, in place (padding slots,
-    < 0, are skipped).
+    < 0, are skipped; an fp8 cache gets their codes).
 
     Contract: `pyagent_ref.ops.attention.reshape_and_cache`.
     """
     _library(key_cache, "key_cache")
     _check_cache(key_cache, "key_cache")
+    fmt = _check_fp8(kv_cache_dtype, k_scale, v_scale, key_cache, value_cache)
     if value_cache.shape != key_cache.shape:  # tuples (torch.Size is one)
         raise ValueError(
             f"value_cache must have shape {tuple(key_cache.shape)}, got {tuple(value_cache.shape)}"
@@ -239,8 +294,13 @@ def reshape_and_cache(
             f"slot_mapping holds {int(slots.max())}, past the {num_blocks * block_size} slots"
         )
     written = "to be written in place"
-    kc, vc = _cache(key_cache, "key_cache", written), _cache(value_cache, "value_cache", written)
-    _native.reshape_and_cache(_floats(key, "key"), _floats(value, "value"), kc, vc, slots)
+    kc = _cache(key_cache, "key_cache", written, fmt)
+    vc = _cache(value_cache, "value_cache", written, fmt)
+    if fmt is None:
+        _native.reshape_and_cache(_floats(key, "key"), _floats(value, "value"), kc, vc, slots)
+        return
+    k, v = _scaled(key, k_scale, "key"), _scaled(value, v_scale, "value")
+    _native.reshape_and_cache(k, v, kc, vc, slots, fmt)
 
 
 def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any) -> None:
@@ -291,6 +351,9 @@ def paged_attention(
     alibi_slopes: Any = None,
     custom_masks: Sequence[Any | None] | None = None,
     causal: bool = True,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """Multi-head attention of a flattened batch over the paged KV cache, causal or not.
 
@@ -310,6 +373,7 @@ def paged_attention(
         _check_masks(custom_masks, qsl, lens)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
+    fmt = _check_fp8(kv_cache_dtype, k_scale, v_scale, key_cache, value_cache)
     attended = decreasing = False
     for r, seq_len in enumerate(lens):
         q_len = qsl[r + 1] - qsl[r]
@@ -335,8 +399,8 @@ def paged_attention(
     masks = None if custom_masks is None else [_mask(m, r) for r, m in enumerate(custom_masks)]
     out = _native.paged_attention(
         _floats(query, "query"),
-        _cache(key_cache, "key_cache"),
-        _cache(value_cache, "value_cache"),
+        _cache(key_cache, "key_cache", fp8=fmt),
+        _cache(value_cache, "value_cache", fp8=fmt),
         _index(block_table, "block_table"),
         _np.array(qsl, dtype=_I64),
         _np.array(lens, dtype=_I64),
@@ -346,6 +410,9 @@ def paged_attention(
         slopes,
         masks,
         causal,
+        fmt,
+        float(k_scale),
+        float(v_scale),
     )
     return _c.wrap_float(out, query, torch_in)
 
@@ -360,6 +427,9 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     alibi_slopes: Any = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """`paged_attention` for one query token per request (seq_lens[r] == 0: zeros).
 
@@ -382,15 +452,19 @@ def paged_decode_attention(
             f"seq_lens[{r}] = {int(lens[r])} must be in [0, {capacity}] "
             f"({block_table.shape[1]} blocks of {block_size})"
         )
+    fmt = _check_fp8(kv_cache_dtype, k_scale, v_scale, key_cache, value_cache)
     out = _native.paged_decode_attention(
         _floats(query, "query"),
-        _cache(key_cache, "key_cache"),
-        _cache(value_cache, "value_cache"),
+        _cache(key_cache, "key_cache", fp8=fmt),
+        _cache(value_cache, "value_cache", fp8=fmt),
         _index(block_table, "block_table"),
         lens,
         float(scale),
         _window(sliding_window),
         None if soft_cap is None else float(soft_cap),
         _slopes(alibi_slopes, query.shape[1]),
+        fmt,
+        float(k_scale),
+        float(v_scale),
     )
     return _c.wrap_float(out, query, torch_in)

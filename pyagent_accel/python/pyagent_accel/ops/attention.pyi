@@ -9,7 +9,14 @@ __all__ = [
 ]
 
 def reshape_and_cache(
-    key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None: ...
 def concat_and_cache_mla(kv_c: Any, k_pe: Any, kv_cache: Any, slot_mapping: Any) -> None: ...
 def paged_attention(
@@ -25,6 +32,9 @@ def paged_attention(
     alibi_slopes: Any = None,
     custom_masks: Sequence[Any | None] | None = None,
     causal: bool = True,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any: ...
 def paged_decode_attention(
     query: Any,
@@ -36,4 +46,7 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     alibi_slopes: Any = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any: ...
