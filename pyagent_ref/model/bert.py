@@ -147,6 +147,7 @@ class BertModel(nn.Module):
 
     use_ops = LlamaForCausalLM.use_ops
     new_kv_cache = LlamaForCausalLM.new_kv_cache  # (key_cache, value_cache)
+    kv_cache_dtype = "auto"  # an encoder's cache is never fp8 (the engine refuses it)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         cfg = self.config

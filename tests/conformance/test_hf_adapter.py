@@ -31,7 +31,44 @@ def test_hf_transformers_conforms_but_for_its_registered_divergences():
     registered = {
         (d.op, d.property)
         for d in divergences.for_implementation(HF)
-        if d.op.startswith(("layers.", "rope.", "moe."))
+        if d.op.startswith(("layers.", "rope.", "moe.")) and (d.op, d.property) not in SHOWN_BELOW
     }
     assert registered, "no layer or RoPE divergence registered for transformers"
     assert registered - observed == set(), "registered divergences that no longer show"
+
+
+# registered divergences that the ci profile's 50 derandomized examples reach or not
+# depending on hypothesis' version (a float16 case large enough to round visibly): each is
+# shown on a fixed case instead
+SHOWN_BELOW = {("moe.fused_moe", "matches_the_formula")}
+
+
+def test_mixtral_experts_in_float16_still_diverge_from_the_formula():
+    """The registered `_HF_EXPERTS_HALF` divergence on a fixed float16 case of the spec's
+    shapes (about 1 in 11 random ones shows it): MixtralExperts rounds its projections to
+    float16, beyond the spec's tolerance for one final rounding, where the reference
+    stays within it."""
+    import numpy as np
+
+    from conformance.adapters import hf_transformers
+    from conformance.core import Case
+    from conformance.specs.moe import moe_oracle, moe_tol
+    from pyagent_ref.ops import moe as reference
+
+    rng = np.random.default_rng(24)
+    tokens, hidden, experts, inter, k = 4, 12, 3, 8, 2
+    half = lambda *shape: rng.uniform(-2, 2, shape).astype(np.float16)  # noqa: E731
+    case = Case(
+        hidden=half(tokens, hidden),
+        w_gate_up=half(experts, 2 * inter, hidden),
+        w_down=half(experts, hidden, inter),
+        topk_weights=rng.uniform(0, 1, (tokens, k)).astype(np.float32),
+        topk_ids=rng.integers(0, experts, (tokens, k)),
+    )
+    args = (case.hidden, case.w_gate_up, case.w_down, case.topk_weights, case.topk_ids)
+    want, mag = moe_oracle(case)
+    tol = moe_tol(case, want, mag)
+    theirs = np.asarray(hf_transformers.moe.fused_moe(*args), np.float64)
+    ours = np.asarray(reference.fused_moe(*args), np.float64)
+    assert (np.abs(ours - want) <= tol).all()
+    assert (np.abs(theirs - want) > tol).any(), "MixtralExperts meets the tolerance now"
