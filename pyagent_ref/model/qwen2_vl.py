@@ -44,6 +44,8 @@ from .. import ops as reference_ops
 from .config import ModelConfig
 from .llama import LlamaForCausalLM, Rotary
 
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280  # Qwen2VLImageProcessor's
+
 
 def _bad(key: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"config.json for Qwen2-VL: {key} must be {expected}, got {value!r}")
@@ -76,9 +78,18 @@ class Qwen2VLVisionConfig:
         """Values of one flattened patch: C * T * P * P."""
         return self.in_channels * self.temporal_patch_size * self.patch_size**2
 
-    def num_image_tokens(self, grid_thw: Sequence[int]) -> int:
+    @property
+    def num_image_tokens(self) -> int:
+        """Decoder positions of the largest image the image processor makes at HF's
+        default max_pixels (28 * 28 * 1280, the released checkpoints' value): the
+        engine's encoder budget and cache hold at least this much. Each image's own
+        count is `image_tokens` of its grid; one above the budget (a preprocessor with
+        a larger max_pixels) is refused at admission."""
+        return DEFAULT_MAX_PIXELS // (self.patch_size * self.spatial_merge_size) ** 2
+
+    def image_tokens(self, grid_thw: Sequence[int]) -> int:
         """Decoder positions of an image of patch grid (t, h, w): t * h * w / m^2."""
-        t, h, w = grid_thw
+        t, h, w = (int(n) for n in grid_thw)
         return t * h * w // self.spatial_merge_size**2
 
     def llm_grid(self, grid_thw: Sequence[int]) -> tuple[int, int, int]:
@@ -267,6 +278,15 @@ class MRotary(Rotary):
         )
 
 
+@dataclass(frozen=True)
+class ImagePatches:
+    """One image as Qwen2-VL's image processor makes it: pixel_values (t*h*w, C*T*P*P)
+    float32 and its patch grid (t, h, w) (a request's `MultiModalFeature.data`)."""
+
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+
+
 class Qwen2VLForConditionalGeneration(LlamaForCausalLM):
     """Qwen2-VL (see the module docstring): the Qwen2 decoder with M-RoPE and `visual`,
     the vision tower with its patch merger. `forward` is `LlamaForCausalLM.forward` with
@@ -325,4 +345,21 @@ class Qwen2VLForConditionalGeneration(LlamaForCausalLM):
                 f"got {tuple(pixel_values.shape)}"
             )
         rows = self.visual(pixel_values, grid).to(self.embed_tokens.weight.dtype)
-        return list(rows.split([cfg.num_image_tokens(g) for g in grid.tolist()]))
+        return list(rows.split([cfg.image_tokens(g) for g in grid.tolist()]))
+
+    def encode_image_data(self, images: Sequence[ImagePatches]) -> list[torch.Tensor]:
+        """`encode_images` of the images' patches together: per image its decoder rows."""
+        if not images:
+            return []
+        device = self.embed_tokens.weight.device
+        pixels = torch.cat([image.pixel_values for image in images]).to(device)
+        return self.encode_images(pixels, torch.tensor([image.grid_thw for image in images]))
+
+    def mrope_positions(self, positions, mm_features: Sequence[Any]) -> Any:
+        """The (3, n) int64 numpy positions of a request's tokens at sequence indices
+        `positions`, its images being `mm_features` (`MultiModalFeature`s whose data
+        are `ImagePatches`): `multimodal.mrope.mrope_positions`."""
+        from ..multimodal.mrope import mrope_positions
+
+        spans = [(f.offset, self.vision.llm_grid(f.data.grid_thw)) for f in mm_features]
+        return mrope_positions(positions, spans)
