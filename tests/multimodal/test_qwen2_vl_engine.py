@@ -96,7 +96,10 @@ def hf_greedy(hf, path, ids, images, n):
             return_dict_in_generate=True,
         )
     tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.logits, tokens)]
+    logprobs = [
+        torch.log_softmax(s[0].float(), -1)[t].item()
+        for s, t in zip(out.logits, tokens, strict=True)
+    ]
     return tokens, logprobs
 
 
