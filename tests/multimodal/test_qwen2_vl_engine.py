@@ -219,3 +219,16 @@ def test_an_image_the_processor_refuses_is_named(llm):
         llm.generate(
             {"prompt": PROMPT, "multi_modal_data": {"image": random_image(8, (4, 1000))}}, GREEDY
         )
+
+
+def test_the_decoder_on_the_accelerator_matches_hf(tiny_qwen2_vl_dir):
+    """M-RoPE and the rest of the decoder on pyagent_accel's twins."""
+    native = pytest.importorskip("pyagent_accel._native")
+    if not hasattr(native, "apply_mrope"):
+        pytest.skip("the installed accelerator predates apply_mrope")
+    hf, path = tiny_qwen2_vl_dir
+    llm = make_llm(path, ops="accel", max_num_batched_tokens=7)
+    image = random_image(10, (24, 24))
+    out = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)[0]
+    assert_matches_hf(out, hf, path, [image])
+    llm.shutdown()
