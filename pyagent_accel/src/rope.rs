@@ -7,7 +7,11 @@
 //! the angle `p * inv_freq[i]` in f32, cos and sin (computed in f64 and rounded to f32,
 //! so nearly always the correctly rounded value, which numpy's and torch's float32
 //! cos/sin give most of the time), times `scale` in f32, rounded to the input dtype, and
-//! each product and sum of the rotation in the input dtype.
+//! each product and sum of the rotation in the input dtype. `apply_mrope` is the same
+//! kernel with the pairs cut into sections, each turned by its own position.
+
+// the kernels take the sections beside the positions (and `multiversion!` copies them)
+#![allow(clippy::too_many_arguments)]
 
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
@@ -333,7 +337,6 @@ fn rotate_head<E: Elem>(x: &[E], cos: &[E::C], sin: &[E::C], is_neox: bool, out:
 /// `sections[r]` pairs, section r turning by `positions[r]` (M-RoPE; `apply_rope` is
 /// one section of every pair). `table` is scratch for 2 * inv_freq.len() values.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn rope_token_impl<E: Elem>(
     positions: &[i64],
     sections: &[usize],
@@ -376,7 +379,6 @@ const ROPE_PIECE: usize = 1 << 17;
 
 /// `x` (num_tokens, heads, head_size) rotated into a new array; `positions` holds
 /// each token's position of every section, token-major (`rope_token`).
-#[allow(clippy::too_many_arguments)]
 fn rotate_array<'py, E: Elem>(
     py: Python<'py>,
     positions: &[i64],
@@ -478,7 +480,6 @@ fn apply_rope<'py>(
 }
 
 /// query and key rotated (`rotate_array`).
-#[allow(clippy::too_many_arguments)]
 fn rotate_both<'py>(
     py: Python<'py>,
     positions: &[i64],
@@ -504,7 +505,6 @@ fn rotate_both<'py>(
 /// `positions` int64 (len(sections), num_tokens), C-contiguous; pair i of section r
 /// turns by positions[r, token] * inv_freq[i]; otherwise `apply_rope`.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 fn apply_mrope<'py>(
     py: Python<'py>,
     positions: PyReadonlyArray2<'py, i64>,
