@@ -21,7 +21,7 @@ copy passages of earlier ones (the suffix occurs earlier, anywhere), "random" id
 32000 tokens rarely repeat even a bigram (the whole sequence is scanned).
 Hashing compares the reference (pure Python) with accel for token lists and arrays.
 Layers and rope (`bench_layers_rope`) time rms_norm, gemma_rms_norm, layer_norm,
-silu_and_mul, gelu (erf and tanh forms), gelu_and_mul (tanh, Gemma's) and apply_rope at
+silu_and_mul, gelu (erf and tanh forms), gelu_and_mul (tanh, Gemma's), apply_rope and apply_mrope at
 three models' shapes, for decode and prefill token counts, in bfloat16 and float32: the
 reference on numpy (float32 only: numpy has no bfloat16; its erf is `math.erf` one
 element at a time) and on torch CPU tensors, and accel on the same torch tensors.
@@ -444,11 +444,29 @@ def layer_cases(model: str, tokens: int, rng: np.random.Generator) -> list[tuple
         ("gelu/tanh", "gelu", (act, "tanh")),
         ("gelu_and_mul/tanh", "gelu_and_mul", (gate_up, "tanh")),
         ("apply_rope", "apply_rope", (positions, q, k, inv_freq, 1.0, True)),
+        # Qwen2-VL's M-RoPE: three rows, sections in the ratio of (16, 24, 24)
+        (
+            "apply_mrope",
+            "apply_mrope",
+            (mrope_rows(positions), q, k, inv_freq, mrope_sections(head_dim), 1.0, True),
+        ),
     ]
 
 
+def mrope_rows(positions: np.ndarray) -> np.ndarray:
+    """(temporal, height, width) rows: the positions, and two that differ from them."""
+    return np.stack([positions, positions // 2, positions % 97]).astype(np.int64)
+
+
+def mrope_sections(head_dim: int) -> tuple[int, int, int]:
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return (t, h, half - t - h)
+
+
 def layer_fn(name: str, accel: bool) -> Any:
-    if name == "apply_rope":
+    if name in ("apply_rope", "apply_mrope"):
         return getattr(accel_rope if accel else ref_rope, name)
     return getattr(accel_layers if accel else ref_layers, name)
 
@@ -456,7 +474,7 @@ def layer_fn(name: str, accel: bool) -> Any:
 def bench_layers_rope(
     models: list[str], token_counts: list[int], budget: float, min_reps: int
 ) -> list[dict]:
-    """The norms (rms_norm with and without residual), the activations and apply_rope:
+    """The norms (rms_norm with and without residual), the activations, apply_(m)rope:
     the reference on numpy (float32) and on torch CPU tensors, accel on the same tensors."""
     rows = []
     header = (
@@ -506,7 +524,7 @@ def layer_args(args: tuple, dtype: str) -> tuple:
     for a in args:
         if isinstance(a, np.ndarray):
             t = torch.from_numpy(a)
-            is_inv_freq = a.ndim == 1 and len(args) == 6
+            is_inv_freq = a.ndim == 1 and len(args) in (6, 7)  # apply_(m)rope
             a = t if not t.is_floating_point() or is_inv_freq else t.to(getattr(torch, dtype))
         out.append(a)
     return tuple(out)

@@ -1602,6 +1602,45 @@ def rope_always_neox(
     return R.apply_rope(positions, query, key, inv_freq, scale, True)
 
 
+@mutant("rope", "apply_mrope", "turns every pair by the first position row")
+def mrope_first_row_only(
+    positions: Any, query: Any, key: Any, inv_freq: Any, sections: Any, *a: Any
+) -> Any:
+    rows = len(tuple(sections))
+    R.apply_mrope(positions, query, key, inv_freq, sections, *a)
+    first = np.broadcast_to(positions[:1], (rows, positions.shape[1]))
+    return R.apply_mrope(np.ascontiguousarray(first), query, key, inv_freq, sections, *a)
+
+
+@mutant("rope", "apply_mrope", "gives the sections to the rows in reverse order")
+def mrope_reversed_rows(
+    positions: Any, query: Any, key: Any, inv_freq: Any, sections: Any, *a: Any
+) -> Any:
+    R.apply_mrope(positions, query, key, inv_freq, sections, *a)
+    return R.apply_mrope(np.ascontiguousarray(positions[::-1]), query, key, inv_freq, sections, *a)
+
+
+@mutant("rope", "apply_mrope", "offsets row r's positions by r (rows not interchangeable)")
+def mrope_offsets_rows(
+    positions: Any, query: Any, key: Any, inv_freq: Any, sections: Any, *a: Any
+) -> Any:
+    R.apply_mrope(positions, query, key, inv_freq, sections, *a)
+    shifted = positions + np.arange(positions.shape[0], dtype=positions.dtype)[:, None]
+    return R.apply_mrope(shifted, query, key, inv_freq, sections, *a)
+
+
+@mutant("rope", "apply_mrope", "takes sections that do not sum to d / 2 (the last one stretched)")
+def mrope_stretches_sections(
+    positions: Any, query: Any, key: Any, inv_freq: Any, sections: Any, *a: Any
+) -> Any:
+    sections = [int(n) for n in sections]
+    if sections and min(sections) >= 0 and len(sections) == positions.shape[0]:
+        sections[-1] += inv_freq.shape[0] - sum(sections)
+        if sections[-1] < 0:
+            sections = [inv_freq.shape[0]] + [0] * (len(sections) - 1)
+    return R.apply_mrope(positions, query, key, inv_freq, sections, *a)
+
+
 # --- attention ------------------------------------------------------------------------------
 
 

@@ -96,6 +96,13 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
             np.ones((2, 1, 8), np.float32),
             np.array([1.0, 0.1], np.float32),
         ),
+        "rope.apply_mrope": lambda: (
+            np.array([[0, 7], [0, 3], [0, 5]]),
+            np.ones((2, 3, 8), np.float32),
+            np.ones((2, 1, 8), np.float32),
+            np.array([1.0, 0.1], np.float32),
+            (1, 0, 1),
+        ),
         "attention.reshape_and_cache": lambda: (
             np.ones((2, 2, 4), np.float32),
             np.zeros((2, 2, 4), np.float32),

@@ -453,6 +453,143 @@ add_matches_reference(
 )
 
 
+# =============================================================================== apply_mrope
+
+
+@st.composite
+def mrope_cases(draw: Any, equal_rows: bool = False) -> Case:
+    """A valid call: `rope_cases` with 1-4 position rows and sections (some empty)
+    summing to d / 2."""
+    base = draw(rope_cases(max_pos=1024))
+    half = base.inv_freq.shape[0]
+    rows = draw(st.integers(1, 4))
+    cuts = sorted(draw(st.lists(st.integers(0, half), min_size=rows - 1, max_size=rows - 1)))
+    sections = tuple(b - a for a, b in zip([0, *cuts], [*cuts, half], strict=True))
+    n = base.positions.shape[0]
+    if equal_rows:
+        positions = np.broadcast_to(base.positions, (rows, n)).copy()
+    else:
+        positions = draw(hnp.arrays(base.positions.dtype, (rows, n), elements=st.integers(0, 1024)))
+    return Case(
+        positions=positions,
+        query=base.query,
+        key=base.key,
+        inv_freq=base.inv_freq,
+        mrope_section=sections,
+        scale=base.scale,
+        is_neox=base.is_neox,
+    )
+
+
+def _section_rows(sections: tuple[int, ...]) -> np.ndarray:
+    return np.repeat(np.arange(len(sections)), sections)
+
+
+def mrope_oracle(case: Case, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`rotate_oracle` with pair i turned by its section's row: the rotation of each
+    pair is that of apply_rope at that pair's position."""
+    rows = _section_rows(case.mrope_section)
+    out, tol = x.astype(np.float64).copy(), np.zeros(x.shape)
+    half = case.inv_freq.shape[0]
+    ia, ib = pair_index(half, case.is_neox)
+    for r in range(len(case.mrope_section)):
+        pairs = rows == r
+        if not pairs.any():
+            continue
+        plain = Case(
+            positions=case.positions[r],
+            inv_freq=case.inv_freq,
+            scale=case.scale,
+            is_neox=case.is_neox,
+        )
+        want, t = rotate_oracle(plain, x)
+        for idx in (ia[pairs], ib[pairs]):
+            out[..., idx], tol[..., idx] = want[..., idx], t[..., idx]
+    d = 2 * half
+    out[..., d:] = x[..., d:]
+    tol[..., d:] = 0
+    return out, tol
+
+
+@spec.prop("apply_mrope", mrope_cases())
+def each_section_turns_by_its_row(ctx: Ctx, case: Case) -> None:
+    """Pair i of section r is rotated as apply_rope rotates it at position
+    positions[r, t]; features past d are unchanged, exactly."""
+    q, k = call(ctx, "apply_mrope", case)
+    d = 2 * case.inv_freq.shape[0]
+    for name, x, got in (("query", case.query, q), ("key", case.key, k)):
+        want, t = mrope_oracle(case, x)
+        assert_within(got, want, t, f"rotated {name}")
+        checks.assert_equal(got[..., d:], x[..., d:], what=f"{name} past the rotary dim")
+
+
+@spec.prop("apply_mrope", mrope_cases(equal_rows=True), uses=("apply_rope",))
+def equal_rows_are_apply_rope(ctx: Ctx, case: Case) -> None:
+    """With every row equal, apply_mrope is apply_rope at that row, exactly (whatever
+    the sections)."""
+    q, k = call(ctx, "apply_mrope", case)
+    rq, rk = ctx.call(
+        "apply_rope",
+        case.positions[0],
+        case.query,
+        case.key,
+        case.inv_freq,
+        case.scale,
+        case.is_neox,
+    )
+    checks.assert_equal(q, rq, what="query against apply_rope")
+    checks.assert_equal(k, rk, what="key against apply_rope")
+
+
+@spec.prop("apply_mrope", mrope_cases(), name="returns_documented_types")
+def mrope_returns_documented_types(ctx: Ctx, case: Case) -> None:
+    """(query, key): new arrays like the inputs (library, device, dtype, shape)."""
+    args = [ctx.convert(a) for a in SHAPES["apply_mrope"].call_args(case)]
+    out = ctx.fn("apply_mrope")(*args)
+    assert isinstance(out, tuple) and len(out) == 2, f"returned {type(out).__name__}"
+    check_like_input(out[0], args[1], "query")
+    check_like_input(out[1], args[2], "key")
+
+
+def mrope_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    pos, q, k, inv, sec = case.positions, case.query, case.key, case.inv_freq, case.mrope_section
+    rest = (case.scale, case.is_neox)
+    more = (*sec[:-1], sec[-1] + 1)
+    return [
+        ("sections summing past d / 2", (pos, q, k, inv, more, *rest), ValueError),
+        ("a negative section", (pos, q, k, inv, (*sec, -1, 1), *rest), ValueError),
+        ("no sections", (pos, q, k, inv, (), *rest), ValueError),
+        ("float positions", (pos.astype(np.float64), q, k, inv, sec, *rest), TypeError),
+        ("a position row too few", (pos[:-1], q, k, inv, sec, *rest), ValueError),
+        ("1-D positions", (pos[0], q, k, inv, sec, *rest), ValueError),
+        ("integer query", (pos, np.zeros(q.shape, np.int64), k, inv, sec, *rest), TypeError),
+        (
+            "one token more than positions",
+            (pos, np.concatenate([q, np.zeros((1, *q.shape[1:]), q.dtype)]), k, inv, sec, *rest),
+            ValueError,
+        ),
+    ]
+
+
+def _mrope_compare(case: Case, got: Any, ref: Any) -> None:
+    assert isinstance(got, tuple) and len(got) == 2, f"returned {type(got).__name__}"
+    for name, g, r, x in (("query", got[0], ref[0], case.query), ("key", got[1], ref[1], case.key)):
+        assert g.dtype == r.dtype, f"{name} dtype {g.dtype}, the reference's {r.dtype}"
+        _, t = mrope_oracle(case, x)
+        assert_within(g, r, t, name)
+
+
+add_does_not_modify_inputs(spec, SHAPES["apply_mrope"], mrope_cases())
+add_rejects_invalid_input(spec, SHAPES["apply_mrope"], error_variants(mrope_cases(), mrope_errors))
+add_matches_reference(
+    spec,
+    SHAPES["apply_mrope"],
+    mrope_cases(),
+    _mrope_compare,
+    "The reference's rotated query and key within the rotation tolerance.",
+)
+
+
 # ================================================================================= constants
 
 

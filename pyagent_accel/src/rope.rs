@@ -7,9 +7,13 @@
 //! the angle `p * inv_freq[i]` in f32, cos and sin (computed in f64 and rounded to f32,
 //! so nearly always the correctly rounded value, which numpy's and torch's float32
 //! cos/sin give most of the time), times `scale` in f32, rounded to the input dtype, and
-//! each product and sum of the rotation in the input dtype.
+//! each product and sum of the rotation in the input dtype. `apply_mrope` is the same
+//! kernel with the pairs cut into sections, each turned by its own position.
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+// the kernels take the sections beside the positions (and `multiversion!` copies them)
+#![allow(clippy::too_many_arguments)]
+
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use rayon::prelude::*;
@@ -329,10 +333,13 @@ fn rotate_head<E: Elem>(x: &[E], cos: &[E::C], sin: &[E::C], is_neox: bool, out:
 }
 
 /// One token: every head of `heads` (each a row of head_size features) rotated into
-/// the consecutive rows of `out`. `table` is scratch for 2 * inv_freq.len() values.
+/// the consecutive rows of `out`. The pairs are cut into consecutive sections of
+/// `sections[r]` pairs, section r turning by `positions[r]` (M-RoPE; `apply_rope` is
+/// one section of every pair). `table` is scratch for 2 * inv_freq.len() values.
 #[inline(always)]
 fn rope_token_impl<E: Elem>(
-    position: i64,
+    positions: &[i64],
+    sections: &[usize],
     inv_freq: &[f32],
     scale: f32,
     is_neox: bool,
@@ -341,7 +348,12 @@ fn rope_token_impl<E: Elem>(
     out: &mut [E],
 ) {
     let (cos, sin) = table.split_at_mut(inv_freq.len());
-    cos_sin_table::<E>(position as f32, inv_freq, scale, cos, sin);
+    let mut lo = 0;
+    for (&position, &n) in positions.iter().zip(sections) {
+        let (c, s) = (&mut cos[lo..lo + n], &mut sin[lo..lo + n]);
+        cos_sin_table::<E>(position as f32, &inv_freq[lo..lo + n], scale, c, s);
+        lo += n;
+    }
     let head_size = out.len() / heads.len().max(1);
     for (x, o) in heads.iter().zip(out.chunks_exact_mut(head_size.max(1))) {
         rotate_head(x, cos, sin, is_neox, o);
@@ -350,7 +362,8 @@ fn rope_token_impl<E: Elem>(
 
 multiversion! {
     fn rope_token<E: Elem>(
-        position: i64,
+        positions: &[i64],
+        sections: &[usize],
         inv_freq: &[f32],
         scale: f32,
         is_neox: bool,
@@ -364,10 +377,12 @@ multiversion! {
 /// work): handing over less costs more than it saves.
 const ROPE_PIECE: usize = 1 << 17;
 
-/// `x` (num_tokens, heads, head_size) rotated into a new array.
+/// `x` (num_tokens, heads, head_size) rotated into a new array; `positions` holds
+/// each token's position of every section, token-major (`rope_token`).
 fn rotate_array<'py, E: Elem>(
     py: Python<'py>,
     positions: &[i64],
+    sections: &[usize],
     x: &Bound<'py, PyAny>,
     name: &str,
     inv_freq: &[f32],
@@ -381,9 +396,15 @@ fn rotate_array<'py, E: Elem>(
             "{name} must have shape (num_tokens, heads, head_size), got {shape:?}"
         )));
     };
-    if tokens != positions.len() || 2 * inv_freq.len() > head_size {
+    let n_rows = sections.len();
+    if n_rows == 0
+        || tokens * n_rows != positions.len()
+        || 2 * inv_freq.len() > head_size
+        || sections.iter().sum::<usize>() != inv_freq.len()
+    {
         return Err(value_error(format!(
-            "{name} of shape {shape:?} does not fit {} positions and rotary dim {}",
+            "{name} of shape {shape:?} does not fit {} positions of sections {sections:?} \
+             and rotary dim {}",
             positions.len(),
             2 * inv_freq.len()
         )));
@@ -399,12 +420,12 @@ fn rotate_array<'py, E: Elem>(
             out_data
                 .par_chunks_mut(width)
                 .zip(x_rows.par_chunks(heads))
-                .zip(positions.par_iter())
+                .zip(positions.par_chunks(n_rows))
                 .with_min_len((ROPE_PIECE / width).max(1))
                 .for_each_init(
                     || vec![E::C::ZERO; 2 * inv_freq.len()],
-                    |table, ((o, token), &p)| {
-                        rope_token(p, inv_freq, scale, is_neox, token, table, o)
+                    |table, ((o, token), p)| {
+                        rope_token(p, sections, inv_freq, scale, is_neox, token, table, o)
                     },
                 )
         })?;
@@ -452,13 +473,68 @@ fn apply_rope<'py>(
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     let positions = positions_vec(positions)?;
     let inv_freq = inv_freq.as_array().to_vec();
+    let sections = [inv_freq.len()];
+    rotate_both(
+        py, &positions, &sections, query, key, &inv_freq, scale, is_neox,
+    )
+}
+
+/// query and key rotated (`rotate_array`).
+fn rotate_both<'py>(
+    py: Python<'py>,
+    positions: &[i64],
+    sections: &[usize],
+    query: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    inv_freq: &[f32],
+    scale: f64,
+    is_neox: bool,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     let scale = scale as f32;
     let rotate = |x: &Bound<'py, PyAny>, name: &str| {
         with_elem!(dtype_of(x, name)?, E => {
-            rotate_array::<E>(py, &positions, x, name, &inv_freq, scale, is_neox)
+            rotate_array::<E>(py, positions, sections, x, name, inv_freq, scale, is_neox)
         })
     };
     Ok((rotate(query, "query")?, rotate(key, "key")?))
+}
+
+/// apply_mrope(positions, query, key, inv_freq, sections, scale, is_neox)
+/// --
+///
+/// `positions` int64 (len(sections), num_tokens), C-contiguous; pair i of section r
+/// turns by positions[r, token] * inv_freq[i]; otherwise `apply_rope`.
+#[pyfunction]
+fn apply_mrope<'py>(
+    py: Python<'py>,
+    positions: PyReadonlyArray2<'py, i64>,
+    query: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    inv_freq: PyReadonlyArray1<'py, f32>,
+    sections: Vec<usize>,
+    scale: f64,
+    is_neox: bool,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let rows = positions.as_array();
+    if rows.nrows() != sections.len() {
+        return Err(value_error(format!(
+            "positions must have {} rows (one per section), got {}",
+            sections.len(),
+            rows.nrows()
+        )));
+    }
+    let token_major: Vec<i64> = rows.t().iter().copied().collect();
+    let inv_freq = inv_freq.as_array().to_vec();
+    rotate_both(
+        py,
+        &token_major,
+        &sections,
+        query,
+        key,
+        &inv_freq,
+        scale,
+        is_neox,
+    )
 }
 
 /// rope_inv_freq(rotary_dim, theta, rope_type, params, attention_factor=None)
@@ -494,6 +570,7 @@ fn rope_inv_freq<'py>(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(apply_rope, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_mrope, m)?)?;
     m.add_function(wrap_pyfunction!(rope_inv_freq, m)?)?;
     Ok(())
 }
@@ -640,7 +717,7 @@ mod tests {
         for is_neox in [true, false] {
             let mut out = vec![0.0; 5];
             let mut table = vec![0.0; 4];
-            rope_token(3, &inv, 1.0, is_neox, &[&x], &mut table, &mut out);
+            rope_token(&[3], &[2], &inv, 1.0, is_neox, &[&x], &mut table, &mut out);
             let (ia, ib) = if is_neox {
                 ([0, 1], [2, 3])
             } else {
@@ -658,13 +735,47 @@ mod tests {
     }
 
     #[test]
+    fn sections_turn_by_their_own_positions() {
+        let inv = [1.0f32, 0.5, 0.25];
+        let x: Vec<f64> = (1..=6).map(|v| v as f64).collect();
+        let mut table = vec![0.0; 6];
+        let mut mixed = vec![0.0; 6];
+        rope_token(
+            &[2, 5],
+            &[1, 2],
+            &inv,
+            1.0,
+            true,
+            &[&x],
+            &mut table,
+            &mut mixed,
+        );
+        for (position, pairs) in [(2, 0..1), (5, 1..3)] {
+            let mut plain = vec![0.0; 6];
+            rope_token(
+                &[position],
+                &[3],
+                &inv,
+                1.0,
+                true,
+                &[&x],
+                &mut table,
+                &mut plain,
+            );
+            for i in pairs {
+                assert_eq!((mixed[i], mixed[i + 3]), (plain[i], plain[i + 3]));
+            }
+        }
+    }
+
+    #[test]
     fn bf16_rounds_cos_sin_and_every_product() {
         let inv = [0.3f32];
         let to_bf16 = |v: f32| Bf16(bf16::from_f32(v).to_bits()); // rounded by the oracle
         let x = [to_bf16(1.5), to_bf16(-0.75)];
         let mut out = [Bf16(0); 2];
         let mut table = [0.0f32; 2];
-        rope_token(7, &inv, 1.0, true, &[&x], &mut table, &mut out);
+        rope_token(&[7], &[1], &inv, 1.0, true, &[&x], &mut table, &mut out);
         let r = |v: f32| bf16::from_f32(v).to_f32();
         let angle = 7.0f32 * 0.3;
         let (c, s) = (

@@ -753,6 +753,16 @@ class EngineCore:
         if self.asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before adding requests")
         check_request(request, self.limits)
+        cfg = self.scheduler_config
+        for feature in request.mm_features:  # dynamic resolution: images differ in size
+            if feature.length > min(cfg.max_num_encoder_tokens, cfg.encoder_cache_size):
+                raise ValueError(
+                    f"an image of request {request.request_id!r} fills {feature.length} "
+                    f"positions, more than one step may encode ({cfg.max_num_encoder_tokens}: "
+                    f"max_num_batched_tokens) or the encoder cache holds "
+                    f"({cfg.encoder_cache_size}: encoder_cache_size); send a smaller image "
+                    "or lower the image processor's max_pixels"
+                )
         if request.lora_request is not None and not self.config.enable_lora:
             raise ValueError(
                 f"request {request.request_id!r} names LoRA adapter "

@@ -508,6 +508,38 @@ LLAVA = Family(
 )
 
 
+# --- Qwen2-VL -------------------------------------------------------------------------------
+
+
+def qwen2_vl_hf_keys(cfg: dict) -> dict:
+    """A Qwen2-VL config.json read as Qwen2's (the text_config's keys at the top level in
+    transformers 5's layout; 4.x keeps them there): q/k/v biases, and the M-RoPE's
+    `mrope_section` taken out of rope_scaling / rope_parameters into a key of its own
+    (`qwen2_vl.Qwen2VLVisionConfig`), the rest of the RoPE read as the default type."""
+    text = cfg.get("text_config", cfg)
+    if not isinstance(text, dict):
+        raise ValueError(f"config.json for Qwen2-VL: text_config must be an object, got {text!r}")
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    section = rope.pop("mrope_section", None)
+    if rope.get("rope_type", rope.get("type")) == "mrope":
+        rope.pop("type", None)
+        rope["rope_type"] = "default"
+    top = {k: v for k, v in cfg.items() if k != "text_config"}
+    merged = {**text, **top} if text is not cfg else dict(cfg)
+    merged.pop("rope_scaling", None)
+    return {**merged, "rope_parameters": rope, "mrope_section": section, "attention_bias": True}
+
+
+QWEN2_VL = Family(
+    lambda cfg, fields: {},
+    hf_keys=qwen2_vl_hf_keys,
+    renames=(
+        ("model.language_model.", ""),  # transformers 5's
+        ("model.visual.", "visual."),
+    ),
+)
+
+
 FAMILIES: dict[str, Family] = {
     "GemmaForCausalLM": Family(gemma_fields),
     "Gemma2ForCausalLM": GEMMA,
@@ -523,6 +555,7 @@ FAMILIES: dict[str, Family] = {
     "BertModel": BERT,
     "BertForSequenceClassification": BERT_CLASSIFIER,
     "LlavaForConditionalGeneration": LLAVA,
+    "Qwen2VLForConditionalGeneration": QWEN2_VL,
 }
 
 

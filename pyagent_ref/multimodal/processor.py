@@ -1,14 +1,19 @@
 """From a prompt with images to a request: preprocessing, placeholders, features.
 
 A vision-language prompt holds one image placeholder token (the model's image token,
-"<image>" for LLaVA) per image, in the images' order. For each image:
+"<image>" for LLaVA, "<|image_pad|>" for Qwen2-VL) per image, in the images' order. For
+each image:
 
 1. it is decoded to RGB (`images.load_image`) and hashed (`images.image_hash`: the
    `mm_hash`);
 2. the model's HF image processor (preprocessor_config.json of the model directory:
-   resize, center crop, rescale, normalise) makes its pixel_values;
+   resize, center crop, rescale, normalise) makes its pixel_values; Qwen2-VL's
+   (Qwen2VLImageProcessor) resizes to multiples of patch * merge pixels within
+   min/max_pixels and returns the patches and their grid (t, h, w): the data is then an
+   `ImagePatches`;
 3. its placeholder is expanded to the number of decoder positions the image fills
-   (`num_image_tokens`: (image_size / patch_size)^2 for LLaVA's default strategy).
+   (`num_image_tokens`: (image_size / patch_size)^2 for LLaVA's default strategy;
+   t * h * w / merge^2 for Qwen2-VL, different for images of different sizes).
 
 The request then carries a `MultiModalFeature` per image: its hash, the offset of its
 first placeholder in the expanded prompt, its length, and its pixel_values. The hash
@@ -27,7 +32,8 @@ from ..model.config import ModelConfig
 from ..sched.request import MultiModalFeature
 from .images import image_hash, load_image
 
-IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
+DYNAMIC_RESOLUTION = ("Qwen2VLForConditionalGeneration",)
 MODALITIES = ("image",)
 
 
@@ -49,13 +55,20 @@ class MultiModalProcessor:
         self.supports_images = config.architecture in IMAGE_ARCHITECTURES
         self.image_token_id: int | None = None
         self._hf = None
-        if self.supports_images:
+        self.dynamic = config.architecture in DYNAMIC_RESOLUTION
+        if self.dynamic:
+            from ..model.qwen2_vl import Qwen2VLVisionConfig
+
+            self.qwen2_vl = Qwen2VLVisionConfig.from_hf(config.raw)
+            self.image_token_id = self.qwen2_vl.image_token_id
+        elif self.supports_images:
             from ..model.llava import VisionConfig
 
             vision = VisionConfig.from_hf(config.raw)
             self.image_token_id = vision.image_token_id
             self.tokens_per_image = vision.num_image_tokens
             self.pixel_shape = (vision.num_channels, vision.image_size, vision.image_size)
+        if self.supports_images:
             path = Path(model_dir) / "preprocessor_config.json"
             if not path.is_file():
                 raise FileNotFoundError(
@@ -120,7 +133,7 @@ class MultiModalProcessor:
         return self._expand(ids, images)
 
     def _expand(self, ids: list[int], images: Sequence[Any]):
-        token, n = self.image_token_id, self.tokens_per_image
+        token = self.image_token_id
         places = [i for i, t in enumerate(ids) if t == token]
         if len(places) != len(images):
             raise ValueError(
@@ -128,12 +141,17 @@ class MultiModalProcessor:
                 f"{len(images)} image(s): put one placeholder per image"
             )
         decoded = [load_image(image, f"image {i}") for i, image in enumerate(images)]
-        pixels = self.pixel_values(decoded)
+        pixels = self.patches(decoded) if self.dynamic else self.pixel_values(decoded)
         out: list[int] = []
         features = []
         start = 0
         for place, image, values in zip(places, decoded, pixels, strict=True):
             out += ids[start:place]
+            n = (
+                self.qwen2_vl.image_tokens(values.grid_thw)
+                if self.dynamic
+                else self.tokens_per_image
+            )
             features.append(MultiModalFeature(image_hash(image), len(out), n, data=values))
             out += [token] * n
             start = place + 1
@@ -150,3 +168,34 @@ class MultiModalProcessor:
                 f"{tuple(values.shape[1:])}, the model takes {self.pixel_shape}"
             )
         return list(values.float())
+
+    def patches(self, images: list) -> list:
+        """Qwen2-VL's `ImagePatches` of each RGB image (its own size: one call each).
+
+        Raises:
+            ValueError: an image the image processor refuses (an aspect ratio over
+                200), or patches that do not fit the model (the messages name which).
+        """
+        from ..model.qwen2_vl import ImagePatches
+
+        cfg, out = self.qwen2_vl, []
+        for i, image in enumerate(images):
+            try:
+                made = self._image_processor()(images=[image], return_tensors="pt")
+            except ValueError as error:
+                raise ValueError(f"image {i} ({image.width} x {image.height}): {error}") from None
+            values, grid = made["pixel_values"], made["image_grid_thw"]
+            grid = tuple(int(n) for n in grid[0])
+            m = cfg.spatial_merge_size
+            if (
+                tuple(values.shape) != (grid[0] * grid[1] * grid[2], cfg.patch_values)
+                or grid[1] % m
+                or grid[2] % m
+            ):
+                raise ValueError(
+                    f"the image processor of {str(self.model_dir)!r} makes patches of shape "
+                    f"{tuple(values.shape)} on grid {grid}; the model takes {cfg.patch_values} "
+                    f"values per patch on grids whose h and w are multiples of {m}"
+                )
+            out.append(ImagePatches(values.float(), grid))
+        return out

@@ -9,6 +9,10 @@ cos/sin); `rope_inv_freq` implements the variants named in HF `config.json`
 
 Layouts: NeoX (Llama, HF's `rotate_half`) pairs feature j with j + d/2; GPT-J pairs
 feature 2j with 2j + 1.
+
+M-RoPE (Qwen2-VL's multimodal rotary, `apply_mrope`) gives each token several position
+rows (temporal, height, width) and splits the d/2 frequencies into consecutive sections,
+one per row: pair i turns by the position of its section's row.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from array_api_compat import device
 
 from ._arrays import dtype_name, namespace
 
-__all__ = ["ROPE_TYPES", "rope_inv_freq", "apply_rope"]
+__all__ = ["ROPE_TYPES", "rope_inv_freq", "apply_rope", "apply_mrope"]
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -171,6 +175,17 @@ def apply_rope(
     xp = namespace(query, "query")
     if "int" not in dtype_name(positions):
         raise TypeError(f"positions must be integers, got dtype {dtype_name(positions)}")
+    _check_rope_shapes(positions, query, key, inv_freq.shape[0])
+    half = inv_freq.shape[0]
+    angle = xp.reshape(xp.astype(positions, xp.float32), (-1, 1)) * xp.reshape(inv_freq, (1, -1))
+    cos = xp.reshape(xp.cos(angle) * scale, (-1, 1, half))
+    sin = xp.reshape(xp.sin(angle) * scale, (-1, 1, half))
+    return _rotate(xp, query, cos, sin, is_neox), _rotate(xp, key, cos, sin, is_neox)
+
+
+def _check_rope_shapes(positions: Any, query: Any, key: Any, half: int) -> None:
+    """TypeError/ValueError for query/key that are not float arrays of shape
+    (len(positions), heads, head_size) with 2 * half <= head_size."""
     for name, x in (("query", query), ("key", key)):
         if "float" not in dtype_name(x):
             raise TypeError(f"{name} must be a float array, got dtype {dtype_name(x)}")
@@ -179,13 +194,70 @@ def apply_rope(
                 f"{name} must have shape ({positions.shape[0]}, heads, head_size), "
                 f"got {tuple(x.shape)}"
             )
-    half = inv_freq.shape[0]
     if 2 * half > query.shape[-1] or key.shape[-1] != query.shape[-1]:
         raise ValueError(
             f"rotary dim {2 * half} must fit head_size {query.shape[-1]} "
             f"of query and key {key.shape[-1]}"
         )
-    angle = xp.reshape(xp.astype(positions, xp.float32), (-1, 1)) * xp.reshape(inv_freq, (1, -1))
+
+
+def apply_mrope(
+    positions: Any,
+    query: Any,
+    key: Any,
+    inv_freq: Any,
+    mrope_section: Any,
+    scale: float = 1.0,
+    is_neox: bool = True,
+) -> tuple[Any, Any]:
+    """Multimodal RoPE: `apply_rope` where each pair takes the position of its section.
+
+    positions has one row per section (Qwen2-VL: temporal, height, width). The d/2
+    pairs are cut into consecutive sections of mrope_section[0], mrope_section[1], ...
+    pairs; pair i of section r turns by angle = positions[r, t] * inv_freq[i] (float32).
+    Everything else is `apply_rope`: c = cos * scale, s = sin * scale rounded to the input
+    dtype, (a, b) -> (a c - b s, b c + a s), NeoX or GPT-J pairing, features past d
+    unchanged. With all rows equal this is `apply_rope` on that row. Qwen2-VL's decoder
+    uses 3 rows and sections such as (16, 24, 24) for d/2 = 64; its vision tower's 2-D
+    rotary is 2 rows (patch row, patch column), sections (d/4, d/4) and inv_freq the
+    d/4 frequencies twice.
+
+    Args:
+        positions: integer array, shape (len(mrope_section), num_tokens), each >= 0.
+        query: float array, shape (num_tokens, num_heads, head_size).
+        key: float array, shape (num_tokens, num_kv_heads, head_size).
+        inv_freq: float32 array, shape (d / 2,) with d <= head_size.
+        mrope_section: sequence of ints >= 0 summing to d / 2.
+        scale: cos/sin multiplier.
+        is_neox: the NeoX (True) or GPT-J (False) pairing.
+    Returns:
+        (query, key) rotated, new arrays of the inputs' dtypes.
+    Raises:
+        TypeError: non-integer positions or non-float query/key.
+        ValueError: sections that are negative or do not sum to d / 2, a positions row
+            count other than the number of sections, shapes that disagree, d larger
+            than head_size.
+    """
+    xp = namespace(query, "query")
+    sections = [int(n) for n in mrope_section]
+    half = inv_freq.shape[0]
+    if not sections or min(sections) < 0 or sum(sections) != half:
+        raise ValueError(
+            f"mrope_section must be ints >= 0 summing to len(inv_freq) = {half}, got {sections}"
+        )
+    if "int" not in dtype_name(positions):
+        raise TypeError(f"positions must be integers, got dtype {dtype_name(positions)}")
+    if positions.ndim != 2 or positions.shape[0] != len(sections):
+        raise ValueError(
+            f"positions must have shape ({len(sections)}, num_tokens) for mrope_section "
+            f"{sections}, got {tuple(positions.shape)}"
+        )
+    _check_rope_shapes(positions[0], query, key, half)
+    rows = [r for r, n in enumerate(sections) for _ in range(n)]  # the row of each pair
+    pair_positions = xp.take(positions, xp.asarray(rows, device=device(positions)), axis=0)
+    angle = xp.permute_dims(xp.astype(pair_positions, xp.float32), (1, 0)) * xp.reshape(
+        inv_freq, (1, -1)
+    )
     cos = xp.reshape(xp.cos(angle) * scale, (-1, 1, half))
     sin = xp.reshape(xp.sin(angle) * scale, (-1, 1, half))
     return _rotate(xp, query, cos, sin, is_neox), _rotate(xp, key, cos, sin, is_neox)

@@ -16,7 +16,8 @@ Images: the runner holds the encoder outputs the scheduler's encoder cache accou
 (content hash -> the image's decoder rows): it drops those evicted, encodes the step's
 new images (`model.encode_images`) before the forward pass, and passes the rows of the
 placeholder tokens each request computes this step (`mm_embeds`), so a prefill chunk
-that cuts through an image reads its share of rows encoded once.
+that cuts through an image reads its share of rows encoded once. A model with M-RoPE
+(Qwen2-VL) gets positions of three rows per token, computed from each request's images.
 
 A batch of decodes only (one token per request) takes the static-shape attention path
 (`AttentionMetadata.decode_only`); on CUDA such batches replay recorded CUDA graphs
@@ -303,12 +304,22 @@ class ModelRunner:
 
     def _encode_images(self, sched: SchedulerOutput) -> None:
         """Encode the images the scheduler allocated this step, a batch per shape of
-        pixel_values, into `encoder_outputs`."""
+        pixel_values, into `encoder_outputs` (a model of dynamic resolution, Qwen2-VL,
+        encodes its images' patches together: `encode_image_data`)."""
         by_shape: dict[tuple, list] = {}
-        for rid, indices in sched.scheduled_encoder_inputs.items():
-            features = self.batch.states[rid].data.mm_features
-            for i in indices:
-                by_shape.setdefault(tuple(features[i].data.shape), []).append(features[i])
+        scheduled = [
+            self.batch.states[rid].data.mm_features[i]
+            for rid, indices in sched.scheduled_encoder_inputs.items()
+            for i in indices
+        ]
+        encode_data = getattr(self.model, "encode_image_data", None)
+        if encode_data is not None:
+            rows = encode_data([f.data for f in scheduled])
+            for feature, image_rows in zip(scheduled, rows, strict=True):
+                self.encoder_outputs[feature.content_hash] = image_rows
+            return
+        for feature in scheduled:
+            by_shape.setdefault(tuple(feature.data.shape), []).append(feature)
         for features in by_shape.values():
             pixels = torch.stack([f.data for f in features]).to(self.device)
             rows = self.model.encode_images(pixels)
@@ -385,10 +396,28 @@ class ModelRunner:
             extra["mm_embeds"] = mm_embeds
         return self.forward(
             torch.from_numpy(prep.input_ids).to(dev),
-            torch.from_numpy(prep.positions).to(dev),
+            torch.from_numpy(self._model_positions(prep)).to(dev),
             [metas[g] for g in self.group_of_layer],
             self.kv_caches,
             **extra,
+        )
+
+    def _model_positions(self, prep) -> np.ndarray:
+        """The positions the model rotates by: the tokens' positions, or for a model with
+        M-RoPE (Qwen2-VL) their three rows (3, num_tokens), each request's from its own
+        images (`model.mrope_positions`): a pure function of the token's index, so
+        chunks, decodes, recomputes and prefix-cache hits all get them right."""
+        if not getattr(self.model, "uses_mrope", False):
+            return prep.positions
+        qsl = prep.query_start_loc
+        return np.concatenate(
+            [
+                self.model.mrope_positions(
+                    prep.positions[qsl[i] : qsl[i + 1]], self.batch.states[rid].data.mm_features
+                )
+                for i, rid in enumerate(prep.req_ids)
+            ],
+            axis=1,
         )
 
     def _tree_masks(self, prep) -> list[torch.Tensor | None] | None:

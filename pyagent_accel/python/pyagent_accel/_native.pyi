@@ -275,6 +275,15 @@ def apply_rope(
     scale: float,
     is_neox: bool,
 ) -> tuple[np.ndarray, np.ndarray]: ...
+def apply_mrope(
+    positions: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    inv_freq: np.ndarray,
+    sections: list[int],
+    scale: float,
+    is_neox: bool,
+) -> tuple[np.ndarray, np.ndarray]: ...
 def rope_inv_freq(
     rotary_dim: int,
     theta: float,

@@ -26,6 +26,8 @@ Differences from the reference:
 - The angle is float32 as the contract says, also for an `inv_freq` of another float
   dtype (converted to float32; the reference follows its dtype); positions must be 1-D
   (ValueError; the reference fails with its library's broadcasting error).
+- `apply_mrope` is the same kernel with each section's own position (one native call;
+  the positions are copied token-major, int64).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as _np
 from .. import _native
 from . import _common as _c
 
-__all__ = ["ROPE_TYPES", "rope_inv_freq", "apply_rope"]
+__all__ = ["ROPE_TYPES", "rope_inv_freq", "apply_rope", "apply_mrope"]
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -124,20 +126,7 @@ def apply_rope(
     torch_in = _c.array_library(query, "query")
     if "int" not in _c.dtype_name(positions):
         raise TypeError(f"positions must be integers, got dtype {_c.dtype_name(positions)}")
-    for name, x in (("query", query), ("key", key)):
-        if "float" not in _c.dtype_name(x):
-            raise TypeError(f"{name} must be a float array, got dtype {_c.dtype_name(x)}")
-        if x.ndim != 3 or x.shape[0] != positions.shape[0]:
-            raise ValueError(
-                f"{name} must have shape ({positions.shape[0]}, heads, head_size), "
-                f"got {tuple(x.shape)}"
-            )
-    half = inv_freq.shape[0]
-    if 2 * half > query.shape[-1] or key.shape[-1] != query.shape[-1]:
-        raise ValueError(
-            f"rotary dim {2 * half} must fit head_size {query.shape[-1]} "
-            f"of query and key {key.shape[-1]}"
-        )
+    _check_query_key(query, key, positions.shape[0], inv_freq.shape[0])
     q, k = _native.apply_rope(
         _positions(positions),
         _c.float_view(query, "query", torch_in),
@@ -147,6 +136,66 @@ def apply_rope(
         bool(is_neox),
     )
     return _c.wrap_float(q, query, torch_in), _c.wrap_float(k, key, torch_in)
+
+
+def apply_mrope(
+    positions: Any,
+    query: Any,
+    key: Any,
+    inv_freq: Any,
+    mrope_section: Any,
+    scale: float = 1.0,
+    is_neox: bool = True,
+) -> tuple[Any, Any]:
+    """Multimodal RoPE: `apply_rope` where each pair takes the position of its section.
+
+    Contract: `pyagent_ref.ops.rope.apply_mrope`.
+    """
+    torch_in = _c.array_library(query, "query")
+    sections = [int(n) for n in mrope_section]
+    half = inv_freq.shape[0]
+    if not sections or min(sections) < 0 or sum(sections) != half:
+        raise ValueError(
+            f"mrope_section must be ints >= 0 summing to len(inv_freq) = {half}, got {sections}"
+        )
+    if "int" not in _c.dtype_name(positions):
+        raise TypeError(f"positions must be integers, got dtype {_c.dtype_name(positions)}")
+    if positions.ndim != 2 or positions.shape[0] != len(sections):
+        raise ValueError(
+            f"positions must have shape ({len(sections)}, num_tokens) for mrope_section "
+            f"{sections}, got {tuple(positions.shape)}"
+        )
+    _check_query_key(query, key, positions.shape[1], half)
+    if _c.is_torch(positions):
+        _c.check_cpu(positions, "positions")
+        positions = positions.numpy()
+    q, k = _native.apply_mrope(
+        _np.ascontiguousarray(positions, dtype=_np.int64),
+        _c.float_view(query, "query", torch_in),
+        _c.float_view(key, "key", _c.is_torch(key)),
+        _inv_freq(inv_freq),
+        sections,
+        float(scale),
+        bool(is_neox),
+    )
+    return _c.wrap_float(q, query, torch_in), _c.wrap_float(k, key, torch_in)
+
+
+def _check_query_key(query: Any, key: Any, tokens: int, half: int) -> None:
+    """The reference's checks of query and key: float arrays of shape (tokens, heads,
+    head_size), one head_size, 2 * half <= head_size."""
+    for name, x in (("query", query), ("key", key)):
+        if "float" not in _c.dtype_name(x):
+            raise TypeError(f"{name} must be a float array, got dtype {_c.dtype_name(x)}")
+        if x.ndim != 3 or x.shape[0] != tokens:
+            raise ValueError(
+                f"{name} must have shape ({tokens}, heads, head_size), got {tuple(x.shape)}"
+            )
+    if 2 * half > query.shape[-1] or key.shape[-1] != query.shape[-1]:
+        raise ValueError(
+            f"rotary dim {2 * half} must fit head_size {query.shape[-1]} "
+            f"of query and key {key.shape[-1]}"
+        )
 
 
 def _positions(positions: Any) -> _np.ndarray:

@@ -1,6 +1,6 @@
 from typing import Any
 
-__all__ = ["ROPE_TYPES", "rope_inv_freq", "apply_rope"]
+__all__ = ["ROPE_TYPES", "rope_inv_freq", "apply_rope", "apply_mrope"]
 
 ROPE_TYPES: tuple[str, ...]
 
@@ -17,6 +17,15 @@ def apply_rope(
     query: Any,
     key: Any,
     inv_freq: Any,
+    scale: float = 1.0,
+    is_neox: bool = True,
+) -> tuple[Any, Any]: ...
+def apply_mrope(
+    positions: Any,
+    query: Any,
+    key: Any,
+    inv_freq: Any,
+    mrope_section: Any,
     scale: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[Any, Any]: ...
