@@ -101,6 +101,12 @@ def assert_equal(actual: Any, expected: Any, what: str = "result") -> None:
         assert actual == expected, f"{what}: got {actual!r}, expected {expected!r}"
 
 
+def exactly_the_reference(case: Any, got: Any, ref: Any) -> None:
+    """A `matches_reference` comparison: the reference's dtype and values, exactly."""
+    assert got.dtype == ref.dtype, f"dtype {got.dtype}, the reference's {ref.dtype}"
+    assert_equal(got, ref)
+
+
 def assert_only_masks(out: np.ndarray, logits: np.ndarray) -> None:
     """A filter's output: every entry is either the input logit, unchanged, or -inf."""
     assert out.shape == logits.shape, f"shape {out.shape}, expected {logits.shape}"

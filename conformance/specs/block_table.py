@@ -148,11 +148,6 @@ def assert_int64(out: np.ndarray, n: int, what: str = "result") -> None:
     checks.assert_shape_dtype(out, (n,), np.int64, what)
 
 
-def _exact_compare(case: Case, got: Any, ref: Any) -> None:
-    assert got.dtype == ref.dtype, f"dtype {got.dtype}, the reference's {ref.dtype}"
-    checks.assert_equal(got, ref)
-
-
 def add_int_dtypes_alike(op: str, cases: Any) -> None:
     def int32_and_int64_alike(ctx: Ctx, case: Case) -> None:
         """The same values as int32 or as int64 arrays (every combination) give the same int64
@@ -196,7 +191,7 @@ def add_common(op: str, cases: Any, errors: Any, doc: str) -> None:
     shape = SHAPES[op]
     add_does_not_modify_inputs(spec, shape, cases)
     add_rejects_invalid_input(spec, shape, errors)
-    add_matches_reference(spec, shape, cases, _exact_compare, doc)
+    add_matches_reference(spec, shape, cases, checks.exactly_the_reference, doc)
     add_int_dtypes_alike(op, cases)
     add_accepts_strided_inputs(op, cases)
 

@@ -284,13 +284,12 @@ add_rejects_invalid_input(
 )
 
 
-def _exact(case: Case, got: Any, ref: Any) -> None:
-    assert got.dtype == ref.dtype, f"dtype {got.dtype}, the reference's {ref.dtype}"
-    checks.assert_equal(got, ref)
-
-
 add_matches_reference(
-    spec, SHAPES["quantize"], quantize_cases(), _exact, "The reference's bytes, exactly."
+    spec,
+    SHAPES["quantize"],
+    quantize_cases(),
+    checks.exactly_the_reference,
+    "The reference's bytes, exactly.",
 )
 
 
@@ -324,7 +323,11 @@ add_rejects_invalid_input(
     spec, SHAPES["dequantize"], error_variants(dequantize_cases(), dequantize_errors)
 )
 add_matches_reference(
-    spec, SHAPES["dequantize"], dequantize_cases(), _exact, "The reference's weight, exactly."
+    spec,
+    SHAPES["dequantize"],
+    dequantize_cases(),
+    checks.exactly_the_reference,
+    "The reference's weight, exactly.",
 )
 
 

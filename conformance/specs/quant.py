@@ -373,13 +373,12 @@ add_rejects_invalid_input(
 )
 
 
-def _exact(case: Case, got: Any, ref: Any) -> None:
-    assert got.dtype == ref.dtype, f"dtype {got.dtype}, the reference's {ref.dtype}"
-    checks.assert_equal(got, ref)
-
-
 add_matches_reference(
-    spec, SHAPES["dequantize"], dequantize_cases(), _exact, "The reference's weight, exactly."
+    spec,
+    SHAPES["dequantize"],
+    dequantize_cases(),
+    checks.exactly_the_reference,
+    "The reference's weight, exactly.",
 )
 
 
@@ -425,7 +424,11 @@ def pack_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
 add_does_not_modify_inputs(spec, SHAPES["pack_int32"], pack_cases())
 add_rejects_invalid_input(spec, SHAPES["pack_int32"], error_variants(pack_cases(), pack_errors))
 add_matches_reference(
-    spec, SHAPES["pack_int32"], pack_cases(), _exact, "The reference's words, exactly."
+    spec,
+    SHAPES["pack_int32"],
+    pack_cases(),
+    checks.exactly_the_reference,
+    "The reference's words, exactly.",
 )
 
 
@@ -457,7 +460,11 @@ add_rejects_invalid_input(
     spec, SHAPES["unpack_int32"], error_variants(unpack_cases(), unpack_errors)
 )
 add_matches_reference(
-    spec, SHAPES["unpack_int32"], unpack_cases(), _exact, "The reference's codes, exactly."
+    spec,
+    SHAPES["unpack_int32"],
+    unpack_cases(),
+    checks.exactly_the_reference,
+    "The reference's codes, exactly.",
 )
 
 
