@@ -1603,7 +1603,21 @@ def typical_keeps_ties_together(ctx: Ctx, case: Case) -> None:
             assert group.all() or not group.any(), f"row {b}: tokens tied at {value!r} split"
 
 
-@spec.prop("apply_typical_p", typical_cases())
+@st.composite
+def typical_one_cases(draw: Any) -> Case:
+    """typical_cases with typical_p == 1 on a first row of probabilities exactly 1/2, 1/2
+    and 0 (two equal logits, one a thousand below, the rest -inf): a rule applied at mass 1
+    reaches the mass before the last token and would drop it, whatever the draws."""
+    case = draw(typical_cases())
+    x, m = case.logits.copy(), case.typical_p.copy()
+    if x.shape[0] and x.shape[1] >= 3:
+        x[0] = -np.inf
+        x[0, :3] = (0.0, 0.0, -1000.0)
+        m[0] = 1.0
+    return Case(logits=x, typical_p=m)
+
+
+@spec.prop("apply_typical_p", typical_one_cases())
 def typical_p_one_changes_nothing(ctx: Ctx, case: Case) -> None:
     """Rows with typical_p == 1 are returned unchanged."""
     out = call(ctx, "apply_typical_p", case)
@@ -1982,6 +1996,44 @@ def dry_cases(draw: Any, enabled: bool = False) -> Case:
         penalty_last_n=last_n.astype(ints),
         sequence_breakers=breakers,
     )
+
+
+@st.composite
+def dry_overflow_cases(draw: Any) -> Case:
+    """dry_cases whose first row surely overflows: tokens 0 1 0 1 0 1 0 1 (a repeat that
+    token 0 would extend by 7), no breakers, the whole window, allowed_length 1,
+    multiplier 1e300 and base 1e30, finite logits."""
+    case = draw(dry_cases(enabled=True))
+    if case.logits.shape[1] < 2:
+        return case
+    tokens = np.full((case.token_ids.shape[0], max(8, case.token_ids.shape[1])), -1)
+    tokens[:, : case.token_ids.shape[1]] = case.token_ids
+    tokens[0] = -1
+    tokens[0, :8] = [0, 1] * 4
+    breakers = case.sequence_breakers.copy()
+    breakers[0] = -1
+    x = case.logits.copy()
+    x[0] = np.where(np.isfinite(x[0]), x[0], 0)
+    for field, value in (("multiplier", 1e300), ("base", 1e30), ("allowed_length", 1)):
+        getattr(case, field)[0] = value
+    case.penalty_last_n[0] = -1
+    return Case(
+        logits=x,
+        token_ids=tokens.astype(case.token_ids.dtype),
+        multiplier=case.multiplier,
+        base=case.base,
+        allowed_length=case.allowed_length,
+        penalty_last_n=case.penalty_last_n,
+        sequence_breakers=breakers,
+    )
+
+
+@spec.prop("apply_dry", dry_overflow_cases())
+def a_penalty_past_the_dtype_is_clamped_not_masked(ctx: Ctx, case: Case) -> None:
+    """A penalty that overflows the logits' dtype (here 1e300 * 1e30^6 on the first row)
+    is clamped: every finite logit stays finite."""
+    out = np.asarray(call(ctx, "apply_dry", case))
+    assert np.isfinite(out[0]).all(), f"row 0 became {out[0]!r}"
 
 
 def dry_expected(case: Case) -> np.ndarray:
