@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import subprocess
+import time
 
 import nox
 
@@ -88,8 +89,10 @@ def run_lanes(session: nox.Session, lanes: list[list[list[str]]]) -> None:
     def run(commands: list[list[str]]) -> tuple[str, list[str] | None]:
         log = []
         for command in commands:
+            start = time.monotonic()
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-            log.append(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}")
+            took = f"(took {time.monotonic() - start:.0f} s)"
+            log.append(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}{took}\n")
             if done.returncode:
                 return "".join(log), command
         return "".join(log), None

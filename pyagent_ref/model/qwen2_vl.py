@@ -241,11 +241,6 @@ class VisionTower(nn.Module):
         self.merger.mlp = nn.Sequential(
             nn.Linear(window, window), nn.GELU(), nn.Linear(window, cfg.out_size)
         )
-        quarter = cfg.embed_dim // cfg.num_heads // 4
-        freq = 1.0 / cfg.rope_theta ** (
-            torch.arange(quarter, dtype=torch.float32) * 2 / (2 * quarter)
-        )
-        self.register_buffer("inv_freq", torch.cat([freq, freq]), persistent=False)
 
     def forward(self, patches: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """patches (sum of t*h*w, C*T*P*P) of the images of `grid_thw` (images, 3), in
@@ -255,8 +250,15 @@ class VisionTower(nn.Module):
         positions = patch_positions(grid_thw, cfg.spatial_merge_size).to(x.device)
         image = torch.repeat_interleave(torch.arange(len(grid_thw)), grid_thw.prod(-1).cpu())
         mask = (image[:, None] == image[None, :]).to(x.device)  # attention within an image
+        # computed here, never a buffer: the loader builds the model on the meta device,
+        # and a non-persistent buffer would come out of `to_empty` uninitialised
+        quarter = cfg.embed_dim // cfg.num_heads // 4
+        freq = 1.0 / cfg.rope_theta ** (
+            torch.arange(quarter, dtype=torch.float32, device=x.device) / quarter
+        )
+        inv_freq = torch.cat([freq, freq])
         for block in self.blocks:
-            x = block(x, positions, self.inv_freq, mask)
+            x = block(x, positions, inv_freq, mask)
         x = self.merger.ln_q(x).reshape(-1, cfg.embed_dim * cfg.spatial_merge_size**2)
         return self.merger.mlp(x)
 

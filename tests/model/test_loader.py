@@ -261,3 +261,15 @@ def test_the_model_runs_on_the_ops_namespace_it_is_given(hf_dir):
     with torch.no_grad():
         model(torch.tensor([1, 2, 3]), torch.arange(3), meta, caches)
     assert calls == []
+
+
+def test_no_memory_the_checkpoint_leaves_unfilled_is_read(hf_dir, poisoned_to_empty):
+    """Every tensor is loaded or computed (the RoPE tables), none is left as `to_empty`
+    made it: with that memory NaN, the model equals a normal load's."""
+    model = load_model(hf_dir[0], progress=False)
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    assert all(torch.isfinite(t).all() for t in tensors.values())
+    poisoned_to_empty.undo()
+    clean = load_model(hf_dir[0], progress=False)
+    for name, tensor in [*clean.named_parameters(), *clean.named_buffers()]:
+        assert torch.equal(tensors[name], tensor), name

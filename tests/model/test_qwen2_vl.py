@@ -132,6 +132,23 @@ def test_image_features_match(pair, grids):
         torch.testing.assert_close(a, b, **TOL)
 
 
+def test_the_vision_rotary_table_is_computed_not_read_from_empty_memory(
+    pair, tmp_path, poisoned_to_empty
+):
+    """No tensor the checkpoint lacks is read as `to_empty` left it (NaN here)."""
+    hf, _ = pair
+    hf.save_pretrained(tmp_path)
+    ours = load_model(tmp_path, dtype="float32", progress=False)
+    pixels = patches(GRIDS)
+    with torch.no_grad():
+        theirs = hf.model.get_image_features(
+            pixel_values=pixels, image_grid_thw=GRIDS, return_dict=True
+        ).pooler_output
+        mine = ours.encode_images(pixels, GRIDS)
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
 @pytest.mark.parametrize("chunks", [[14], [3, 2, 9], [3, 1, 1, 2, 7]], ids=str)
 def test_prefill_through_image_tokens_matches(pair, chunks):
     """Whole, and in chunks that start and end inside the first image's tokens."""

@@ -107,6 +107,7 @@ def assert_matches_hf(out, hf, path, images):
     """Our greedy tokens are HF's, and their log probabilities within 1e-4 (which the
     positions move even where the argmax does not)."""
     completion = out.outputs[0]
+    assert completion.finish_reason == "length", completion.error
     tokens, logprobs = hf_greedy(hf, path, out.prompt_token_ids, images, len(completion.token_ids))
     assert completion.token_ids == tokens
     ours = [top[t].logprob for t, top in zip(tokens, completion.logprobs, strict=True)]
