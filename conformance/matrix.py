@@ -47,6 +47,7 @@ HF_TOKENIZERS = "conformance.adapters.hf_tokenizers"
 TIKTOKEN = "conformance.adapters.tiktoken"
 LLGUIDANCE = "conformance.adapters.llguidance"
 XGRAMMAR = "conformance.adapters.xgrammar"
+GGUF_PY = "conformance.adapters.gguf_py"
 
 COLUMNS = (
     ("pyagent_ref", "numpy"),
@@ -68,6 +69,12 @@ STRUCTURED_COLUMNS = (
     (LLGUIDANCE, "numpy"),
     (XGRAMMAR, "numpy"),
 )
+QUANT_COLUMNS = (
+    ("pyagent_ref", "numpy"),
+    ("pyagent_accel", "numpy"),
+    (GGUF_PY, "numpy"),
+)
+QUANT_MODULES = ["gguf"]  # the formats a third-party library reads and writes
 SHORT = {
     HF: "hf_transformers",
     VLLM: "vllm",
@@ -75,6 +82,7 @@ SHORT = {
     TIKTOKEN: "tiktoken",
     LLGUIDANCE: "llguidance",
     XGRAMMAR: "xgrammar",
+    GGUF_PY: "gguf_py",
 }
 VLLM_MARKERS = ("<!-- conformance-matrix-vllm:start -->", "<!-- conformance-matrix-vllm:end -->")
 
@@ -108,9 +116,9 @@ class Column:
 
 
 def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tuple[str, bool]:
-    """(markdown, ok): the ops matrix, then the tokenization one and the structured-output
-    one, each with its libraries' divergences, and whether no cell has an unexplained
-    failure."""
+    """(markdown, ok): the ops matrix, then the tokenization, structured-output and
+    quantized-format ones, each with its libraries' divergences, and whether no cell has
+    an unexplained failure."""
     ops_table, ops_ok = render(run_columns(COLUMNS, profile, echo, ops_modules()), profile)
     columns = run_columns(TOKENIZE_COLUMNS, profile, echo, ["tokenize"], native=False)
     tokenize_table, tokenize_ok = render(columns, profile)
@@ -128,6 +136,13 @@ def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tup
         for c in columns
         if c.report is not None and c.target in (LLGUIDANCE, XGRAMMAR)
     )
+    columns = run_columns(QUANT_COLUMNS, profile, echo, QUANT_MODULES, native=False)
+    quant_table, quant_ok = render(columns, profile)
+    quant_reasons = "\n".join(
+        known_divergences(c.target, [c.report])
+        for c in columns
+        if c.report is not None and c.target == GGUF_PY
+    )
     markdown = (
         f"{ops_table}\n\nTokenization (`conformance/specs/tokenize.py`):\n\n{tokenize_table}"
         f"\n\nRegistered divergences of the tokenizer libraries, by reason:\n\n{reasons}"
@@ -135,8 +150,11 @@ def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tup
         f"matchers of `conformance/specs/matcher.py`):\n\n{structured_table}"
         "\n\nRegistered divergences of the structured-output libraries, by reason:"
         f"\n\n{structured_reasons}"
+        "\n\nQuantized formats, against the libraries that read and write them (the ops of "
+        f"`conformance/specs/gguf.py`):\n\n{quant_table}"
+        f"\n\nRegistered divergences of the format libraries, by reason:\n\n{quant_reasons}"
     )
-    return markdown, ops_ok and tokenize_ok and structured_ok
+    return markdown, ops_ok and tokenize_ok and structured_ok and quant_ok
 
 
 def ops_modules() -> list[str]:
