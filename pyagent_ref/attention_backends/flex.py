@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from ..ops import _fp8
 from ..ops import attention as reference
 from ..ops.attention import _check_batch, _check_decode
 
@@ -72,6 +73,9 @@ def paged_attention(
             k_scale, v_scale,
         )  # fmt: skip
     _check_batch(query, key_cache, block_table, query_start_loc, seq_lens, custom_masks, causal)
+    _fp8.check(
+        kv_cache_dtype, k_scale, v_scale, {"key_cache": key_cache, "value_cache": value_cache}
+    )
     q, qsl, lens = (torch.as_tensor(x) for x in (query, query_start_loc, seq_lens))
     dev = q.device
     qsl, lens = qsl.to(dev, torch.int64), lens.to(dev, torch.int64)
@@ -116,6 +120,9 @@ def paged_decode_attention(
             sliding_window, soft_cap, alibi_slopes, kv_cache_dtype, k_scale, v_scale,
         )  # fmt: skip
     _check_decode(query, key_cache, block_table, seq_lens)
+    _fp8.check(
+        kv_cache_dtype, k_scale, v_scale, {"key_cache": key_cache, "value_cache": value_cache}
+    )
     lens = torch.as_tensor(seq_lens).to(torch.as_tensor(query).device, torch.int64)
     token_req = torch.where(lens > 0, torch.arange(len(lens), device=lens.device), -1)
     return _flex(

@@ -1,7 +1,7 @@
 """The attention backends conform: the attention spec passes on each (torch arrays, the
 ci profile), with the cache writes declared missing. `flex` runs eagerly here (it
 materialises the scores of every cache slot, through vmap: 30-200 ms a call), so CI
-runs its two oracle properties; `python -m
+runs its two oracle properties and its error cases; `python -m
 conformance pyagent_ref.attention_backends.flex attention --array torch` runs them all."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from conformance import core  # noqa: E402
 FLEX_CORE = [
     "attention.paged_attention.equals_dense_masked_attention",
     "attention.paged_decode_attention.decode_equals_dense_masked_attention",
+    "attention.paged_attention.rejects_invalid_input",
+    "attention.paged_decode_attention.rejects_invalid_input",
 ]
 
 
