@@ -32,9 +32,36 @@ from ..model.config import ModelConfig
 from ..sched.request import MultiModalFeature
 from .images import image_hash, load_image
 
-IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
-DYNAMIC_RESOLUTION = ("Qwen2VLForConditionalGeneration",)
+DYNAMIC_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", *DYNAMIC_RESOLUTION)
 MODALITIES = ("image",)
+
+
+def load_image_processor(model_dir: str | Path):
+    """HF's image processor of a model directory (its preprocessor_config.json)."""
+    import warnings
+
+    from transformers import AutoImageProcessor
+
+    with warnings.catch_warnings():  # "falling back to the PIL backend": expected
+        warnings.simplefilter("ignore")
+        return AutoImageProcessor.from_pretrained(model_dir)
+
+
+def max_image_positions(model_dir: str | Path, architecture: str, vision: Any) -> int:
+    """The most decoder positions one image of the model fills, which the engine's
+    encoder budget per step and its encoder cache hold at least: `vision`'s
+    num_image_tokens for a tower of fixed size (LLaVA); for dynamic resolution (the
+    Qwen2-VL family) those of the largest image the image processor makes at its
+    max_pixels (size["longest_edge"] as HF reads preprocessor_config.json, its older
+    top-level max_pixels included), at HF's default without the file. An image the
+    processor makes larger (an extreme aspect ratio, whose short side is never below
+    one merge unit) is refused at admission."""
+    if architecture not in DYNAMIC_RESOLUTION:
+        return vision.num_image_tokens
+    if not (Path(model_dir) / "preprocessor_config.json").is_file():
+        return vision.max_image_tokens()
+    return vision.max_image_tokens(int(load_image_processor(model_dir).size["longest_edge"]))
 
 
 class MultiModalProcessor:
@@ -57,9 +84,10 @@ class MultiModalProcessor:
         self._hf = None
         self.dynamic = config.architecture in DYNAMIC_RESOLUTION
         if self.dynamic:
-            from ..model.qwen2_vl import Qwen2VLVisionConfig
+            from ..model.registry import resolve_architecture
 
-            self.qwen2_vl = Qwen2VLVisionConfig.from_hf(config.raw)
+            model_class = resolve_architecture(config.architecture)
+            self.qwen2_vl = model_class.vision_config_class.from_hf(config.raw)
             self.image_token_id = self.qwen2_vl.image_token_id
         elif self.supports_images:
             from ..model.llava import VisionConfig
@@ -79,13 +107,7 @@ class MultiModalProcessor:
 
     def _image_processor(self):
         if self._hf is None:
-            import warnings
-
-            from transformers import AutoImageProcessor
-
-            with warnings.catch_warnings():  # "falling back to the PIL backend": expected
-                warnings.simplefilter("ignore")
-                self._hf = AutoImageProcessor.from_pretrained(self.model_dir)
+            self._hf = load_image_processor(self.model_dir)
         return self._hf
 
     def __call__(
