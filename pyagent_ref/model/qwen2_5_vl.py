@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import ops as reference_ops
 from .qwen2_vl import (
     Qwen2VLForConditionalGeneration,
     Qwen2VLVisionConfig,
@@ -136,6 +137,20 @@ def window_order(grid_thw: torch.Tensor, merge: int, side: int) -> tuple[torch.T
     return torch.cat(order), lengths
 
 
+class RMSNorm(nn.Module):
+    """`ops.layers.rms_norm` with a learned scale: normalised in float32, rounded to
+    x's dtype, then scaled (HF's order, which torch's nn.RMSNorm does not keep in
+    bfloat16)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return reference_ops.layers.rms_norm(x, self.weight, self.eps)
+
+
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)), with biases."""
 
@@ -156,8 +171,8 @@ class WindowBlock(nn.Module):
 
     def __init__(self, cfg: Qwen2_5_VLVisionConfig) -> None:
         super().__init__()
-        self.norm1 = nn.RMSNorm(cfg.embed_dim, eps=1e-6)
-        self.norm2 = nn.RMSNorm(cfg.embed_dim, eps=1e-6)
+        self.norm1 = RMSNorm(cfg.embed_dim, eps=1e-6)
+        self.norm2 = RMSNorm(cfg.embed_dim, eps=1e-6)
         self.attn = VisionAttention(cfg)
         self.mlp = GatedMLP(cfg)
 
@@ -170,7 +185,7 @@ class WindowVisionTower(VisionTower):
     """Qwen2-VL's tower with `WindowBlock`s, an RMSNorm ln_q and the window layout."""
 
     block = WindowBlock
-    norm = nn.RMSNorm
+    norm = RMSNorm
 
     def layout(self, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list[list[int]]]:
         """Units in window order (`window_order`); the blocks of
