@@ -180,3 +180,12 @@ def test_the_qwen2_vl_tower_config_is_not_read_as_qwen2_5s():
     assert (new.embed_dim, new.out_size, new.intermediate_size) == (32, 64, 48)
     assert (new.hidden_act, new.window_units, new.fullatt_block_indexes) == ("silu", 2, (1,))
     assert old.patch_values == new.patch_values == PATCH_VALUES
+
+
+def test_the_module_examples_run():
+    import doctest
+
+    from pyagent_ref.model import qwen2_5_vl
+
+    result = doctest.testmod(qwen2_5_vl)
+    assert result.attempted > 0 and result.failed == 0
