@@ -37,15 +37,36 @@ IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", *DYNAMIC_RESOLUTION)
 MODALITIES = ("image",)
 
 
-def load_image_processor(model_dir: str | Path):
-    """HF's image processor of a model directory (its preprocessor_config.json)."""
-    import warnings
+def preprocessor_max_pixels(model_dir: str | Path) -> int | None:
+    """The max_pixels of the Qwen2-VL image processor in a model directory, read from
+    its preprocessor_config.json as HF's Qwen2VLImageProcessor reads it, without
+    importing transformers: a top-level max_pixels (the released checkpoints' layout)
+    over size["longest_edge"] (transformers 5's), then size["max_pixels"] (4.x's); None
+    without the file or any of them (HF's default applies).
 
-    from transformers import AutoImageProcessor
+    Raises:
+        ValueError: a file that is not a JSON object, or a value that is not an int >= 1.
+    """
+    import json
 
-    with warnings.catch_warnings():  # "falling back to the PIL backend": expected
-        warnings.simplefilter("ignore")
-        return AutoImageProcessor.from_pretrained(model_dir)
+    path = Path(model_dir) / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text())
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("size") or {}, dict):
+        raise ValueError(f"{str(path)!r} must be a JSON object with an object as its size")
+    size = cfg.get("size") or {}
+    for key, value in (
+        ("max_pixels", cfg.get("max_pixels")),
+        ("size.longest_edge", size.get("longest_edge")),
+        ("size.max_pixels", size.get("max_pixels")),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{str(path)!r}: {key} must be an int >= 1, got {value!r}")
+        return value
+    return None
 
 
 def max_image_positions(model_dir: str | Path, architecture: str, vision: Any) -> int:
@@ -53,15 +74,13 @@ def max_image_positions(model_dir: str | Path, architecture: str, vision: Any) -
     encoder budget per step and its encoder cache hold at least: `vision`'s
     num_image_tokens for a tower of fixed size (LLaVA); for dynamic resolution (the
     Qwen2-VL family) those of the largest image the image processor makes at its
-    max_pixels (size["longest_edge"] as HF reads preprocessor_config.json, its older
-    top-level max_pixels included), at HF's default without the file. An image the
-    processor makes larger (an extreme aspect ratio, whose short side is never below
-    one merge unit) is refused at admission."""
+    max_pixels (`preprocessor_max_pixels`; HF's default without one). An image the
+    processor makes larger (an extreme aspect ratio: a side is never below one merge
+    unit) is refused at admission."""
     if architecture not in DYNAMIC_RESOLUTION:
         return vision.num_image_tokens
-    if not (Path(model_dir) / "preprocessor_config.json").is_file():
-        return vision.max_image_tokens()
-    return vision.max_image_tokens(int(load_image_processor(model_dir).size["longest_edge"]))
+    max_pixels = preprocessor_max_pixels(model_dir)
+    return vision.max_image_tokens() if max_pixels is None else vision.max_image_tokens(max_pixels)
 
 
 class MultiModalProcessor:
@@ -107,7 +126,13 @@ class MultiModalProcessor:
 
     def _image_processor(self):
         if self._hf is None:
-            self._hf = load_image_processor(self.model_dir)
+            import warnings
+
+            from transformers import AutoImageProcessor
+
+            with warnings.catch_warnings():  # "falling back to the PIL backend": expected
+                warnings.simplefilter("ignore")
+                self._hf = AutoImageProcessor.from_pretrained(self.model_dir)
         return self._hf
 
     def __call__(
