@@ -41,3 +41,27 @@ def test_no_file_and_bad_values(tmp_path):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(BASE | {"size": 7}))
     with pytest.raises(ValueError, match="a JSON object with an object as its size"):
         preprocessor_max_pixels(tmp_path)
+
+
+def test_the_encoder_budget_of_one_image(tmp_path):
+    """Positions of the largest image: from max_pixels for the Qwen2-VL family (HF's
+    default without a preprocessor config), the tower's fixed count for LLaVA."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("torch")
+    from pyagent_ref.model.qwen2_vl import Qwen2VLVisionConfig
+    from pyagent_ref.multimodal.processor import max_image_positions
+
+    vision = Qwen2VLVisionConfig.from_hf(
+        {
+            "vision_config": {"embed_dim": 32, "num_heads": 4, "patch_size": 4},
+            "mrope_section": [2, 3, 3],
+            "image_token_id": 5,
+        }
+    )
+    for arch in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"):
+        assert max_image_positions(tmp_path, arch, vision) == 28 * 28 * 1280 // 8**2
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(BASE | {"max_pixels": 4096}))
+    assert max_image_positions(tmp_path, "Qwen2VLForConditionalGeneration", vision) == 64
+    llava = SimpleNamespace(num_image_tokens=576)
+    assert max_image_positions(tmp_path, "LlavaForConditionalGeneration", llava) == 576
