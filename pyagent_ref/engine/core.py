@@ -623,16 +623,21 @@ class EngineCore:
 
     def _encoder_sizes(self, model: torch.nn.Module) -> tuple[int, int]:
         """(image positions one step may encode, the encoder cache's size): both at least
-        one image's (0, 0 for a model without images: the scheduler's defaults)."""
+        the largest image's (`multimodal.processor.max_image_positions`; 0, 0 for a model
+        without images: the scheduler's defaults)."""
+        from ..model import default_model_path
+        from ..multimodal.processor import max_image_positions
+
         vision = getattr(model, "vision", None)
         if vision is None:
             return 0, 0
-        per_step = max(self.config.max_num_batched_tokens, vision.num_image_tokens)
+        arch = model.config.architecture
+        image = max_image_positions(self.config.model or default_model_path(), arch, vision)
+        per_step = max(self.config.max_num_batched_tokens, image)
         size = self.config.encoder_cache_size or per_step
-        if size < vision.num_image_tokens:
+        if size < image:
             raise ValueError(
-                f"encoder_cache_size={size} cannot hold one image of "
-                f"{model.config.architecture} ({vision.num_image_tokens} positions)"
+                f"encoder_cache_size={size} cannot hold one image of {arch} ({image} positions)"
             )
         return per_step, size
 

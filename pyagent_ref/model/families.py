@@ -556,6 +556,7 @@ FAMILIES: dict[str, Family] = {
     "BertForSequenceClassification": BERT_CLASSIFIER,
     "LlavaForConditionalGeneration": LLAVA,
     "Qwen2VLForConditionalGeneration": QWEN2_VL,
+    "Qwen2_5_VLForConditionalGeneration": QWEN2_VL,  # the same decoder and names
 }
 
 

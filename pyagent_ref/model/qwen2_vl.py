@@ -26,8 +26,9 @@ them from the tokens' sequence indices and the prompt's image grids); 1-D positi
 
 Checkpoints: transformers 5's layout (model.language_model.*, model.visual.*,
 lm_head.*) and 4.x's (model.*, visual.*, lm_head.*), with the text config nested
-(text_config) or at the top level. Qwen2.5-VL (window attention, RMSNorm and SwiGLU
-in the tower) is not implemented.
+(text_config) or at the top level. Qwen2.5-VL (`qwen2_5_vl`) is this model with
+window attention, RMSNorm and a gated MLP in the tower (`VisionTower`'s block, norm and
+layout).
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def _bad(key: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"config.json for Qwen2-VL: {key} must be {expected}, got {value!r}")
 
 
+def _sizes(vision: dict[str, Any], defaults: dict[str, int]) -> dict[str, int]:
+    """The ints >= 1 of `vision_config` at `defaults`' keys (their defaults where absent)."""
+    sizes = {}
+    for key, default in defaults.items():
+        value = vision.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _bad(f"vision_config.{key}", value, "an int >= 1")
+        sizes[key] = value
+    return sizes
+
+
 @dataclass(frozen=True)
 class Qwen2VLVisionConfig:
     """The vision side of a Qwen2-VL config.json (`vision_config`), the image token and
@@ -62,7 +74,7 @@ class Qwen2VLVisionConfig:
     depth: int
     embed_dim: int
     out_size: int  # the decoder's hidden size (vision_config.hidden_size)
-    mlp_ratio: float
+    intermediate_size: int  # of the blocks' MLP (embed_dim * mlp_ratio)
     num_heads: int
     in_channels: int
     patch_size: int
@@ -73,19 +85,20 @@ class Qwen2VLVisionConfig:
     mrope_section: tuple[int, ...]
     rope_theta: float = 10000.0  # of the tower's 2-D RoPE
 
+    default_act = "quick_gelu"  # of a config.json without vision_config.hidden_act
+
     @property
     def patch_values(self) -> int:
         """Values of one flattened patch: C * T * P * P."""
         return self.in_channels * self.temporal_patch_size * self.patch_size**2
 
-    @property
-    def num_image_tokens(self) -> int:
-        """Decoder positions of the largest image the image processor makes at HF's
-        default max_pixels (28 * 28 * 1280, the released checkpoints' value): the
-        engine's encoder budget and cache hold at least this much. Each image's own
-        count is `image_tokens` of its grid; one above the budget (a preprocessor with
-        a larger max_pixels) is refused at admission."""
-        return DEFAULT_MAX_PIXELS // (self.patch_size * self.spatial_merge_size) ** 2
+    def max_image_tokens(self, max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
+        """Decoder positions of the largest image the image processor makes at
+        `max_pixels` (HF's default 28 * 28 * 1280 unless the preprocessor says
+        otherwise: `multimodal.processor.max_image_positions`): max_pixels / (P * m)^2.
+        The processor's resize can exceed max_pixels at extreme aspect ratios (a side
+        is never below P * m); the engine refuses such an image at admission."""
+        return max_pixels // (self.patch_size * self.spatial_merge_size) ** 2
 
     def image_tokens(self, grid_thw: Sequence[int]) -> int:
         """Decoder positions of an image of patch grid (t, h, w): t * h * w / m^2."""
@@ -98,35 +111,42 @@ class Qwen2VLVisionConfig:
         return t, h // self.spatial_merge_size, w // self.spatial_merge_size
 
     @classmethod
+    def tower_fields(cls, vision: dict[str, Any]) -> dict[str, Any]:
+        """The tower's sizes from `vision_config` (Qwen2-VL's key names)."""
+        sizes = _sizes(
+            vision,
+            dict(
+                depth=32,
+                embed_dim=1280,
+                hidden_size=3584,
+                num_heads=16,
+                in_channels=3,
+                patch_size=14,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+            ),
+        )
+        ratio = vision.get("mlp_ratio", 4)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+            raise _bad("vision_config.mlp_ratio", ratio, "a number > 0")
+        sizes["out_size"] = sizes.pop("hidden_size")
+        sizes["intermediate_size"] = int(sizes["embed_dim"] * ratio)
+        return sizes
+
+    @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> Qwen2VLVisionConfig:
         vision = cfg.get("vision_config")
         if not isinstance(vision, dict):
             raise _bad("vision_config", vision, "an object")
-        sizes = {}
-        for key, default in (
-            ("depth", 32),
-            ("embed_dim", 1280),
-            ("hidden_size", 3584),
-            ("num_heads", 16),
-            ("in_channels", 3),
-            ("patch_size", 14),
-            ("spatial_merge_size", 2),
-            ("temporal_patch_size", 2),
-        ):
-            value = vision.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise _bad(f"vision_config.{key}", value, "an int >= 1")
-            sizes[key] = value
-        if (
-            sizes["embed_dim"] % sizes["num_heads"]
-            or (sizes["embed_dim"] // sizes["num_heads"]) % 4
-        ):
+        fields = cls.tower_fields(vision)
+        embed, heads = fields["embed_dim"], fields["num_heads"]
+        if embed % heads or (embed // heads) % 4:
             raise _bad(
                 "vision_config.num_heads",
-                sizes["num_heads"],
-                "a divisor of embed_dim leaving a head size divisible by 4 (the 2-D RoPE)",
+                heads,
+                "a divisor of the width leaving a head size divisible by 4 (the 2-D RoPE)",
             )
-        act = vision.get("hidden_act", "quick_gelu")
+        act = vision.get("hidden_act", cls.default_act)
         if act not in ("quick_gelu", "gelu", "gelu_pytorch_tanh", "silu"):
             raise _bad(
                 "vision_config.hidden_act", act, "quick_gelu, gelu, gelu_pytorch_tanh or silu"
@@ -138,15 +158,7 @@ class Qwen2VLVisionConfig:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise _bad("image_token_id", token, "a token id")
         return cls(
-            depth=sizes["depth"],
-            embed_dim=sizes["embed_dim"],
-            out_size=sizes["hidden_size"],
-            mlp_ratio=float(vision.get("mlp_ratio", 4)),
-            num_heads=sizes["num_heads"],
-            in_channels=sizes["in_channels"],
-            patch_size=sizes["patch_size"],
-            spatial_merge_size=sizes["spatial_merge_size"],
-            temporal_patch_size=sizes["temporal_patch_size"],
+            **fields,
             hidden_act=act,
             image_token_id=token,
             mrope_section=tuple(int(n) for n in section),
@@ -181,7 +193,7 @@ def patch_positions(grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
 
 
 class VisionAttention(nn.Module):
-    """Attention of every patch to the patches of its own image, with the 2-D RoPE."""
+    """Bidirectional attention within runs of consecutive rows, with the 2-D RoPE."""
 
     def __init__(self, cfg: Qwen2VLVisionConfig) -> None:
         super().__init__()
@@ -189,7 +201,9 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim)
         self.proj = nn.Linear(cfg.embed_dim, cfg.embed_dim)
 
-    def forward(self, x, positions, inv_freq, mask) -> torch.Tensor:
+    def forward(self, x, positions, inv_freq, lengths: list[int]) -> torch.Tensor:
+        """x (n, embed_dim); `lengths` cut its rows into runs (summing to n), each row
+        attending to the rows of its own run only."""
         n, size = x.shape
         q, k, v = self.qkv(x).reshape(n, 3, self.num_heads, -1).unbind(1)
         quarter = inv_freq.shape[0] // 2
@@ -197,7 +211,8 @@ class VisionAttention(nn.Module):
             positions, q.float(), k.float(), inv_freq, (quarter, quarter)
         )
         q, k, v = (t.to(x.dtype).transpose(0, 1) for t in (q, k, v))
-        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        runs = zip(q.split(lengths, 1), k.split(lengths, 1), v.split(lengths, 1), strict=True)
+        out = torch.cat([nn.functional.scaled_dot_product_attention(*run) for run in runs], 1)
         return self.proj(out.transpose(0, 1).reshape(n, size))
 
 
@@ -211,19 +226,23 @@ class VisionBlock(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=1e-6)
         self.attn = VisionAttention(cfg)
         self.mlp = nn.Module()
-        hidden = int(cfg.embed_dim * cfg.mlp_ratio)
         self.mlp.fc1, self.mlp.fc2 = (
-            nn.Linear(cfg.embed_dim, hidden),
-            nn.Linear(hidden, cfg.embed_dim),
+            nn.Linear(cfg.embed_dim, cfg.intermediate_size),
+            nn.Linear(cfg.intermediate_size, cfg.embed_dim),
         )
 
-    def forward(self, x, positions, inv_freq, mask) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), positions, inv_freq, mask)
+    def forward(self, x, positions, inv_freq, lengths) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), positions, inv_freq, lengths)
         return x + self.mlp.fc2(_activation(self.act, self.mlp.fc1(self.norm2(x))))
 
 
 class VisionTower(nn.Module):
-    """Patch embedding, blocks and the patch merger (HF's parameter names)."""
+    """Patch embedding, blocks and the patch merger (HF's parameter names). A subclass
+    (Qwen2.5-VL's) may use other blocks (`block`), another norm in the merger (`norm`)
+    and its own `layout` of the rows the blocks see."""
+
+    block: type[nn.Module] = VisionBlock
+    norm: type[nn.Module] = nn.LayerNorm
 
     def __init__(self, cfg: Qwen2VLVisionConfig) -> None:
         super().__init__()
@@ -234,22 +253,34 @@ class VisionTower(nn.Module):
         self.patch_embed.proj.weight = nn.Parameter(
             torch.zeros(cfg.embed_dim, cfg.in_channels, *kernel)
         )
-        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(self.block(cfg) for _ in range(cfg.depth))
         window = cfg.embed_dim * cfg.spatial_merge_size**2
         self.merger = nn.Module()
-        self.merger.ln_q = nn.LayerNorm(cfg.embed_dim, eps=1e-6)
+        self.merger.ln_q = self.norm(cfg.embed_dim, eps=1e-6)
         self.merger.mlp = nn.Sequential(
             nn.Linear(window, window), nn.GELU(), nn.Linear(window, cfg.out_size)
         )
 
+    def layout(self, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list[list[int]]]:
+        """(order, lengths): the order in which the blocks see the merge units (the m x m
+        patches that become one decoder row), as indices into the image processor's
+        order, int64 (units,); and per block the runs of consecutive rows (in that
+        order) that attend among themselves (`VisionAttention`). Qwen2-VL: the
+        processor's order, every block attending within each image."""
+        images = grid_thw.prod(-1).tolist()
+        order = torch.arange(sum(images) // self.cfg.spatial_merge_size**2)
+        return order, [images] * self.cfg.depth
+
     def forward(self, patches: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """patches (sum of t*h*w, C*T*P*P) of the images of `grid_thw` (images, 3), in
-        order -> their merged rows (sum of t*h*w / m^2, out_size)."""
+        order -> their merged rows (sum of t*h*w / m^2, out_size), in the same order."""
         cfg, weight = self.cfg, self.patch_embed.proj.weight
         x = patches.to(weight.dtype) @ weight.reshape(cfg.embed_dim, -1).T
         positions = patch_positions(grid_thw, cfg.spatial_merge_size).to(x.device)
-        image = torch.repeat_interleave(torch.arange(len(grid_thw)), grid_thw.prod(-1).cpu())
-        mask = (image[:, None] == image[None, :]).to(x.device)  # attention within an image
+        order, lengths = self.layout(grid_thw)
+        unit = cfg.spatial_merge_size**2  # rows of a merge unit, consecutive in both orders
+        rows = (order[:, None] * unit + torch.arange(unit)).flatten().to(x.device)
+        x, positions = x[rows], positions[:, rows]
         # computed here, never a buffer: the loader builds the model on the meta device,
         # and a non-persistent buffer would come out of `to_empty` uninitialised
         quarter = cfg.embed_dim // cfg.num_heads // 4
@@ -257,10 +288,10 @@ class VisionTower(nn.Module):
             torch.arange(quarter, dtype=torch.float32, device=x.device) / quarter
         )
         inv_freq = torch.cat([freq, freq])
-        for block in self.blocks:
-            x = block(x, positions, inv_freq, mask)
-        x = self.merger.ln_q(x).reshape(-1, cfg.embed_dim * cfg.spatial_merge_size**2)
-        return self.merger.mlp(x)
+        for block, runs in zip(self.blocks, lengths, strict=True):
+            x = block(x, positions, inv_freq, runs)
+        x = self.merger.mlp(self.merger.ln_q(x).reshape(-1, cfg.embed_dim * unit))
+        return x[torch.argsort(order).to(x.device)]  # back to the processor's order
 
 
 class MRotary(Rotary):
@@ -296,9 +327,11 @@ class Qwen2VLForConditionalGeneration(LlamaForCausalLM):
     runs once per image, outside the paged cache)."""
 
     uses_mrope = True
+    vision_config_class: type[Qwen2VLVisionConfig] = Qwen2VLVisionConfig
+    tower_class: type[VisionTower] = VisionTower
 
     def __init__(self, config: ModelConfig, ops: ModuleType = reference_ops) -> None:
-        self.vision = Qwen2VLVisionConfig.from_hf(config.raw)
+        self.vision = self.vision_config_class.from_hf(config.raw)
         super().__init__(config, ops)
         if sum(self.vision.mrope_section) != config.rotary_dim // 2:
             raise _bad(
@@ -306,7 +339,7 @@ class Qwen2VLForConditionalGeneration(LlamaForCausalLM):
                 list(self.vision.mrope_section),
                 f"three ints summing to head_dim / 2 = {config.rotary_dim // 2}",
             )
-        self.visual = VisionTower(self.vision)
+        self.visual = self.tower_class(self.vision)
 
     def build_rotary(self) -> None:
         device = self.embed_tokens.weight.device

@@ -10,6 +10,7 @@ from .llama import LlamaForCausalLM
 from .llava import LlavaForConditionalGeneration
 from .mamba import Mamba2ForCausalLM, MambaHybridForCausalLM
 from .moe import MixtralForCausalLM, QwenMoeForCausalLM
+from .qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from .qwen2_vl import Qwen2VLForConditionalGeneration
 
 ARCHITECTURES: dict[str, type[nn.Module]] = {
@@ -40,8 +41,9 @@ ARCHITECTURES: dict[str, type[nn.Module]] = {
     "BertForSequenceClassification": BertForSequenceClassification,
     # vision-language (`llava`): a CLIP tower and a projector feeding the decoder
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
-    # dynamic-resolution vision and M-RoPE (`qwen2_vl`)
+    # dynamic-resolution vision and M-RoPE (`qwen2_vl`), with window attention (`qwen2_5_vl`)
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
 }
 
 

@@ -32,9 +32,55 @@ from ..model.config import ModelConfig
 from ..sched.request import MultiModalFeature
 from .images import image_hash, load_image
 
-IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "Qwen2VLForConditionalGeneration")
-DYNAMIC_RESOLUTION = ("Qwen2VLForConditionalGeneration",)
+DYNAMIC_RESOLUTION = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", *DYNAMIC_RESOLUTION)
 MODALITIES = ("image",)
+
+
+def preprocessor_max_pixels(model_dir: str | Path) -> int | None:
+    """The max_pixels of the Qwen2-VL image processor in a model directory, read from
+    its preprocessor_config.json as HF's Qwen2VLImageProcessor reads it, without
+    importing transformers: a top-level max_pixels (the released checkpoints' layout)
+    over size["longest_edge"] (transformers 5's), then size["max_pixels"] (4.x's); None
+    without the file or any of them (HF's default applies).
+
+    Raises:
+        ValueError: a file that is not a JSON object, or a value that is not an int >= 1.
+    """
+    import json
+
+    path = Path(model_dir) / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text())
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("size") or {}, dict):
+        raise ValueError(f"{str(path)!r} must be a JSON object with an object as its size")
+    size = cfg.get("size") or {}
+    for key, value in (
+        ("max_pixels", cfg.get("max_pixels")),
+        ("size.longest_edge", size.get("longest_edge")),
+        ("size.max_pixels", size.get("max_pixels")),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{str(path)!r}: {key} must be an int >= 1, got {value!r}")
+        return value
+    return None
+
+
+def max_image_positions(model_dir: str | Path, architecture: str, vision: Any) -> int:
+    """The most decoder positions one image of the model fills, which the engine's
+    encoder budget per step and its encoder cache hold at least: `vision`'s
+    num_image_tokens for a tower of fixed size (LLaVA); for dynamic resolution (the
+    Qwen2-VL family) those of the largest image the image processor makes at its
+    max_pixels (`preprocessor_max_pixels`; HF's default without one). An image the
+    processor makes larger (an extreme aspect ratio: a side is never below one merge
+    unit) is refused at admission."""
+    if architecture not in DYNAMIC_RESOLUTION:
+        return vision.num_image_tokens
+    max_pixels = preprocessor_max_pixels(model_dir)
+    return vision.max_image_tokens() if max_pixels is None else vision.max_image_tokens(max_pixels)
 
 
 class MultiModalProcessor:
@@ -57,9 +103,10 @@ class MultiModalProcessor:
         self._hf = None
         self.dynamic = config.architecture in DYNAMIC_RESOLUTION
         if self.dynamic:
-            from ..model.qwen2_vl import Qwen2VLVisionConfig
+            from ..model.registry import resolve_architecture
 
-            self.qwen2_vl = Qwen2VLVisionConfig.from_hf(config.raw)
+            model_class = resolve_architecture(config.architecture)
+            self.qwen2_vl = model_class.vision_config_class.from_hf(config.raw)
             self.image_token_id = self.qwen2_vl.image_token_id
         elif self.supports_images:
             from ..model.llava import VisionConfig

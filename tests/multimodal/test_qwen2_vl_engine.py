@@ -14,104 +14,35 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("PIL")
 
-from pyagent_ref.engine.llm import LLM  # noqa: E402
 from pyagent_ref.sample.params import SamplingParams  # noqa: E402
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
-PROMPT = "look: <|vision_start|><|image_pad|><|vision_end|> and say"
-# 4 x 4 patches merged 2 x 2: sides are multiples of 8 pixels, between 64 and 16 x 64
-MIN_PIXELS, MAX_PIXELS = 8 * 8, 8 * 8 * 16
+from tests.multimodal.qwen_vl import (  # noqa: E402
+    GREEDY,
+    MAX_PIXELS,
+    PROMPT,
+    assert_matches_hf,
+    image_grid,
+    make_llm,
+    write_tiny_qwen_vl,
+)
 
 
 @pytest.fixture(scope="module")
 def tiny_qwen2_vl_dir(tmp_path_factory):
-    """(HF Qwen2VLForConditionalGeneration, its directory): a tiny random Qwen2-VL, a
-    byte-level BPE tokenizer that knows its vision tokens, Qwen2-VL's image processor."""
-    from tests.tokenize.helpers import SPECIALS, train_byte_level_bpe, write_hf_dir
-
-    specials = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
-    tk = train_byte_level_bpe(special_tokens=[*SPECIALS, *specials])
+    """(HF Qwen2VLForConditionalGeneration, its directory): `write_tiny_qwen_vl`."""
     path = tmp_path_factory.mktemp("tiny-qwen2-vl")
-    write_hf_dir(path, tk, {"eos_token": "</s>", "bos_token": "<s>"})
-    torch.manual_seed(3)
-    rope = {"rope_type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
-    config = transformers.Qwen2VLConfig(
-        text_config=dict(
-            **(TINY_LLAMA | {"vocab_size": tk.get_vocab_size()}),
-            rope_parameters=rope,
-            eos_token_id=tk.token_to_id("</s>"),
-            bos_token_id=None,
-        ),
-        vision_config=dict(
-            depth=2,
-            embed_dim=32,
-            hidden_size=TINY_LLAMA["hidden_size"],
-            num_heads=4,
-            patch_size=4,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-        ),
-        image_token_id=tk.token_to_id("<|image_pad|>"),
-        video_token_id=tk.token_to_id("<|video_pad|>"),
-        vision_start_token_id=tk.token_to_id("<|vision_start|>"),
-        vision_end_token_id=tk.token_to_id("<|vision_end|>"),
-    )
-    config._attn_implementation = "eager"
-    model = transformers.Qwen2VLForConditionalGeneration(config).eval()
-    model.save_pretrained(path)
-    processor = transformers.Qwen2VLImageProcessorPil(
+    vision = dict(
+        depth=2,
+        embed_dim=32,
+        hidden_size=TINY_LLAMA["hidden_size"],
+        num_heads=4,
         patch_size=4,
-        merge_size=2,
+        spatial_merge_size=2,
         temporal_patch_size=2,
-        min_pixels=MIN_PIXELS,
-        max_pixels=MAX_PIXELS,
     )
-    processor.save_pretrained(path)
+    model = write_tiny_qwen_vl(
+        path, transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration, vision, 3
+    )
     return model, path
-
-
-def make_llm(path, **kwargs):
-    args = dict(
-        block_size=4, num_kv_blocks=256, max_num_batched_tokens=64, ops="ref", max_model_len=128
-    )
-    return LLM(str(path), **(args | kwargs))
-
-
-def hf_greedy(hf, path, ids, images, n):
-    """HF's greedy continuation of expanded prompt ids with the images, and the log
-    probability of each of its tokens."""
-    processor = transformers.AutoImageProcessor.from_pretrained(path)
-    made = processor(images=images, return_tensors="pt")
-    input_ids = torch.tensor([ids])
-    with torch.no_grad():
-        out = hf.generate(
-            input_ids=input_ids,
-            pixel_values=made["pixel_values"],
-            image_grid_thw=made["image_grid_thw"],
-            mm_token_type_ids=(input_ids == hf.config.image_token_id).int(),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [
-        torch.log_softmax(s[0].float(), -1)[t].item()
-        for s, t in zip(out.logits, tokens, strict=True)
-    ]
-    return tokens, logprobs
-
-
-def assert_matches_hf(out, hf, path, images):
-    """Our greedy tokens are HF's, and their log probabilities within 1e-4 (which the
-    positions move even where the argmax does not)."""
-    completion = out.outputs[0]
-    assert completion.finish_reason == "length", completion.error
-    tokens, logprobs = hf_greedy(hf, path, out.prompt_token_ids, images, len(completion.token_ids))
-    assert completion.token_ids == tokens
-    ours = [top[t].logprob for t, top in zip(tokens, completion.logprobs, strict=True)]
-    assert ours == pytest.approx(logprobs, abs=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +57,7 @@ def test_images_of_different_sizes_match_hf(tiny_qwen2_vl_dir, llm, size):
     image = random_image(0, size)
     out = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)[0]
     ids, token = out.prompt_token_ids, hf.config.image_token_id
-    grid = transformers.AutoImageProcessor.from_pretrained(path)(images=[image])["image_grid_thw"]
-    assert ids.count(token) == int(grid.prod()) // 4
+    assert ids.count(token) == int(image_grid(path, image).prod()) // 4
     assert_matches_hf(out, hf, path, [image])
 
 
@@ -200,18 +130,28 @@ def test_text_only_prompts_match_hf(tiny_qwen2_vl_dir, llm):
     assert out.outputs[0].token_ids == want[0, len(ids) :].tolist()
 
 
-def test_an_image_beyond_the_encoder_budget_is_refused(tiny_qwen2_vl_dir):
-    """An image with more positions than one step may encode (a preprocessor whose
-    max_pixels exceeds the default the budget is sized for) is refused at admission."""
-    from pyagent_ref.sched import Request
-    from pyagent_ref.sched.request import MultiModalFeature
+def test_the_encoder_budget_comes_from_the_processors_max_pixels(tiny_qwen2_vl_dir):
+    """The budget per step and the encoder cache hold the largest image at the
+    preprocessor's max_pixels (16 positions here), not at HF's default (15680)."""
+    llm = make_llm(tiny_qwen2_vl_dir[1], max_num_batched_tokens=8)
+    cfg = llm.core.scheduler_config
+    assert cfg.max_num_encoder_tokens == cfg.encoder_cache_size == MAX_PIXELS // 8**2
+    llm.shutdown()
 
-    llm = make_llm(tiny_qwen2_vl_dir[1])
-    budget = llm.core.scheduler_config.max_num_encoder_tokens
-    assert budget == 28 * 28 * 1280 // 8**2
-    big = Request("big", [1] * 8, mm_features=(MultiModalFeature("h", 0, budget + 1),))
-    with pytest.raises(ValueError, match=f"fills {budget + 1} positions, more than one step"):
-        llm.core.check_request(big)
+
+def test_an_image_beyond_the_encoder_budget_is_refused(tiny_qwen2_vl_dir):
+    """An image the processor makes larger than max_pixels (an extreme aspect ratio: the
+    short side stays one merge unit, 8 x 352 pixels, 44 positions) is refused at
+    admission, by its size; the engine goes on."""
+    hf, path = tiny_qwen2_vl_dir
+    llm = make_llm(path, max_num_batched_tokens=8)
+    wide = random_image(11, (8, 1000))
+    assert int(image_grid(path, wide).prod()) // 4 == 44
+    with pytest.raises(ValueError, match="fills 44 positions, more than one step may encode"):
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": wide}}, GREEDY)
+    image = random_image(12, (24, 24))
+    out = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}}, GREEDY)[0]
+    assert_matches_hf(out, hf, path, [image])
     llm.shutdown()
 
 
