@@ -13,8 +13,6 @@ from .worker import WorkerSpec
 
 # engine features that run inside the model runner's process and are not distributed
 _NOT_DISTRIBUTED = (
-    ("enable_lora", "LoRA adapters"),
-    ("speculative_config", "speculative decoding"),
     ("eplb", "expert load balancing"),
     ("kv_offload", "KV offloading"),
     ("compile", "torch.compile"),
@@ -28,9 +26,9 @@ def check_distributed(config, model_config) -> str:
     Raises:
         ValueError: sizes the model cannot be split by (`check_parallel_sizes`), more
             ranks than devices ("mp"), "mp" asked of a daemon process, a quantized
-            checkpoint (`pyagent_ref.quant`: one rank only), or an engine
-            feature this engine does not run on several ranks (LoRA, speculative
-            decoding, EPLB, KV offloading, compile).
+            checkpoint (`pyagent_ref.quant`: one rank only), LoRA with OLMo 2's
+            sharded q/k norms, Medusa speculation, or an engine feature this engine does
+            not run on several ranks (EPLB, KV offloading, compile).
     """
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     check_parallel_sizes(model_config, tp, pp)
@@ -43,6 +41,19 @@ def check_distributed(config, model_config) -> str:
     backend = config.distributed_executor_backend or ("uni" if tp * pp == 1 else "mp")
     if backend == "uni":
         return backend
+    spec = config.speculative_config
+    if spec is not None and spec.method == "medusa":
+        raise ValueError(
+            f"speculative_config method 'medusa' with distributed_executor_backend="
+            f"{backend!r}: its heads read the target's hidden states and share its LM head, "
+            "which the ranks hold; use 'ngram', 'suffix' or 'draft_model'"
+        )
+    if config.enable_lora and tp > 1 and model_config.qk_norm == "projection":
+        raise ValueError(
+            f"enable_lora=True with tensor_parallel_size={tp}: {model_config.architecture}'s "
+            "q/k norms over the whole projection are sharded into its qkv_proj, which an "
+            "adapter does not wrap"
+        )
     for name, what in _NOT_DISTRIBUTED:
         if getattr(config, name):
             raise ValueError(
@@ -88,10 +99,20 @@ def start_executor(config, model_config, runner_args: dict, logits_processors) -
         store_port=0,
         runner_args=runner_args,
         logits_processors=tuple(logits_processors),
+        lora=lora_config(config),
     )
     if (config.distributed_executor_backend or "mp") == "mp":
         return MultiprocExecutor(spec)
     return RayExecutor(spec, config.ray_address)
+
+
+def lora_config(config):
+    """The `LoRAConfig` of an `EngineConfig`, None without enable_lora."""
+    from ..lora import LoRAConfig
+
+    if not config.enable_lora:
+        return None
+    return LoRAConfig(config.max_loras, config.max_lora_rank, config.max_cpu_loras)
 
 
 def model_skeleton(model_dir: str | Path, dtype: str) -> torch.nn.Module:

@@ -90,6 +90,7 @@ class DistributedModel(nn.Module):
     """
 
     supports_cuda_graphs = False  # a step runs collectives the graphs would not record
+    lora_state = None  # the `lora.layers.LoRAState` of the rank's adapters, if any
 
     def __init__(
         self,
@@ -153,6 +154,7 @@ class DistributedModel(nn.Module):
         hidden_size = model.config.hidden_size
         dtype = model.embed_tokens.weight.dtype
         bounds = micro_batches(len(metas[0].seq_lens), self.num_micro_batches)
+        step_slots = None if self.lora_state is None else self.lora_state.indices
         outs, sends = [], []
         for a, b in bounds:
             split: dict[int, AttentionMetadata] = {}  # one split per distinct metadata
@@ -162,6 +164,8 @@ class DistributedModel(nn.Module):
             mb_metas = [split[id(m)] for m in metas]
             t0, t1 = int(metas[0].query_start_loc[a]), int(metas[0].query_start_loc[b])
             pos = positions[t0:t1]
+            if step_slots is not None:  # the adapted layers see this micro-batch's tokens
+                self.lora_state.indices = step_slots[t0:t1]
             if ctx.is_first_stage:
                 hidden = model.embed(input_ids[t0:t1], pos)
                 if mm_embeds is not None:  # the image rows of this micro-batch's tokens
@@ -175,6 +179,8 @@ class DistributedModel(nn.Module):
                 outs.append(model.norm(hidden, residual)[0])
             else:
                 sends.append(ctx.send(hidden if residual is None else hidden + residual))
+        if step_slots is not None:
+            self.lora_state.indices = step_slots
         for request in sends:
             request.wait()
         if ctx.is_last_stage and outs:

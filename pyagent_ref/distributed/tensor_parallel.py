@@ -54,12 +54,15 @@ from ..model.mamba import GatedRMSNorm, Mamba2Mixer
 from .parallel import ParallelContext
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(nn.Linear):
     """x -> x W_r^T + b_r, where W_r, b_r are this rank's rows (given, already sliced):
-    this rank's slice of the output features. No communication."""
+    this rank's slice of the output features. No communication. An `nn.Linear` of the
+    local shape (in_features, out_features: W_r's), so that a LoRA adapter wraps it as
+    any projection (`lora.layers.LoRALinear`, its B cut like W's rows)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight.shape
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.contiguous(), requires_grad=False)
 
@@ -67,10 +70,12 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(nn.Linear):
     """x_r -> sum over ranks of x_r W_r^T, then + b: W_r is this rank's columns (given,
     already sliced), x_r the matching input slice. With reduce=False the partial sum is
-    returned (the caller all-reduces a larger sum once) and b is added on tp_rank 0 only."""
+    returned (the caller all-reduces a larger sum once) and b is added on tp_rank 0 only.
+    An `nn.Linear` of the local shape (in_features: this rank's columns); a LoRA
+    adapter adds its partial product to the partial sum before `reduce_output`."""
 
     def __init__(
         self,
@@ -79,13 +84,18 @@ class RowParallelLinear(nn.Module):
         ctx: ParallelContext,
         reduce: bool = True,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight.shape
         self.ctx, self.reduce = ctx, reduce
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.contiguous(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        return self.reduce_output(F.linear(x, self.weight))
+
+    def reduce_output(self, y: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum y -> the layer's output: all-reduced, then + b (with
+        reduce=False: as it is, + b on tp_rank 0 only)."""
         if self.reduce:
             y = self.ctx.all_reduce(y)
         if self.bias is not None and (self.reduce or self.ctx.tp_rank == 0):
@@ -119,11 +129,21 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ReducedBlock(nn.Module):
-    """A block whose output is a sum of per-rank partial outputs: all-reduced once."""
+    """A block whose output is a sum of per-rank partial outputs: all-reduced once. The
+    block's attributes read through the wrapper, so that its submodules keep their
+    paths in the model (`layers.i.mlp.shared_expert`, as a LoRA adapter names it)."""
 
     def __init__(self, block: nn.Module, ctx: ParallelContext) -> None:
         super().__init__()
         self.block, self.ctx = block, ctx
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "block":  # not set yet
+                raise
+            return getattr(self.block, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ctx.all_reduce(self.block(x))

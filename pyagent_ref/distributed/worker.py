@@ -29,7 +29,9 @@ class WorkerSpec:
     r % count). tp_size, pp_size: the parallel sizes. runner_args: `ModelRunner` keyword
     arguments (sizes, KV groups, logprobs mode). logits_processors: classes, instantiated
     on each rank. store_host, store_port: the TCP store the ranks meet at. timeout_s: the
-    bound on the process group's collectives.
+    bound on the process group's collectives. lora: the adapter slots (a
+    `lora.LoRAConfig`) when LoRA is enabled: every rank keeps them over its share
+    (`distributed.lora`).
     """
 
     model_dir: str
@@ -44,6 +46,7 @@ class WorkerSpec:
     logits_processors: tuple = ()
     timeout_s: float = 120.0
     attention_backend: str = "auto"
+    lora: object | None = None
 
     @property
     def world_size(self) -> int:
@@ -93,10 +96,19 @@ class Worker:
         model = load_share(spec.model_dir, ctx, spec.dtype, str(device), progress=False, ops=ops)
         self.model = DistributedModel(model, ctx, whole=False)
         config = model.config
+        lora = None
+        if spec.lora is not None:  # the same slots on every rank, over its share
+            from ..lora.manager import LoRAManager
+            from .lora import AdapterShare
+
+            share = AdapterShare.of_rank(spec.model_dir, spec.dtype, ctx)
+            lora = LoRAManager(model, spec.lora, ops, share=share)
+            self.model.lora_state = lora.state
         self.runner = ModelRunner(
             self.model,
             ops=ops,
             graph_mode="eager",
+            lora=lora,
             logits_processors=[cls(config.vocab_size) for cls in spec.logits_processors],
             pooler=Pooler(ops, self.model, PoolerConfig.from_model(config, spec.model_dir)),
             **spec.runner_args,

@@ -513,10 +513,16 @@ class EngineCore:
         if config.enable_lora:  # before the runner: CUDA graphs record the adapted layers
             from ..lora.manager import LoRAManager
 
+            share = None
+            if self.backend != "uni":  # the ranks hold the weights; here: the checks
+                from ..distributed.lora import AdapterShare
+
+                share = AdapterShare(model, {})
             self.lora = LoRAManager(
                 model,
                 LoRAConfig(config.max_loras, config.max_lora_rank, config.max_cpu_loras),
                 self.ops,
+                share=share,
             )
         dtype = next(model.parameters()).dtype
         self.kv_scales = kv_scales
@@ -574,6 +580,7 @@ class EngineCore:
             kv_groups=groups,
             logprobs_mode=config.logprobs_mode,
             num_state_slots=kv_config.num_state_slots,
+            rows_per_request=_rows_per_request(config.speculative_config),
         )
         if self.backend == "uni":
             self.runner = ModelRunner(
@@ -583,7 +590,6 @@ class EngineCore:
                 capture_sizes=config.cudagraph_capture_sizes,
                 compile=config.compile,
                 logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
-                rows_per_request=_rows_per_request(config.speculative_config),
                 lora=self.lora,
                 pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
                 **runner_args,
@@ -613,7 +619,10 @@ class EngineCore:
         self.accepting = True
         self.stats = EngineStats()
         spec = config.speculative_config
-        self.proposer = make_proposer(spec, self.ops, model) if spec is not None else None
+        self.proposer = None
+        if spec is not None:  # here, in the engine's process; the ranks verify the drafts
+            device = None if self.backend == "uni" else config.device  # `model`: shapes only
+            self.proposer = make_proposer(spec, self.ops, model, device)
         # a proposer drafting from the target's hidden states (Medusa) gets the last ones
         if self.runner is not None:
             self.runner.keep_hidden_states = getattr(self.proposer, "needs_hidden_states", False)
