@@ -269,15 +269,20 @@ def _row_cuts(name: str, cols: list[int]) -> dict[str, Cut]:
     return {f"{name}.weight": _cut(1, cols)}
 
 
-def _column(linear: nn.Module) -> ColumnParallelLinear:
-    """A linear already cut to this rank's output features, as column-parallel."""
+def _column(linear: nn.Module) -> nn.Module:
+    """A linear already cut to this rank's output features, as column-parallel (a
+    quantized one as it is: it computes its rows)."""
+    if not isinstance(linear, nn.Linear):
+        return linear
     return ColumnParallelLinear(
         linear.weight.data, None if linear.bias is None else linear.bias.data
     )
 
 
-def _row(linear: nn.Module, ctx: ParallelContext, reduce: bool = True) -> RowParallelLinear:
+def _row(linear: nn.Module, ctx: ParallelContext, reduce: bool = True) -> nn.Module:
     """A linear already cut to this rank's input features, as row-parallel."""
+    if not isinstance(linear, nn.Linear):  # quantized
+        return QuantRowParallelLinear(linear, ctx, reduce)
     bias = None if linear.bias is None else linear.bias.data
     return RowParallelLinear(linear.weight.data, bias, ctx, reduce)
 
@@ -434,11 +439,11 @@ def mlp_cuts(mlp: MLP, ctx: ParallelContext) -> dict[str, Cut]:
     """gate_up_proj (or up_proj) column-parallel over the intermediate features, each of
     gate and up sliced alike; down_proj row-parallel."""
     if mlp.gated:
-        inter = mlp.gate_up_proj.weight.shape[0] // 2
+        inter = mlp.gate_up_proj.out_features // 2
         part = _slice(inter, ctx)
         cuts = _column_cuts("gate_up_proj", mlp.gate_up_proj, part + [inter + i for i in part])
     else:
-        part = _slice(mlp.up_proj.weight.shape[0], ctx)
+        part = _slice(mlp.up_proj.out_features, ctx)
         cuts = _column_cuts("up_proj", mlp.up_proj, part)
     return cuts | _row_cuts("down_proj", part)
 
@@ -509,12 +514,53 @@ def split_plan(model: LlamaForCausalLM, ctx: ParallelContext) -> dict[str, Cut]:
 
 
 def cut_parameters(model: nn.Module, plan: dict[str, Cut]) -> None:
-    """Replace each parameter the plan names by its cut (`Cut.apply`), in place."""
+    """Replace each parameter the plan names by its cut (`Cut.apply`), in place; the
+    weight of a quantized layer (`quant.linear.QuantLinear`, no float weight) by the
+    layer of its cut (`cut_quantized`)."""
+    from ..quant.linear import QuantLinear
+
     for name, cut in plan.items():
         path, _, leaf = name.rpartition(".")
         module = model.get_submodule(path)
+        if isinstance(module, QuantLinear) and leaf == "weight":
+            parent, _, child = path.rpartition(".")
+            setattr(model.get_submodule(parent), child, cut_quantized(module, cut, path))
+            continue
         part = cut.apply(getattr(module, leaf).data)
         setattr(module, leaf, nn.Parameter(part, requires_grad=False))
+
+
+def cut_quantized(linear, cut: Cut, name: str):
+    """A quantized layer's share (its bias is cut apart, as a parameter): the output rows
+    of a column-parallel cut (`QuantLinear.take_rows`), the input columns of a
+    row-parallel one, which must be one run of whole words and groups
+    (`QuantLinear.take_columns`: ValueError naming the layer otherwise)."""
+    if cut.dim == 0:
+        quant = linear.take_rows(cut.index)
+    else:
+        start, stop = int(cut.index[0]), int(cut.index[-1]) + 1
+        if stop - start != len(cut.index):
+            raise ValueError(f"{name}: a row-parallel cut of a quantized layer must be one run")
+        quant = linear.take_columns(start, stop, name)
+    quant.bias = linear.bias
+    return quant
+
+
+class QuantRowParallelLinear(nn.Module):
+    """`RowParallelLinear` on a quantized layer's input columns (`quant`, its bias
+    taken off): the partial sum of the packed codes, then `reduce_output`."""
+
+    def __init__(self, quant: nn.Module, ctx: ParallelContext, reduce: bool = True) -> None:
+        super().__init__()
+        self.ctx, self.reduce = ctx, reduce
+        self.in_features, self.out_features = quant.in_features, quant.out_features
+        self.bias, quant.bias = quant.bias, None
+        self.quant = quant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reduce_output(self.quant(x))
+
+    reduce_output = RowParallelLinear.reduce_output
 
 
 def localize(model: LlamaForCausalLM, ctx: ParallelContext, vocab_size: int) -> None:

@@ -67,9 +67,11 @@ class Worker:
         import torch.distributed as dist
 
         from ..attention_backends import with_attention_backend
+        from ..model import load_model
         from ..model.pooling import Pooler, PoolerConfig
         from ..ops import load as load_ops
         from ..worker.model_runner import ModelRunner
+        from .engine import quant_scheme_of
         from .loading import load_share
         from .model import DistributedModel
         from .parallel import ParallelContext
@@ -92,9 +94,13 @@ class Worker:
         )
         ctx = ParallelContext.create(rank, spec.tp_size, spec.pp_size)
         ops = with_attention_backend(load_ops(spec.ops), spec.attention_backend)
-        # this rank's share only: never the whole model in memory
-        model = load_share(spec.model_dir, ctx, spec.dtype, str(device), progress=False, ops=ops)
-        self.model = DistributedModel(model, ctx, whole=False)
+        if quant_scheme_of(spec.model_dir) is None:
+            # this rank's share only: never the whole model in memory
+            model = load_share(spec.model_dir, ctx, spec.dtype, str(device), False, ops)
+            self.model = DistributedModel(model, ctx, whole=False)
+        else:  # quantized: loaded whole, its packed layers then cut (`cut_quantized`)
+            model = load_model(spec.model_dir, spec.dtype, str(device), False, ops)
+            self.model = DistributedModel(model, ctx)
         config = model.config
         lora = None
         if spec.lora is not None:  # the same slots on every rank, over its share
