@@ -232,23 +232,22 @@ def compare_lora(rank: int, families: dict[str, str], adapters: list[str], promp
 
 
 def compare_quantized(rank: int, paths: dict[str, str], prompts) -> dict:
-    """{name: (max |logits - whole model's|, greedy tokens equal)} of each quantized
-    checkpoint under TP=2, loaded as a worker loads one (whole, then cut in place: its
-    packed layers by `tensor_parallel.cut_quantized`)."""
+    """{(name, "tp" | "pp"): (max |logits - whole model's|, greedy tokens equal)} of
+    each quantized checkpoint under TP=2 and PP=2, loaded as a worker loads one (whole,
+    then cut in place: its packed layers by `tensor_parallel.cut_quantized`)."""
     from pyagent_ref.distributed.model import DistributedModel
     from pyagent_ref.distributed.parallel import ParallelContext
     from pyagent_ref.model import load_model
     from pyagent_ref.ops import load as load_ops
 
     ops = load_ops("auto")
-    ctx = ParallelContext.create(rank, 2, 1)
+    contexts = {"tp": ParallelContext.create(rank, 2, 1), "pp": ParallelContext.create(rank, 1, 2)}
     out = {}
     for name, path in paths.items():
         whole = _steps(load_model(path, "float32", progress=False, ops=ops), prompts)
-        model = DistributedModel(load_model(path, "float32", progress=False, ops=ops), ctx)
-        got = _steps(model, prompts)
-        out[name] = (
-            float((got - whole).abs().max()),
-            bool((got.argmax(-1) == whole.argmax(-1)).all()),
-        )
+        for mode, ctx in contexts.items():
+            model = DistributedModel(load_model(path, "float32", progress=False, ops=ops), ctx)
+            got = _steps(model, prompts)
+            same = bool((got.argmax(-1) == whole.argmax(-1)).all())
+            out[name, mode] = (float((got - whole).abs().max()), same)
     return out

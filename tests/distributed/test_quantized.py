@@ -1,6 +1,7 @@
 """Quantized checkpoints under tensor parallelism: GPTQ, AWQ and compressed-tensors
 layers split on their unpacked axes (column-parallel rows; row-parallel input columns in
-whole words and groups) give the logits of one process on two gloo ranks, and the engine
+whole words and groups) give the logits of one process on two gloo ranks (and so do
+pipeline stages, each with its own layers' packed weights), and the engine
 with tensor_parallel_size=2 draws its tokens; a share that would cut a group, and
 act-order, are refused by name."""
 
@@ -62,10 +63,10 @@ def checkpoints(tmp_path_factory):
 def test_split_quantized_layers_give_the_logits_of_one_process(checkpoints):
     paths = {name: str(checkpoints[name]) for name in CHECKPOINTS}
     for rank, result in enumerate(run_ranks(compare_quantized, (paths, PROMPTS))):
-        assert set(result) == set(CHECKPOINTS)
-        for name, (diff, same) in result.items():
-            assert diff < TOL, f"rank {rank} {name}: logits differ by {diff}"
-            assert same, f"rank {rank} {name}: greedy tokens differ"
+        assert set(result) == {(name, mode) for name in CHECKPOINTS for mode in ("tp", "pp")}
+        for (name, mode), (diff, same) in result.items():
+            assert diff < TOL, f"rank {rank} {name} {mode}: logits differ by {diff}"
+            assert same, f"rank {rank} {name} {mode}: greedy tokens differ"
 
 
 ENGINE = dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=16, dtype="float32", ops="ref")

@@ -1,9 +1,10 @@
 """Speculative decoding on several ranks: the engine's process proposes (n-gram, or a
 draft model it loads itself), every rank verifies the drafts in the same step, and the
-engine with tensor_parallel_size=2 draws the tokens of one process with the same
-proposer (greedy and seeded sampled requests), its acceptance counters equal to one
-process's and above zero. Medusa, whose heads read the ranks' hidden states, is refused
-by name."""
+engine with tensor_parallel_size=2 (n-gram) or pipeline_parallel_size=2 (draft model;
+a step's decode rows, one per draft, cut into micro-batches) draws the tokens of one
+process with the same proposer (greedy and seeded sampled requests), its acceptance
+counters equal to one process's and above zero. Medusa, whose heads read the ranks'
+hidden states, is refused by name."""
 
 from __future__ import annotations
 
@@ -71,13 +72,15 @@ def _core(model_dir, spec, **parallel):
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_tensor_parallel_verification_draws_the_tokens_of_one_process(model_dir, draft_dir, method):
+def test_verification_on_two_ranks_draws_the_tokens_of_one_process(model_dir, draft_dir, method):
     spec = SpeculativeConfig(
         method, 3, 1, 3, model=str(draft_dir) if method == "draft_model" else None
     )
     plain, _ = _run(_core(model_dir, None))
     want, counts = _run(_core(model_dir, spec))
-    core = _core(model_dir, spec, tensor_parallel_size=2)
+    # n-gram on two tensor-parallel ranks; the draft model on two pipeline stages
+    parallel = dict(tensor_parallel_size=2) if method == "ngram" else dict(pipeline_parallel_size=2)
+    core = _core(model_dir, spec, **parallel)
     assert core.executor.backend == "mp"
     got, tp_counts = _run(core)
     assert got == want
