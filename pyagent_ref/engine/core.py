@@ -27,7 +27,7 @@ import torch
 
 from ..attention_backends import BACKENDS as ATTENTION_BACKENDS
 from ..attention_backends import with_attention_backend
-from ..distributed.engine import check_distributed, model_skeleton, start_executor
+from ..distributed.engine import check_distributed, lora_config, model_skeleton, start_executor
 from ..distributed.executor import UniProcExecutor
 from ..distributed.parallel import BACKENDS
 from ..kv_cache import (
@@ -46,7 +46,7 @@ from ..kv_cache import (
 )
 from ..kv_cache.eviction import EVICTION_POLICIES
 from ..kv_cache.request_hashing import HASH_ALGORITHMS
-from ..lora import LoRAConfig, LoRARequest
+from ..lora import LoRARequest
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..model.eplb import EPLBConfig, ExpertBalancer
@@ -518,12 +518,7 @@ class EngineCore:
                 from ..distributed.lora import AdapterShare
 
                 share = AdapterShare(model, {})
-            self.lora = LoRAManager(
-                model,
-                LoRAConfig(config.max_loras, config.max_lora_rank, config.max_cpu_loras),
-                self.ops,
-                share=share,
-            )
+            self.lora = LoRAManager(model, lora_config(config), self.ops, share=share)
         dtype = next(model.parameters()).dtype
         self.kv_scales = kv_scales
         self._use_kv_cache_dtype(model, kv_scales)
