@@ -100,3 +100,12 @@ def test_engine_with_tensor_parallel_lora_draws_the_tokens_of_one_process(models
     finally:
         core.shutdown()
     assert not any(p.is_alive() for p in core.executor.procs)
+
+
+def test_olmo2_sharded_qk_norms_with_lora_are_refused_by_name(tmp_path):
+    test_hf_parity.build_hf("olmo2").save_pretrained(tmp_path / "olmo2")
+    config = EngineConfig(
+        model=str(tmp_path / "olmo2"), **ENGINE, enable_lora=True, tensor_parallel_size=2
+    )
+    with pytest.raises(ValueError, match="enable_lora=True with tensor_parallel_size=2: Olmo2"):
+        EngineCore.from_config(config)
