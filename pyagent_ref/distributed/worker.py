@@ -60,8 +60,9 @@ class WorkerSpec:
 
 class Worker:
     """Rank `rank` of `spec`: joins the process group (gloo on CPU, NCCL on CUDA), loads
-    its share of the model (`loading.load_share`: only that share is read) and builds
-    its runner."""
+    its share of the model (`loading.load_share`: only that share is read; a quantized
+    checkpoint is read whole, then its packed layers cut), builds its adapter slots
+    (`spec.lora`) and its runner."""
 
     def __init__(self, spec: WorkerSpec, rank: int) -> None:
         import torch.distributed as dist
