@@ -52,15 +52,29 @@ def micro_batches(num_reqs: int, count: int) -> list[tuple[int, int]]:
     return [(m * num_reqs // count, (m + 1) * num_reqs // count) for m in range(count)]
 
 
+def token_range(meta: AttentionMetadata, a: int, b: int) -> tuple[int, int]:
+    """The tokens [t0, t1) of rows [a, b) of a step: a request's tokens, or with
+    decode_only one token per row (speculative decoding's verification gives each of a
+    request's drafts a decode row of its own, while query_start_loc stays per request)."""
+    if meta.decode_only:
+        return a, b
+    return int(meta.query_start_loc[a]), int(meta.query_start_loc[b])
+
+
 def split_metadata(meta: AttentionMetadata, a: int, b: int) -> AttentionMetadata:
-    """The metadata of requests [a, b) of a step alone: their tokens' slots, block-table
-    rows, query offsets from 0, sequence lengths and masks."""
+    """The metadata of rows [a, b) of a step alone (requests; decode rows with
+    decode_only): their tokens' slots, block-table rows, query offsets from 0, sequence
+    lengths and masks."""
+    t0, t1 = token_range(meta, a, b)
     qsl = meta.query_start_loc
-    t0, t1 = int(qsl[a]), int(qsl[b])
+    if meta.decode_only:  # one token per row
+        offsets = torch.arange(b - a + 1, dtype=qsl.dtype, device=qsl.device)
+    else:
+        offsets = qsl[a : b + 1] - qsl[a]
     return AttentionMetadata(
         slot_mapping=meta.slot_mapping[t0:t1],
         block_table=meta.block_table[a:b],
-        query_start_loc=qsl[a : b + 1] - qsl[a],
+        query_start_loc=offsets,
         seq_lens=meta.seq_lens[a:b],
         decode_only=meta.decode_only,
         custom_masks=None if meta.custom_masks is None else meta.custom_masks[a:b],
@@ -90,6 +104,7 @@ class DistributedModel(nn.Module):
     """
 
     supports_cuda_graphs = False  # a step runs collectives the graphs would not record
+    lora_state = None  # the `lora.layers.LoRAState` of the rank's adapters, if any
 
     def __init__(
         self,
@@ -153,6 +168,7 @@ class DistributedModel(nn.Module):
         hidden_size = model.config.hidden_size
         dtype = model.embed_tokens.weight.dtype
         bounds = micro_batches(len(metas[0].seq_lens), self.num_micro_batches)
+        step_slots = None if self.lora_state is None else self.lora_state.indices
         outs, sends = [], []
         for a, b in bounds:
             split: dict[int, AttentionMetadata] = {}  # one split per distinct metadata
@@ -160,8 +176,10 @@ class DistributedModel(nn.Module):
                 if id(m) not in split:
                     split[id(m)] = split_metadata(m, a, b)
             mb_metas = [split[id(m)] for m in metas]
-            t0, t1 = int(metas[0].query_start_loc[a]), int(metas[0].query_start_loc[b])
+            t0, t1 = token_range(metas[0], a, b)
             pos = positions[t0:t1]
+            if step_slots is not None:  # the adapted layers see this micro-batch's tokens
+                self.lora_state.indices = step_slots[t0:t1]
             if ctx.is_first_stage:
                 hidden = model.embed(input_ids[t0:t1], pos)
                 if mm_embeds is not None:  # the image rows of this micro-batch's tokens
@@ -175,6 +193,8 @@ class DistributedModel(nn.Module):
                 outs.append(model.norm(hidden, residual)[0])
             else:
                 sends.append(ctx.send(hidden if residual is None else hidden + residual))
+        if step_slots is not None:
+            self.lora_state.indices = step_slots
         for request in sends:
             request.wait()
         if ctx.is_last_stage and outs:

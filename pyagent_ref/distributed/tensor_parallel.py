@@ -54,12 +54,15 @@ from ..model.mamba import GatedRMSNorm, Mamba2Mixer
 from .parallel import ParallelContext
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(nn.Linear):
     """x -> x W_r^T + b_r, where W_r, b_r are this rank's rows (given, already sliced):
-    this rank's slice of the output features. No communication."""
+    this rank's slice of the output features. No communication. An `nn.Linear` of the
+    local shape (in_features, out_features: W_r's), so that a LoRA adapter wraps it as
+    any projection (`lora.layers.LoRALinear`, its B cut like W's rows)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight.shape
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.contiguous(), requires_grad=False)
 
@@ -67,10 +70,12 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(nn.Linear):
     """x_r -> sum over ranks of x_r W_r^T, then + b: W_r is this rank's columns (given,
     already sliced), x_r the matching input slice. With reduce=False the partial sum is
-    returned (the caller all-reduces a larger sum once) and b is added on tp_rank 0 only."""
+    returned (the caller all-reduces a larger sum once) and b is added on tp_rank 0 only.
+    An `nn.Linear` of the local shape (in_features: this rank's columns); a LoRA
+    adapter adds its partial product to the partial sum before `reduce_output`."""
 
     def __init__(
         self,
@@ -79,13 +84,18 @@ class RowParallelLinear(nn.Module):
         ctx: ParallelContext,
         reduce: bool = True,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight.shape
         self.ctx, self.reduce = ctx, reduce
         self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.contiguous(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        return self.reduce_output(F.linear(x, self.weight))
+
+    def reduce_output(self, y: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum y -> the layer's output: all-reduced, then + b (with
+        reduce=False: as it is, + b on tp_rank 0 only)."""
         if self.reduce:
             y = self.ctx.all_reduce(y)
         if self.bias is not None and (self.reduce or self.ctx.tp_rank == 0):
@@ -119,11 +129,21 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ReducedBlock(nn.Module):
-    """A block whose output is a sum of per-rank partial outputs: all-reduced once."""
+    """A block whose output is a sum of per-rank partial outputs: all-reduced once. The
+    block's attributes read through the wrapper, so that its submodules keep their
+    paths in the model (`layers.i.mlp.shared_expert`, as a LoRA adapter names it)."""
 
     def __init__(self, block: nn.Module, ctx: ParallelContext) -> None:
         super().__init__()
         self.block, self.ctx = block, ctx
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "block":  # not set yet
+                raise
+            return getattr(self.block, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ctx.all_reduce(self.block(x))
@@ -249,15 +269,20 @@ def _row_cuts(name: str, cols: list[int]) -> dict[str, Cut]:
     return {f"{name}.weight": _cut(1, cols)}
 
 
-def _column(linear: nn.Module) -> ColumnParallelLinear:
-    """A linear already cut to this rank's output features, as column-parallel."""
+def _column(linear: nn.Module) -> nn.Module:
+    """A linear already cut to this rank's output features, as column-parallel (a
+    quantized one as it is: it computes its rows)."""
+    if not isinstance(linear, nn.Linear):
+        return linear
     return ColumnParallelLinear(
         linear.weight.data, None if linear.bias is None else linear.bias.data
     )
 
 
-def _row(linear: nn.Module, ctx: ParallelContext, reduce: bool = True) -> RowParallelLinear:
+def _row(linear: nn.Module, ctx: ParallelContext, reduce: bool = True) -> nn.Module:
     """A linear already cut to this rank's input features, as row-parallel."""
+    if not isinstance(linear, nn.Linear):  # quantized
+        return QuantRowParallelLinear(linear, ctx, reduce)
     bias = None if linear.bias is None else linear.bias.data
     return RowParallelLinear(linear.weight.data, bias, ctx, reduce)
 
@@ -414,11 +439,11 @@ def mlp_cuts(mlp: MLP, ctx: ParallelContext) -> dict[str, Cut]:
     """gate_up_proj (or up_proj) column-parallel over the intermediate features, each of
     gate and up sliced alike; down_proj row-parallel."""
     if mlp.gated:
-        inter = mlp.gate_up_proj.weight.shape[0] // 2
+        inter = mlp.gate_up_proj.out_features // 2
         part = _slice(inter, ctx)
         cuts = _column_cuts("gate_up_proj", mlp.gate_up_proj, part + [inter + i for i in part])
     else:
-        part = _slice(mlp.up_proj.weight.shape[0], ctx)
+        part = _slice(mlp.up_proj.out_features, ctx)
         cuts = _column_cuts("up_proj", mlp.up_proj, part)
     return cuts | _row_cuts("down_proj", part)
 
@@ -489,12 +514,53 @@ def split_plan(model: LlamaForCausalLM, ctx: ParallelContext) -> dict[str, Cut]:
 
 
 def cut_parameters(model: nn.Module, plan: dict[str, Cut]) -> None:
-    """Replace each parameter the plan names by its cut (`Cut.apply`), in place."""
+    """Replace each parameter the plan names by its cut (`Cut.apply`), in place; the
+    weight of a quantized layer (`quant.linear.QuantLinear`, no float weight) by the
+    layer of its cut (`cut_quantized`)."""
+    from ..quant.linear import QuantLinear
+
     for name, cut in plan.items():
         path, _, leaf = name.rpartition(".")
         module = model.get_submodule(path)
+        if isinstance(module, QuantLinear) and leaf == "weight":
+            parent, _, child = path.rpartition(".")
+            setattr(model.get_submodule(parent), child, cut_quantized(module, cut, path))
+            continue
         part = cut.apply(getattr(module, leaf).data)
         setattr(module, leaf, nn.Parameter(part, requires_grad=False))
+
+
+def cut_quantized(linear, cut: Cut, name: str):
+    """A quantized layer's share (its bias is cut apart, as a parameter): the output rows
+    of a column-parallel cut (`QuantLinear.take_rows`), the input columns of a
+    row-parallel one, which must be one run of whole words and groups
+    (`QuantLinear.take_columns`: ValueError naming the layer otherwise)."""
+    if cut.dim == 0:
+        quant = linear.take_rows(cut.index)
+    else:
+        start, stop = int(cut.index[0]), int(cut.index[-1]) + 1
+        if stop - start != len(cut.index):
+            raise ValueError(f"{name}: a row-parallel cut of a quantized layer must be one run")
+        quant = linear.take_columns(start, stop, name)
+    quant.bias = linear.bias
+    return quant
+
+
+class QuantRowParallelLinear(nn.Module):
+    """`RowParallelLinear` on a quantized layer's input columns (`quant`, its bias
+    taken off): the partial sum of the packed codes, then `reduce_output`."""
+
+    def __init__(self, quant: nn.Module, ctx: ParallelContext, reduce: bool = True) -> None:
+        super().__init__()
+        self.ctx, self.reduce = ctx, reduce
+        self.in_features, self.out_features = quant.in_features, quant.out_features
+        self.bias, quant.bias = quant.bias, None
+        self.quant = quant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reduce_output(self.quant(x))
+
+    reduce_output = RowParallelLinear.reduce_output
 
 
 def localize(model: LlamaForCausalLM, ctx: ParallelContext, vocab_size: int) -> None:

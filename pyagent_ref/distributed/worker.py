@@ -29,7 +29,9 @@ class WorkerSpec:
     r % count). tp_size, pp_size: the parallel sizes. runner_args: `ModelRunner` keyword
     arguments (sizes, KV groups, logprobs mode). logits_processors: classes, instantiated
     on each rank. store_host, store_port: the TCP store the ranks meet at. timeout_s: the
-    bound on the process group's collectives.
+    bound on the process group's collectives. lora: the adapter slots (a
+    `lora.LoRAConfig`) when LoRA is enabled: every rank keeps them over its share
+    (`distributed.lora`).
     """
 
     model_dir: str
@@ -44,6 +46,7 @@ class WorkerSpec:
     logits_processors: tuple = ()
     timeout_s: float = 120.0
     attention_backend: str = "auto"
+    lora: object | None = None
 
     @property
     def world_size(self) -> int:
@@ -57,16 +60,19 @@ class WorkerSpec:
 
 class Worker:
     """Rank `rank` of `spec`: joins the process group (gloo on CPU, NCCL on CUDA), loads
-    its share of the model (`loading.load_share`: only that share is read) and builds
-    its runner."""
+    its share of the model (`loading.load_share`: only that share is read; a quantized
+    checkpoint is read whole, then its packed layers cut), builds its adapter slots
+    (`spec.lora`) and its runner."""
 
     def __init__(self, spec: WorkerSpec, rank: int) -> None:
         import torch.distributed as dist
 
         from ..attention_backends import with_attention_backend
+        from ..model import load_model
         from ..model.pooling import Pooler, PoolerConfig
         from ..ops import load as load_ops
         from ..worker.model_runner import ModelRunner
+        from .engine import quant_scheme_of
         from .loading import load_share
         from .model import DistributedModel
         from .parallel import ParallelContext
@@ -89,14 +95,27 @@ class Worker:
         )
         ctx = ParallelContext.create(rank, spec.tp_size, spec.pp_size)
         ops = with_attention_backend(load_ops(spec.ops), spec.attention_backend)
-        # this rank's share only: never the whole model in memory
-        model = load_share(spec.model_dir, ctx, spec.dtype, str(device), progress=False, ops=ops)
-        self.model = DistributedModel(model, ctx, whole=False)
+        if quant_scheme_of(spec.model_dir) is None:
+            # this rank's share only: never the whole model in memory
+            model = load_share(spec.model_dir, ctx, spec.dtype, str(device), False, ops)
+            self.model = DistributedModel(model, ctx, whole=False)
+        else:  # quantized: loaded whole, its packed layers then cut (`cut_quantized`)
+            model = load_model(spec.model_dir, spec.dtype, str(device), False, ops)
+            self.model = DistributedModel(model, ctx)
         config = model.config
+        lora = None
+        if spec.lora is not None:  # the same slots on every rank, over its share
+            from ..lora.manager import LoRAManager
+            from .lora import AdapterShare
+
+            share = AdapterShare.of_rank(spec.model_dir, spec.dtype, ctx)
+            lora = LoRAManager(model, spec.lora, ops, share=share)
+            self.model.lora_state = lora.state
         self.runner = ModelRunner(
             self.model,
             ops=ops,
             graph_mode="eager",
+            lora=lora,
             logits_processors=[cls(config.vocab_size) for cls in spec.logits_processors],
             pooler=Pooler(ops, self.model, PoolerConfig.from_model(config, spec.model_dir)),
             **spec.runner_args,

@@ -27,7 +27,7 @@ import torch
 
 from ..attention_backends import BACKENDS as ATTENTION_BACKENDS
 from ..attention_backends import with_attention_backend
-from ..distributed.engine import check_distributed, model_skeleton, start_executor
+from ..distributed.engine import check_distributed, lora_config, model_skeleton, start_executor
 from ..distributed.executor import UniProcExecutor
 from ..distributed.parallel import BACKENDS
 from ..kv_cache import (
@@ -46,7 +46,7 @@ from ..kv_cache import (
 )
 from ..kv_cache.eviction import EVICTION_POLICIES
 from ..kv_cache.request_hashing import HASH_ALGORITHMS
-from ..lora import LoRAConfig, LoRARequest
+from ..lora import LoRARequest
 from ..model import load_model
 from ..model.config import DTYPES, ModelConfig
 from ..model.eplb import EPLBConfig, ExpertBalancer
@@ -513,11 +513,12 @@ class EngineCore:
         if config.enable_lora:  # before the runner: CUDA graphs record the adapted layers
             from ..lora.manager import LoRAManager
 
-            self.lora = LoRAManager(
-                model,
-                LoRAConfig(config.max_loras, config.max_lora_rank, config.max_cpu_loras),
-                self.ops,
-            )
+            share = None
+            if self.backend != "uni":  # the ranks hold the weights; here: the checks
+                from ..distributed.lora import AdapterShare
+
+                share = AdapterShare(model, {})
+            self.lora = LoRAManager(model, lora_config(config), self.ops, share=share)
         dtype = next(model.parameters()).dtype
         self.kv_scales = kv_scales
         self._use_kv_cache_dtype(model, kv_scales)
@@ -574,6 +575,7 @@ class EngineCore:
             kv_groups=groups,
             logprobs_mode=config.logprobs_mode,
             num_state_slots=kv_config.num_state_slots,
+            rows_per_request=_rows_per_request(config.speculative_config),
         )
         if self.backend == "uni":
             self.runner = ModelRunner(
@@ -583,7 +585,6 @@ class EngineCore:
                 capture_sizes=config.cudagraph_capture_sizes,
                 compile=config.compile,
                 logits_processors=[cls(mcfg.vocab_size) for cls in self.logits_processor_classes],
-                rows_per_request=_rows_per_request(config.speculative_config),
                 lora=self.lora,
                 pooler=Pooler(self.ops, model, PoolerConfig.from_model(mcfg, config.model)),
                 **runner_args,
@@ -613,7 +614,10 @@ class EngineCore:
         self.accepting = True
         self.stats = EngineStats()
         spec = config.speculative_config
-        self.proposer = make_proposer(spec, self.ops, model) if spec is not None else None
+        self.proposer = None
+        if spec is not None:  # here, in the engine's process; the ranks verify the drafts
+            device = None if self.backend == "uni" else config.device  # `model`: shapes only
+            self.proposer = make_proposer(spec, self.ops, model, device)
         # a proposer drafting from the target's hidden states (Medusa) gets the last ones
         if self.runner is not None:
             self.runner.keep_hidden_states = getattr(self.proposer, "needs_hidden_states", False)

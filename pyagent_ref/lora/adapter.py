@@ -90,7 +90,11 @@ class LoRAAdapter:
 
 
 def load_adapter(
-    request: LoRARequest, model: nn.Module, layers: dict[str, tuple[int, ...]], max_rank: int
+    request: LoRARequest,
+    model: nn.Module,
+    layers: dict[str, tuple[int, ...]],
+    max_rank: int,
+    dora: bool = True,
 ) -> LoRAAdapter:
     """Read `request.lora_path` and fit it to `model`.
 
@@ -101,6 +105,9 @@ def load_adapter(
         layers: the layers that can be adapted: module path -> the sizes of its output
             slices (`LoRAManager.layers`).
         max_rank: the engine's max_lora_rank.
+        dora: whether a DoRA adapter may be served (its g needs the whole base
+            weight: not under tensor or pipeline parallelism, where `model` is the
+            whole model's shapes only).
     Raises:
         FileNotFoundError: no such directory, or it lacks adapter_config.json or
             adapter_model.safetensors (an adapter saved as a .bin is named as such).
@@ -114,6 +121,11 @@ def load_adapter(
         raise FileNotFoundError(f"LoRA adapter {request.lora_name!r}: no directory {str(path)!r}")
     config = read_json_object(path / CONFIG_FILE)
     rank, scaling, use_dora = _check_config(config, path / CONFIG_FILE, max_rank)
+    if use_dora and not dora:
+        raise ValueError(
+            f"{path / CONFIG_FILE}: use_dora=True is not supported with tensor or pipeline "
+            "parallelism (DoRA's magnitude scale needs the whole base weight on one rank)"
+        )
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         found = sorted(p.name for p in path.iterdir() if p.name.startswith("adapter_model"))

@@ -75,6 +75,10 @@ class LoRALinear(nn.Linear):
         self.quant_base = None if isinstance(base, nn.Linear) else base
         self.weight = base.weight if self.quant_base is None else None
         self.bias = base.bias
+        # a row-parallel base (`distributed.tensor_parallel.RowParallelLinear`) computes
+        # this rank's partial sum, completed by its all-reduce: the update is added to
+        # the partial sum first (sum over ranks of B (A_r x_r) = B A x: exact)
+        self.reduce_output = getattr(base, "reduce_output", None)
         if sum(slices) != self.out_features:
             raise ValueError(f"slices {slices} must sum to out_features={self.out_features}")
         self.slices = tuple(slices)
@@ -127,10 +131,17 @@ class LoRALinear(nn.Linear):
         return self.lora_b_rank_major.transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant_base is None:
-            out = F.linear(x, self.weight, self.bias)
-        else:
+        if self.quant_base is not None:
             out = self.quant_base(x)
+        elif self.reduce_output is not None:  # a partial sum; its bias comes after
+            out = F.linear(x, self.weight)
+        else:
+            out = F.linear(x, self.weight, self.bias)
+        out = self._update(x, out)
+        return out if self.reduce_output is None else self.reduce_output(out)
+
+    def _update(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`out` (the base projection) with each token's adapter update."""
         indices = self.state.indices
         if indices is None:
             return out
@@ -140,7 +151,8 @@ class LoRALinear(nn.Linear):
             return lora.lora_expand(y, self.lora_b, indices, self.scaling, out, self.slices)
         delta = lora.lora_expand(y, self.lora_b, indices, self.scaling, None, self.slices)
         g = self.dora_scale[indices.clamp(min=0)].masked_fill((indices < 0)[:, None], 1.0)
-        base = out.float() if self.bias is None else out.float() - self.bias.float()
+        bias = None if self.reduce_output is not None else self.bias
+        base = out.float() if bias is None else out.float() - bias.float()
         return (out.float() + (g - 1) * base + g * delta.float()).to(out.dtype)
 
     def extra_repr(self) -> str:

@@ -36,7 +36,9 @@ def adaptable_layers(model: nn.Module) -> dict[str, tuple[int, ...]]:
     dense ones and an MoE layer's shared expert; routed experts are not adaptable."""
     found: dict[str, tuple[int, ...]] = {}
     for i, layer in enumerate(model.layers):
-        attn = layer.self_attn
+        attn = getattr(layer, "self_attn", None)
+        if attn is None:  # a layer without attention: another pipeline stage's
+            continue
         found[f"layers.{i}.self_attn.qkv_proj"] = (attn.q_size, attn.kv_size, attn.kv_size)
         found[f"layers.{i}.self_attn.o_proj"] = (attn.o_proj.out_features,)
         mlps = {f"layers.{i}.mlp": layer.mlp}
@@ -62,18 +64,21 @@ class LoRAManager:
         model: the decoder; its adaptable projections are replaced by `LoRALinear`.
         config: the slots and the host cache's size.
         ops: the ops namespace the layers call (it must have `lora`).
+        share: how a rank of a distributed model fits adapters (`distributed.lora.
+            AdapterShare`: read against the whole model's shapes, then cut to the rank's
+            share, DoRA refused); None: against `model` itself.
     Raises:
         ValueError: an ops namespace without `lora.lora_shrink` and `lora.lora_expand`.
     """
 
-    def __init__(self, model: nn.Module, config: LoRAConfig, ops: ModuleType) -> None:
+    def __init__(self, model: nn.Module, config: LoRAConfig, ops: ModuleType, share=None) -> None:
         lora_ops = getattr(ops, "lora", None)
         if not all(hasattr(lora_ops, op) for op in ("lora_shrink", "lora_expand")):
             raise ValueError(
                 f"the ops namespace {getattr(ops, '__name__', ops)!r} lacks ops.lora, which "
                 "LoRA needs; use ops='auto' or 'ref'"
             )
-        self.model, self.config = model, config
+        self.model, self.config, self.share = model, config, share
         self.state = LoRAState()
         self.layers = adaptable_layers(model)
         self.modules: dict[str, LoRALinear] = {}
@@ -109,7 +114,10 @@ class LoRAManager:
             self._check_same(cached.request, request)
             self.cache.move_to_end(request.lora_int_id)
             return cached
-        adapter = load_adapter(request, self.model, self.layers, self.config.max_lora_rank)
+        if self.share is None:
+            adapter = load_adapter(request, self.model, self.layers, self.config.max_lora_rank)
+        else:
+            adapter = self.share.fit(request, self.config.max_lora_rank)
         known = self.digests.get(request.lora_int_id)
         if known is not None and known != (request.lora_name, adapter.digest):
             raise ValueError(

@@ -118,6 +118,63 @@ class QuantLinear(nn.Module):
             get("packed"), get("scales"), get("zeros"), self.bits, self.in_features, get("perm")
         )
 
+    def take_rows(self, rows: torch.Tensor) -> QuantLinear:
+        """The layer of output rows `rows` (int64, increasing; a column-parallel rank's
+        rows): each part keeps the rows it holds, its codes and scales as they are. The
+        bias is not taken (the caller cuts it)."""
+        parts, start = [], 0
+        for i in range(self.num_parts):
+            p = self.part(i)
+            local = rows[(rows >= start) & (rows < start + p.out_features)] - start
+            start += p.out_features
+            if len(local):
+                local = local.to(p.packed.device)
+                zeros = None if p.zeros is None else p.zeros[local]
+                parts.append(
+                    QuantWeight(
+                        p.packed[local], p.scales[local], zeros, p.bits, p.in_features, p.perm
+                    )
+                )
+        return QuantLinear(parts, self.in_features, len(rows), self.ops, self.dtype)
+
+    def take_columns(self, start: int, stop: int, name: str) -> QuantLinear:
+        """The layer of input columns [start, stop) (a row-parallel rank's): the packed
+        words and the groups of scales (and zero points) they fill. The bias is not taken.
+
+        Raises:
+            ValueError: a bound cuts a packed int32 word (32 / bits columns) or a group
+                of the scales, or the layer has act-order (its permutation scatters a
+                rank's columns over the groups): the message names the layer `name`.
+        """
+        per_word = 32 // self.bits
+        parts = []
+        for i in range(self.num_parts):
+            p = self.part(i)
+            if p.perm is not None:
+                raise ValueError(
+                    f"{name}: desc_act=True (act-order) scatters columns [{start}, {stop}) "
+                    "over the groups: a row-parallel rank cannot take them"
+                )
+            groups = p.scales.shape[1]
+            size = self.in_features // groups  # the group size (the whole row: per channel)
+            units = [("a packed int32 word", per_word)] + (
+                [("a group", size)] if groups > 1 else []
+            )
+            for what, unit in units:  # (one scale per row: any columns share it)
+                if start % unit or (stop % unit and stop != self.in_features):
+                    raise ValueError(
+                        f"{name}: a rank's input columns [{start}, {stop}) cut {what} "
+                        f"of {unit} columns (bits={self.bits}, group_size="
+                        f"{None if groups == 1 else size}); choose a tensor_parallel_size "
+                        "whose share is whole groups"
+                    )
+            g0, g1 = (0, 1) if groups == 1 else (start // size, -(-stop // size))
+            zeros = None if p.zeros is None else p.zeros[:, g0:g1].contiguous()
+            packed = p.packed[:, start // per_word : -(-stop // per_word)].contiguous()
+            scales = p.scales[:, g0:g1].contiguous()
+            parts.append(QuantWeight(packed, scales, zeros, p.bits, stop - start))
+        return QuantLinear(parts, stop - start, self.out_features, self.ops, self.dtype)
+
     def dequantized(self) -> torch.Tensor:
         """The float32 weight (out_features, in_features) the layer computes with."""
         rows = []

@@ -52,13 +52,17 @@ class Proposer(Protocol):
 
 
 def make_proposer(
-    config: SpeculativeConfig, ops: ModuleType | None = None, target: nn.Module | None = None
+    config: SpeculativeConfig,
+    ops: ModuleType | None = None,
+    target: nn.Module | None = None,
+    device: str | None = None,
 ) -> Proposer:
     """The proposer of `config.method` (one of `METHODS`), running on `ops`.
 
-    "draft_model" needs `target`, the target model: the draft is loaded on its device, in
-    its dtype, and must have its vocab_size (`load_draft_model` raises ValueError
-    otherwise, or for a missing checkpoint). "medusa" needs it too: its heads read the
+    "draft_model" needs `target`, the target model: the draft is loaded on its device
+    (or on `device`: where the target's ranks hold it and `target` is its shapes on the
+    meta device), in its dtype, and must have its vocab_size (`load_draft_model` raises
+    ValueError otherwise, or for a missing checkpoint). "medusa" needs it too: its heads read the
     target's hidden states and share its LM head (`MedusaProposer.for_target`).
     """
     if config.method == "ngram":
@@ -70,7 +74,7 @@ def make_proposer(
             raise ValueError("method 'draft_model' needs the target model: pass target=")
         from .draft_model import DraftModelProposer, load_draft_model  # needs torch
 
-        return DraftModelProposer(config, load_draft_model(config, target, ops))
+        return DraftModelProposer(config, load_draft_model(config, target, ops, device))
     if config.method == "medusa":
         if target is None:
             raise ValueError("method 'medusa' needs the target model: pass target=")

@@ -59,10 +59,13 @@ from .config import SpeculativeConfig
 
 
 def load_draft_model(
-    config: SpeculativeConfig, target: nn.Module, ops: ModuleType | None = None
+    config: SpeculativeConfig,
+    target: nn.Module,
+    ops: ModuleType | None = None,
+    device: str | None = None,
 ) -> nn.Module:
     """The draft checkpoint of `config.model`, loaded with pyagent's own model code on
-    the target's device and in its dtype, its layers running on `ops`.
+    the target's device (or `device`) and in its dtype, its layers running on `ops`.
 
     Raises:
         ValueError: `config.model` is not a directory with a config.json, the draft's
@@ -88,7 +91,8 @@ def load_draft_model(
         )
     weight = next(target.parameters())
     dtype = str(weight.dtype).removeprefix("torch.")
-    return load_model(path, dtype=dtype, device=str(weight.device), progress=False, ops=ops)
+    device = device or str(weight.device)
+    return load_model(path, dtype=dtype, device=device, progress=False, ops=ops)
 
 
 @dataclass

@@ -177,3 +177,77 @@ def compare_families(rank: int, families: dict[str, str], prompts, special=None)
             same = bool((got.argmax(-1) == whole.argmax(-1)).all())
             out[family, mode] = (float((got - whole).abs().max()), same)
     return out
+
+
+def _lora_steps(model, manager, prompts, requests) -> torch.Tensor:
+    """`_steps` (a prefill of every prompt, then a decode step) with request r's adapter
+    `requests[r]` (None: none) in the manager's slots for its tokens."""
+    caches = [model.new_kv_cache(64, 4) for _ in range(len(model.layers))]
+    tables = {rid: list(range(1 + 16 * rid, 17 + 16 * rid)) for rid in range(len(prompts))}
+    lengths: dict[int, int] = {}
+    manager.prepare_step(requests, [len(p) for p in prompts])
+    first = _step(model, caches, tables, lengths, dict(enumerate(prompts)))
+    ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
+    manager.prepare_step(requests, [1] * len(prompts))
+    chunks = {i: [int(t)] for i, t in enumerate(first[ends].argmax(-1))}
+    second = _step(model, caches, tables, lengths, chunks)
+    manager.state.clear()
+    return torch.cat([first, second])
+
+
+def compare_lora(rank: int, families: dict[str, str], adapters: list[str], prompts) -> dict:
+    """{(family, "tp" | "pp"): (max |logits - whole model's|, greedy tokens equal)} of a
+    batch mixing `adapters` (directories, one per prompt, None: no adapter), each rank's
+    share holding its `LoRAManager` as a worker does (`distributed.lora.AdapterShare`)."""
+    from pyagent_ref.distributed.loading import load_share
+    from pyagent_ref.distributed.lora import AdapterShare
+    from pyagent_ref.distributed.model import DistributedModel
+    from pyagent_ref.distributed.parallel import ParallelContext
+    from pyagent_ref.lora import LoRAConfig, LoRARequest
+    from pyagent_ref.lora.manager import LoRAManager
+    from pyagent_ref.model import load_model
+    from pyagent_ref.ops import load as load_ops
+
+    ops = load_ops("auto")
+    config = LoRAConfig(max_loras=2, max_lora_rank=8)
+    contexts = {"tp": ParallelContext.create(rank, 2, 1), "pp": ParallelContext.create(rank, 1, 2)}
+    out = {}
+    for family, path in families.items():
+        requests = [
+            None if d is None else LoRARequest(f"a{i}", i + 1, f"{path}/{d}")
+            for i, d in enumerate(adapters)
+        ]
+        loaded = load_model(path, progress=False, ops=ops)
+        whole = _lora_steps(loaded, LoRAManager(loaded, config, ops), prompts, requests)
+        for mode, ctx in contexts.items():
+            model = load_share(path, ctx, progress=False, ops=ops)
+            share = AdapterShare.of_rank(path, "float32", ctx)
+            manager = LoRAManager(model, config, ops, share=share)
+            distributed = DistributedModel(model, ctx, whole=False)
+            distributed.lora_state = manager.state
+            got = _lora_steps(distributed, manager, prompts, requests)
+            same = bool((got.argmax(-1) == whole.argmax(-1)).all())
+            out[family, mode] = (float((got - whole).abs().max()), same)
+    return out
+
+
+def compare_quantized(rank: int, paths: dict[str, str], prompts) -> dict:
+    """{(name, "tp" | "pp"): (max |logits - whole model's|, greedy tokens equal)} of
+    each quantized checkpoint under TP=2 and PP=2, loaded as a worker loads one (whole,
+    then cut in place: its packed layers by `tensor_parallel.cut_quantized`)."""
+    from pyagent_ref.distributed.model import DistributedModel
+    from pyagent_ref.distributed.parallel import ParallelContext
+    from pyagent_ref.model import load_model
+    from pyagent_ref.ops import load as load_ops
+
+    ops = load_ops("auto")
+    contexts = {"tp": ParallelContext.create(rank, 2, 1), "pp": ParallelContext.create(rank, 1, 2)}
+    out = {}
+    for name, path in paths.items():
+        whole = _steps(load_model(path, "float32", progress=False, ops=ops), prompts)
+        for mode, ctx in contexts.items():
+            model = DistributedModel(load_model(path, "float32", progress=False, ops=ops), ctx)
+            got = _steps(model, prompts)
+            same = bool((got.argmax(-1) == whole.argmax(-1)).all())
+            out[name, mode] = (float((got - whole).abs().max()), same)
+    return out

@@ -119,7 +119,7 @@ def test_a_killed_worker_ends_every_request(tp_engine):
         ),
         (dict(pipeline_parallel_size=3), "pipeline_parallel_size=3 exceeds the 2 decoder layers"),
         (dict(tensor_parallel_size=2, device="cuda"), "2 ranks, but this machine has 0 CUDA"),
-        (dict(tensor_parallel_size=2, enable_lora=True), "enable_lora=True"),
+        (dict(tensor_parallel_size=2, compile=True), "compile=True"),
     ],
 )
 def test_refused_at_start_naming_the_value(model_dir, overrides, message):

@@ -269,13 +269,16 @@ def test_quantized_model_on_cuda_matches_cpu(checkpoints):
     torch.testing.assert_close(forward(model, ids).cpu(), cpu, rtol=1e-4, atol=1e-4)
 
 
-def test_distributed_execution_of_a_quantized_checkpoint_is_refused(checkpoints):
+def test_tensor_parallelism_that_would_cut_a_group_is_refused(checkpoints):
+    """The embedded model's down_proj has 688 input columns: 344 per rank of TP=2, 21.5
+    groups of 16 (tests/distributed/test_quantized.py splits checkpoints that divide)."""
     from pyagent_ref.engine.core import EngineConfig, EngineCore
 
     config = EngineConfig(
-        model=str(checkpoints["int8"]), dtype="float32", num_kv_blocks=32, tensor_parallel_size=2
+        model=str(checkpoints["gptq-int4-g16"]),
+        dtype="float32",
+        num_kv_blocks=32,
+        tensor_parallel_size=2,
     )
-    with pytest.raises(
-        ValueError, match="quantized checkpoint \\(quant_method 'compressed-tensors'\\)"
-    ):
+    with pytest.raises(ValueError, match="group_size=16 does not split layers.0.mlp.down_proj"):
         EngineCore.from_config(config)

@@ -63,3 +63,34 @@ def test_parts_that_do_not_make_the_layer_are_named():
         ValueError, match=r"layers.0.qkv_proj: quantized parts of shapes \[\(8, 32\)\]"
     ):
         QuantLinear.stack([part], 32, 16, "layers.0.qkv_proj", load_ops("ref"))
+
+
+@pytest.mark.parametrize(
+    "bits,group_size,symmetric", [(4, 16, True), (4, 16, False), (8, None, True)]
+)
+def test_a_share_of_rows_or_columns_holds_those_of_the_weight(bits, group_size, symmetric):
+    """take_rows (column-parallel) across parts, take_columns (row-parallel) in whole
+    words and groups: the dequantized share is that slice of the weight, exactly."""
+    made = [_part(i, r, 64, bits, group_size, False, symmetric) for i, r in enumerate((8, 24))]
+    weights = torch.cat([m[1] for m in made])
+    layer = QuantLinear([m[0] for m in made], 64, 32, load_ops("ref"))  # two parts
+    rows = torch.tensor([1, 2, 9, 30])
+    torch.testing.assert_close(layer.take_rows(rows).dequantized(), weights[rows], rtol=0, atol=0)
+    share = layer.take_columns(32, 64, "test")
+    assert share.in_features == 32
+    torch.testing.assert_close(share.dequantized(), weights[:, 32:], rtol=0, atol=0)
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(share(x), x @ weights[:, 32:].T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_share_that_cuts_a_word_a_group_or_an_act_order_is_refused():
+    part, _ = _part(0, 8, 64, 4, 16, False, True)
+    layer = QuantLinear.stack([part], 64, 8, "o_proj", load_ops("ref"))
+    with pytest.raises(ValueError, match=r"o_proj: .*\[8, 64\) cut a group of 16 columns"):
+        layer.take_columns(8, 64, "o_proj")
+    with pytest.raises(ValueError, match=r"\[4, 64\) cut a packed int32 word of 8 columns"):
+        layer.take_columns(4, 64, "o_proj")
+    permuted, _ = _part(0, 8, 64, 4, 16, True, True)
+    layer = QuantLinear.stack([permuted], 64, 8, "o_proj", load_ops("ref"))
+    with pytest.raises(ValueError, match="desc_act=True"):
+        layer.take_columns(0, 32, "o_proj")
