@@ -207,6 +207,137 @@ fn fused_dot<C: Lane, const BITS: usize>(
     total
 }
 
+/// The same dot in AVX2 + FMA intrinsics, for f32 on x86-64 CPUs that have them (else
+/// `fused_dot`). It reads the permuted token pre-scaled (`permute` with `scaled`) so that
+/// a field is decoded without a shift: with E the bits of 2^23 and c = 2^(b-1) + z, the
+/// word OR E, AND (the field's mask OR E), reads 2^23 + f 2^(b p) for the field at bit b p
+/// of its 16-bit half (fields of the high half shifted down once per word), and minus
+/// 2^23 + c 2^(b p) it is (q - z) 2^(b p) exactly; times x 2^(-b p) it is (q - z) x, fused
+/// into one multiply-add (so results differ from `fused_dot` in the last bits).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::LANES;
+    use std::arch::x86_64::*;
+
+    /// The bits of 2^23 in f32.
+    const E: i32 = 0x4B00_0000;
+
+    /// Whether the CPU runs this module's kernels.
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn sum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    }
+
+    /// `super::fused_dot` on the pre-scaled token `xs`.
+    #[target_feature(enable = "avx2,fma")]
+    fn dot<const BITS: usize>(
+        words: &[i32],
+        scales: &[f32],
+        zeros: Option<&[i8]>,
+        xs: &[f32],
+        group: usize,
+    ) -> f32 {
+        let per = 32 / BITS;
+        let half = 16 / BITS;
+        let block = LANES * per;
+        let (field, offset) = ((1i32 << BITS) - 1, 1i32 << (BITS - 1));
+        let e = _mm256_set1_epi32(E);
+        let mut total = _mm256_setzero_ps();
+        let groups = words.chunks_exact(group / per).zip(xs.chunks_exact(group));
+        for (g, (wg, xg)) in groups.enumerate() {
+            let c = _mm256_set1_ps((offset + zeros.map_or(0, |z| z[g] as i32)) as f32);
+            let s = _mm256_set1_ps(scales[g]);
+            for (ws, xb) in wg.chunks_exact(LANES).zip(xg.chunks_exact(block)) {
+                // SAFETY: ws holds LANES = 16 words, xb `block` = 16 * per floats.
+                let (w0, w1) = unsafe {
+                    (
+                        _mm256_loadu_si256(ws.as_ptr().cast()),
+                        _mm256_loadu_si256(ws.as_ptr().add(8).cast()),
+                    )
+                };
+                // [low halves of words 0-7, of 8-15, high halves of 0-7, of 8-15], OR E
+                let halves = [
+                    _mm256_or_si256(w0, e),
+                    _mm256_or_si256(w1, e),
+                    _mm256_or_si256(_mm256_srli_epi32::<16>(w0), e),
+                    _mm256_or_si256(_mm256_srli_epi32::<16>(w1), e),
+                ];
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for p in 0..half {
+                    let mask = _mm256_set1_epi32((field << (BITS * p)) | E);
+                    let step = _mm256_set1_ps((1 << (BITS * p)) as f32);
+                    let bias = _mm256_fmadd_ps(c, step, _mm256_set1_ps(8_388_608.0));
+                    for (k, (&h, a)) in halves.iter().zip(acc.iter_mut()).enumerate() {
+                        // field j = (k / 2) * half + p of words 8 (k % 2) ..
+                        let j = (k / 2) * half + p;
+                        let v = _mm256_castsi256_ps(_mm256_and_si256(h, mask));
+                        // SAFETY: j < per, so the 8 floats lie in xb.
+                        let x = unsafe { _mm256_loadu_ps(xb.as_ptr().add(j * LANES + 8 * (k % 2))) };
+                        *a = _mm256_fmadd_ps(_mm256_sub_ps(v, bias), x, *a);
+                    }
+                }
+                let part =
+                    _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+                total = _mm256_fmadd_ps(part, s, total);
+            }
+        }
+        sum(total)
+    }
+
+    /// `super::fused_rows` with `dot`.
+    #[target_feature(enable = "avx2,fma")]
+    fn rows<const BITS: usize>(
+        words: &[i32],
+        scales: &[f32],
+        zeros: Option<&[i8]>,
+        xs: &[f32],
+        tokens: usize,
+        yt: &mut [f32],
+    ) {
+        let n = xs.len() / tokens;
+        let rows = yt.len() / tokens;
+        let per_row = words.len() / rows;
+        let groups = scales.len() / rows;
+        let group = n / groups;
+        for (o, out) in yt.chunks_exact_mut(tokens).enumerate() {
+            let words = &words[o * per_row..(o + 1) * per_row];
+            let scales = &scales[o * groups..(o + 1) * groups];
+            let zeros = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
+            for (t, y) in out.iter_mut().enumerate() {
+                *y = dot::<BITS>(words, scales, zeros, &xs[t * n..(t + 1) * n], group);
+            }
+        }
+    }
+
+    /// y rows of a block of rows (`super::rows_impl`'s arguments, `permuted` scaled), for
+    /// f32 when `available()`.
+    pub fn gemv(
+        bits: usize,
+        words: &[i32],
+        scales: &[f32],
+        zeros: Option<&[i8]>,
+        xs: &[f32],
+        tokens: usize,
+        yt: &mut [f32],
+    ) {
+        assert!(available());
+        // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        unsafe {
+            match bits {
+                2 => rows::<2>(words, scales, zeros, xs, tokens, yt),
+                4 => rows::<4>(words, scales, zeros, xs, tokens, yt),
+                _ => rows::<8>(words, scales, zeros, xs, tokens, yt),
+            }
+        }
+    }
+}
+
 /// Whether `fused_dot` serves a layer: every block of LANES words in one group.
 fn fusable(bits: usize, in_features: usize, groups: usize) -> bool {
     let block = LANES * 32 / bits;
@@ -214,21 +345,49 @@ fn fusable(bits: usize, in_features: usize, groups: usize) -> bool {
 }
 
 /// A token (rows of `n`) in `fused_dot`'s order: within each block of LANES words, field
-/// j of word l at j * LANES + l.
-fn permute<C: Compute>(x: &[C], n: usize, bits: usize) -> Vec<C> {
+/// j of word l at j * LANES + l; `scaled` (the AVX2 kernel's order), field j multiplied
+/// by 2^(-b p), p = j % (16 / b) its place in its 16-bit half (exact: `simd_gemv`
+/// checks that no x is small enough to lose bits).
+fn permute<C: Compute>(x: &[C], n: usize, bits: usize, scaled: bool) -> Vec<C> {
     let per = 32 / bits;
     let block = LANES * per;
+    let factor = |j: usize| match scaled {
+        true => C::from_f64(0.5f64.powi((bits * (j % (16 / bits))) as i32)),
+        false => C::ONE,
+    };
     let mut out = vec![C::ZERO; x.len()];
     for (src, dst) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
         for (sb, db) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
-            for l in 0..LANES {
-                for j in 0..per {
-                    db[j * LANES + l] = sb[l * per + j];
+            for j in 0..per {
+                let f = factor(j);
+                for l in 0..LANES {
+                    db[j * LANES + l] = sb[l * per + j] * f;
                 }
             }
         }
     }
     out
+}
+
+/// Whether the AVX2 GEMV (`avx2`) serves a call of `fused_dot`'s: f32 on a CPU with AVX2
+/// and FMA, every x zero or of magnitude >= 2^-100 (so that x 2^(-b p), p < 16 / b, is
+/// exact: a normal f32).
+fn simd_gemv<C: Compute>(x: &[C]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::any::TypeId::of::<C>() == std::any::TypeId::of::<f32>() && avx2::available() {
+        let tiny = C::from_f64(2f64.powi(-100));
+        return x.iter().all(|&v| v == C::ZERO || v >= tiny || C::ZERO - v >= tiny);
+    }
+    let _ = x;
+    false
+}
+
+/// `v` as f32 (C is f32: `simd_gemv` checked it).
+#[cfg(target_arch = "x86_64")]
+fn f32s<C: Compute>(v: &[C]) -> &[f32] {
+    assert_eq!(std::any::TypeId::of::<C>(), std::any::TypeId::of::<f32>());
+    // SAFETY: C is f32 (asserted just above).
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) }
 }
 
 /// What `rows_impl` reads: the packed words and the per-group parameters of a block of
@@ -348,7 +507,8 @@ pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize
     let per_row = weight.words.len() / out;
     let groups = weight.scales.len() / out;
     let fused = tokens < 4 && fusable(weight.bits, weight.in_features, groups);
-    let permuted = fused.then(|| permute(x, weight.in_features, weight.bits));
+    let simd = fused && simd_gemv(x);
+    let permuted = fused.then(|| permute(x, weight.in_features, weight.bits, simd));
     let weight = Weight {
         permuted: permuted.as_deref(),
         ..weight
@@ -364,10 +524,20 @@ pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize
                 .map(|z| &z[first * groups..(first + rows) * groups]),
             ..weight
         };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            let (xs, scales) = (f32s(part.permuted.unwrap()), f32s(part.scales));
+            // SAFETY: C is f32 (`simd_gemv`), so the chunk is f32 too.
+            let yt = unsafe {
+                std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
+            };
+            avx2::gemv(part.bits, part.words, scales, part.zeros, xs, tokens, yt);
+            return;
+        }
         rows_kernel(part, x, tokens, chunk);
     };
     let chunks = yt.chunks_mut(ROW_BLOCK * tokens).enumerate();
-    if tokens * out * weight.in_features >= PARALLEL {
+    if tokens * out * weight.in_features >= PARALLEL && rayon::current_num_threads() > 1 {
         chunks.par_bridge().for_each(block);
     } else {
         chunks.for_each(block);
