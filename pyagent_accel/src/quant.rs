@@ -216,7 +216,7 @@ fn fused_dot<C: Lane, const BITS: usize>(
 /// into one multiply-add (so results differ from `fused_dot` in the last bits).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::LANES;
+    use super::{Weight, LANES};
     use std::arch::x86_64::*;
 
     /// The bits of 2^23 in f32.
@@ -278,7 +278,8 @@ mod avx2 {
                         let j = (k / 2) * half + p;
                         let v = _mm256_castsi256_ps(_mm256_and_si256(h, mask));
                         // SAFETY: j < per, so the 8 floats lie in xb.
-                        let x = unsafe { _mm256_loadu_ps(xb.as_ptr().add(j * LANES + 8 * (k % 2))) };
+                        let x =
+                            unsafe { _mm256_loadu_ps(xb.as_ptr().add(j * LANES + 8 * (k % 2))) };
                         *a = _mm256_fmadd_ps(_mm256_sub_ps(v, bias), x, *a);
                     }
                 }
@@ -315,21 +316,175 @@ mod avx2 {
         }
     }
 
+    /// Rows of a tile (`ROWS` output rows, one 8-float vector per half).
+    const ROWS: usize = 16;
+    /// Columns of a tile: the weights of ROWS x KC floats (8 KiB) stay in L1 while every
+    /// token meets them.
+    const KC: usize = 128;
+
+    /// tile[r * T + t] += sum over k < kc of wt[k * ROWS + r] x[t][k] (the tile's rows
+    /// side by side per column, `T` tokens broadcast): ROWS x T sums in 2 T registers,
+    /// each a multiply-add per column.
+    #[target_feature(enable = "avx2,fma")]
+    fn micro<const T: usize>(wt: &[f32], x: [&[f32]; T], tile: &mut [f32]) {
+        let kc = x[0].len();
+        assert!(wt.len() >= kc * ROWS && tile.len() >= ROWS * T);
+        assert!(x.iter().all(|row| row.len() == kc));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for k in 0..kc {
+            // SAFETY: k < kc and wt holds kc * ROWS floats (asserted above).
+            let (w0, w1) = unsafe {
+                let w = wt.as_ptr().add(k * ROWS);
+                (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)))
+            };
+            for (a, row) in acc.iter_mut().zip(&x) {
+                // SAFETY: each row holds kc floats (asserted above).
+                let v = _mm256_set1_ps(unsafe { *row.get_unchecked(k) });
+                a[0] = _mm256_fmadd_ps(w0, v, a[0]);
+                a[1] = _mm256_fmadd_ps(w1, v, a[1]);
+            }
+        }
+        let mut sums = [0f32; ROWS];
+        for (t, a) in acc.iter().enumerate() {
+            // SAFETY: sums holds 16 floats.
+            unsafe {
+                _mm256_storeu_ps(sums.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(sums.as_mut_ptr().add(8), a[1]);
+            }
+            for (r, &v) in sums.iter().enumerate() {
+                tile[r * T + t] += v;
+            }
+        }
+    }
+
+    /// wt[k * ROWS + r] = (q - z) s for the codes of word columns `columns` of `tw` (the
+    /// words of ROWS rows side by side per column) and each row's s and 2^(b-1) + z:
+    /// `dequantize`'s values (the difference exact in i32, one rounding).
+    #[target_feature(enable = "avx2,fma")]
+    fn decode_tile(
+        bits: usize,
+        tw: &[i32],
+        columns: std::ops::Range<usize>,
+        s: &[f32; ROWS],
+        z: &[i32; ROWS],
+        wt: &mut [f32],
+    ) {
+        let per = 32 / bits;
+        let mask = _mm256_set1_epi32((1 << bits) - 1);
+        assert!(tw.len() >= columns.end * ROWS && wt.len() >= columns.end * per * ROWS);
+        for c in columns {
+            for h in 0..2 {
+                // SAFETY: c < columns.end (asserted above); s and z hold ROWS = 16 values.
+                unsafe {
+                    let w = _mm256_loadu_si256(tw.as_ptr().add(c * ROWS + 8 * h).cast());
+                    let zv = _mm256_loadu_si256(z.as_ptr().add(8 * h).cast());
+                    let sv = _mm256_loadu_ps(s.as_ptr().add(8 * h));
+                    for j in 0..per {
+                        let count = _mm_cvtsi32_si128((bits * j) as i32);
+                        let q = _mm256_and_si256(_mm256_srl_epi32(w, count), mask);
+                        let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, zv)), sv);
+                        _mm256_storeu_ps(wt.as_mut_ptr().add((c * per + j) * ROWS + 8 * h), v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// y rows of a block of at most ROWS rows for any number of tokens (`super::rows_impl`
+    /// without `permuted`), for f32 when `available()`: for each KC columns, the rows'
+    /// float weights (q - z) s, as `dequantize` gives them, decoded once into a tile that
+    /// every token then meets (ROWS x 6 sums per pass of `micro`). Each column block's
+    /// sums start from zero and are added to the row's total (the order of the sum).
+    pub fn gemm(weight: Weight<'_, f32>, x: &[f32], tokens: usize, yt: &mut [f32]) {
+        let (bits, words, scales, zeros) = (weight.bits, weight.words, weight.scales, weight.zeros);
+        assert!(available());
+        let rows = yt.len() / tokens;
+        assert!(rows <= ROWS);
+        let n = x.len() / tokens;
+        let (per_row, groups) = (words.len() / rows, scales.len() / rows);
+        let group = n / groups;
+        let per = 32 / bits;
+        let mut wt = vec![0f32; KC * ROWS];
+        let mut tw = vec![0i32; KC * ROWS];
+        let mut codes = vec![0i32; KC];
+        let mut tile = vec![0f32; ROWS * tokens];
+        for k0 in (0..n).step_by(KC) {
+            let kc = KC.min(n - k0);
+            if group % per == 0 {
+                // the tile's words side by side per word column, then decoded 8 rows at once
+                for (r, row) in words.chunks_exact(per_row).enumerate() {
+                    for (c, &w) in row[k0 / per..(k0 + kc) / per].iter().enumerate() {
+                        tw[c * ROWS + r] = w;
+                    }
+                }
+                let mut c = k0;
+                while c < k0 + kc {
+                    let g = c / group;
+                    let end = ((g + 1) * group).min(k0 + kc);
+                    let mut s = [0f32; ROWS];
+                    let mut z = [0i32; ROWS];
+                    for r in 0..rows {
+                        s[r] = scales[r * groups + g];
+                        z[r] = (1 << (bits - 1)) + zeros.map_or(0, |z| z[r * groups + g] as i32);
+                    }
+                    let columns = (c - k0) / per..(end - k0) / per;
+                    // SAFETY: the CPU has AVX2 and FMA (asserted above).
+                    unsafe { decode_tile(bits, &tw, columns, &s, &z, &mut wt) };
+                    c = end;
+                }
+            } else {
+                for r in 0..rows {
+                    let row = &words[r * per_row..(r + 1) * per_row];
+                    super::decode(bits, &row[k0 / per..(k0 + kc) / per], &mut codes[..kc]);
+                    for (i, &q) in codes[..kc].iter().enumerate() {
+                        let g = (k0 + i) / group;
+                        let z = zeros.map_or(0, |z| z[r * groups + g] as i32);
+                        wt[i * ROWS + r] = (q - z) as f32 * scales[r * groups + g];
+                    }
+                }
+            }
+            let token = |t: usize| &x[t * n + k0..t * n + k0 + kc];
+            let mut t = 0;
+            while t < tokens {
+                let take = (tokens - t).min(6);
+                let out = &mut tile[t * ROWS..(t + take) * ROWS];
+                // SAFETY: the CPU has AVX2 and FMA (asserted above).
+                unsafe {
+                    match take {
+                        6 => micro::<6>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        5 => micro::<5>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        4 => micro::<4>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        3 => micro::<3>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        2 => micro::<2>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        _ => micro::<1>(&wt, [token(t)], out),
+                    }
+                }
+                t += take;
+            }
+        }
+        // tile: token groups of `take` tokens, each ROWS x take (row-major)
+        let mut t = 0;
+        while t < tokens {
+            let take = (tokens - t).min(6);
+            let part = &tile[t * ROWS..(t + take) * ROWS];
+            for r in 0..rows {
+                for i in 0..take {
+                    yt[r * tokens + t + i] = part[r * take + i];
+                }
+            }
+            t += take;
+        }
+    }
+
     /// y rows of a block of rows (`super::rows_impl`'s arguments, `permuted` scaled), for
     /// f32 when `available()`.
-    pub fn gemv(
-        bits: usize,
-        words: &[i32],
-        scales: &[f32],
-        zeros: Option<&[i8]>,
-        xs: &[f32],
-        tokens: usize,
-        yt: &mut [f32],
-    ) {
+    pub fn gemv(weight: Weight<'_, f32>, tokens: usize, yt: &mut [f32]) {
         assert!(available());
         // SAFETY: the CPU has AVX2 and FMA (checked just above).
         unsafe {
-            match bits {
+            let (words, scales, zeros) = (weight.words, weight.scales, weight.zeros);
+            let xs = weight.permuted.expect("the token in `permute`'s order");
+            match weight.bits {
                 2 => rows::<2>(words, scales, zeros, xs, tokens, yt),
                 4 => rows::<4>(words, scales, zeros, xs, tokens, yt),
                 _ => rows::<8>(words, scales, zeros, xs, tokens, yt),
@@ -376,9 +531,21 @@ fn simd_gemv<C: Compute>(x: &[C]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if std::any::TypeId::of::<C>() == std::any::TypeId::of::<f32>() && avx2::available() {
         let tiny = C::from_f64(2f64.powi(-100));
-        return x.iter().all(|&v| v == C::ZERO || v >= tiny || C::ZERO - v >= tiny);
+        return x
+            .iter()
+            .all(|&v| v == C::ZERO || v >= tiny || C::ZERO - v >= tiny);
     }
     let _ = x;
+    false
+}
+
+/// Whether `avx2::gemm` serves the calls that `fused_dot` does not: f32 on a CPU with AVX2
+/// and FMA.
+fn tiled_gemm<C: Compute>() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::any::TypeId::of::<C>() == std::any::TypeId::of::<f32>() {
+        return avx2::available();
+    }
     false
 }
 
@@ -508,6 +675,7 @@ pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize
     let groups = weight.scales.len() / out;
     let fused = tokens < 4 && fusable(weight.bits, weight.in_features, groups);
     let simd = fused && simd_gemv(x);
+    let tiled = !fused && tiled_gemm::<C>();
     let permuted = fused.then(|| permute(x, weight.in_features, weight.bits, simd));
     let weight = Weight {
         permuted: permuted.as_deref(),
@@ -525,13 +693,23 @@ pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize
             ..weight
         };
         #[cfg(target_arch = "x86_64")]
-        if simd {
-            let (xs, scales) = (f32s(part.permuted.unwrap()), f32s(part.scales));
-            // SAFETY: C is f32 (`simd_gemv`), so the chunk is f32 too.
+        if simd || tiled {
+            let part = Weight {
+                words: part.words,
+                scales: f32s(part.scales),
+                zeros: part.zeros,
+                bits: part.bits,
+                in_features: part.in_features,
+                permuted: part.permuted.map(f32s),
+            };
+            // SAFETY: C is f32 (`simd` and `tiled` say so), the chunk too.
             let yt = unsafe {
                 std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
             };
-            avx2::gemv(part.bits, part.words, scales, part.zeros, xs, tokens, yt);
+            match simd {
+                true => avx2::gemv(part, tokens, yt),
+                false => avx2::gemm(part, f32s(x), tokens, yt),
+            }
             return;
         }
         rows_kernel(part, x, tokens, chunk);
@@ -986,6 +1164,113 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// (words, scales, zeros, x) of a random layer: `rows` x `n` codes of `bits`, groups
+    /// of `group`, `tokens` tokens.
+    fn layer(
+        bits: usize,
+        rows: usize,
+        n: usize,
+        group: usize,
+        tokens: usize,
+    ) -> (Vec<i32>, Vec<f32>, Vec<i8>, Vec<f32>) {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let words = (0..rows * n * bits / 32).map(|_| next() as i32).collect();
+        let groups = rows * n / group;
+        let scales = (0..groups)
+            .map(|_| (next() % 1000) as f32 / 997.0 + 0.01)
+            .collect();
+        let half = 1i64 << (bits - 1);
+        let zeros = (0..groups)
+            .map(|_| ((next() % (2 * half as u64)) as i64 - half) as i8)
+            .collect();
+        let x = (0..tokens * n)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        (words, scales, zeros, x)
+    }
+
+    #[test]
+    fn every_kernel_is_within_the_tolerance_of_the_exact_sum() {
+        // the AVX2 GEMV (1-3 tokens, blocks in one group) and tiled GEMM (a partial tile of
+        // rows, a partial column block, groups across words, 1-13 tokens), and the
+        // portable kernels, against the sum in f64 of the dequantized weights
+        let cases = [
+            (4usize, 21usize, 256usize, 128usize),
+            (8, 19, 320, 320),
+            (2, 5, 512, 256),
+            (4, 17, 200, 4),
+            (8, 3, 136, 68),
+        ];
+        for (bits, rows, n, group) in cases {
+            for tokens in [1usize, 2, 3, 4, 7, 13] {
+                let (words, scales, zeros, x) = layer(bits, rows, n, group, tokens);
+                let groups = n / group;
+                let mut codes = vec![0i32; rows * n];
+                for r in 0..rows {
+                    let per_row = n * bits / 32;
+                    let row = &words[r * per_row..(r + 1) * per_row];
+                    decode(bits, row, &mut codes[r * n..(r + 1) * n]);
+                }
+                let weight = Weight {
+                    words: &words,
+                    scales: &scales,
+                    zeros: Some(&zeros),
+                    bits,
+                    in_features: n,
+                    permuted: None,
+                };
+                let mut portable = vec![0f32; rows * tokens];
+                rows_kernel(weight, &x, tokens, &mut portable);
+                let mut results = vec![matmul(weight, &x, tokens, rows), portable];
+                if tokens < 4 && fusable(bits, n, groups) {
+                    let xp = permute(&x, n, bits, false);
+                    let mut fused = vec![0f32; rows * tokens];
+                    let permuted = Weight {
+                        permuted: Some(&xp),
+                        ..weight
+                    };
+                    rows_kernel(permuted, &x, tokens, &mut fused);
+                    results.push(fused);
+                }
+                for o in 0..rows {
+                    for t in 0..tokens {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for i in 0..n {
+                            let g = o * groups + i / group;
+                            let w = (codes[o * n + i] - zeros[g] as i32) as f32 * scales[g];
+                            want += w as f64 * x[t * n + i] as f64;
+                            mag += (w as f64 * x[t * n + i] as f64).abs();
+                        }
+                        for (k, got) in results.iter().enumerate() {
+                            let err = (got[o * tokens + t] as f64 - want).abs();
+                            assert!(
+                                err <= 2e-6 * mag,
+                                "{bits} {n} {group} {tokens} {k}: {o} {t}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiny_x_takes_the_exact_path() {
+        // x below 2^-100 would lose bits scaled by 2^-12 in the AVX2 GEMV: not taken
+        let x = [f32::from_bits(1), 1.0];
+        assert!(!simd_gemv(&x));
+        assert!(!simd_gemv(&[1e-35f32]));
+        assert!(!simd_gemv(&[1.0f64]));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(simd_gemv(&[0.0f32, -1e-20, 3.0]), avx2::available());
     }
 
     #[test]
