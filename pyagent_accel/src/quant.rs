@@ -544,12 +544,9 @@ fn simd_gemv<C: Compute>(x: &[C]) -> bool {
 
 /// Whether `avx2::gemm` serves the calls that `fused_dot` does not: f32 on a CPU with AVX2
 /// and FMA.
+#[cfg(target_arch = "x86_64")]
 fn tiled_gemm<C: Compute>() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if std::any::TypeId::of::<C>() == std::any::TypeId::of::<f32>() {
-        return avx2::available();
-    }
-    false
+    std::any::TypeId::of::<C>() == std::any::TypeId::of::<f32>() && avx2::available()
 }
 
 /// `v` as f32 (C is f32: `simd_gemv` checked it).
@@ -678,6 +675,7 @@ pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize
     let groups = weight.scales.len() / out;
     let fused = tokens < 4 && fusable(weight.bits, weight.in_features, groups);
     let simd = fused && simd_gemv(x);
+    #[cfg(target_arch = "x86_64")]
     let tiled = !fused && tiled_gemm::<C>();
     let permuted = fused.then(|| permute(x, weight.in_features, weight.bits, simd));
     let weight = Weight {
