@@ -7,9 +7,12 @@
 //! decoded in registers: q - z exactly, times x, summed per block of codes of one group,
 //! times the group's scale (`fused_dot`). For more tokens each row is decoded once into
 //! float weights, (q - z) * s as `dequantize` gives them, in a buffer of one row, and
-//! dotted with four tokens per read of the row. Sums run in another order than BLAS's
-//! (and GEMV scales a block's sum instead of each weight), so results differ from the
-//! reference in the last bits (within the specification's tolerance).
+//! dotted with four tokens per read of the row. For f32 on x86-64 CPUs with AVX2 and FMA
+//! both run as explicit intrinsics (`avx2`): the GEMV decodes a field in three vector
+//! instructions, the GEMM decodes a tile of 16 rows x 128 columns once for every token.
+//! Sums run in another order than BLAS's (and GEMV scales a block's sum instead of each
+//! weight; the intrinsics fuse multiply-adds), so results differ from the reference in
+//! the last bits (within the specification's tolerance).
 //!
 //! `quantize`, `dequantize`, `pack_int32` and `unpack_int32` follow the contract's
 //! formulas step by step (correctly rounded divisions, ties to even), so they give the
@@ -207,6 +210,292 @@ fn fused_dot<C: Lane, const BITS: usize>(
     total
 }
 
+/// The same dot in AVX2 + FMA intrinsics, for f32 on x86-64 CPUs that have them (else
+/// `fused_dot`). It reads the permuted token pre-scaled (`permute` with `scaled`) so that
+/// a field is decoded without a shift: with E the bits of 2^23 and c = 2^(b-1) + z, the
+/// word OR E, AND (the field's mask OR E), reads 2^23 + f 2^(b p) for the field at bit b p
+/// of its 16-bit half (fields of the high half shifted down once per word), and minus
+/// 2^23 + c 2^(b p) it is (q - z) 2^(b p) exactly; times x 2^(-b p) it is (q - z) x, fused
+/// into one multiply-add (so results differ from `fused_dot` in the last bits).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Weight, LANES};
+    use std::arch::x86_64::*;
+
+    /// The bits of 2^23 in f32.
+    const E: i32 = 0x4B00_0000;
+
+    /// Whether the CPU runs this module's kernels.
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn sum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    }
+
+    /// `super::fused_dot` on the pre-scaled token `xs`.
+    #[target_feature(enable = "avx2,fma")]
+    fn dot<const BITS: usize>(
+        words: &[i32],
+        scales: &[f32],
+        zeros: Option<&[i8]>,
+        xs: &[f32],
+        group: usize,
+    ) -> f32 {
+        let per = 32 / BITS;
+        let half = 16 / BITS;
+        let block = LANES * per;
+        let (field, offset) = ((1i32 << BITS) - 1, 1i32 << (BITS - 1));
+        let e = _mm256_set1_epi32(E);
+        let mut total = _mm256_setzero_ps();
+        let groups = words.chunks_exact(group / per).zip(xs.chunks_exact(group));
+        for (g, (wg, xg)) in groups.enumerate() {
+            let c = _mm256_set1_ps((offset + zeros.map_or(0, |z| z[g] as i32)) as f32);
+            let s = _mm256_set1_ps(scales[g]);
+            for (ws, xb) in wg.chunks_exact(LANES).zip(xg.chunks_exact(block)) {
+                // SAFETY: ws holds LANES = 16 words, xb `block` = 16 * per floats.
+                let (w0, w1) = unsafe {
+                    (
+                        _mm256_loadu_si256(ws.as_ptr().cast()),
+                        _mm256_loadu_si256(ws.as_ptr().add(8).cast()),
+                    )
+                };
+                // [low halves of words 0-7, of 8-15, high halves of 0-7, of 8-15], OR E
+                let halves = [
+                    _mm256_or_si256(w0, e),
+                    _mm256_or_si256(w1, e),
+                    _mm256_or_si256(_mm256_srli_epi32::<16>(w0), e),
+                    _mm256_or_si256(_mm256_srli_epi32::<16>(w1), e),
+                ];
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for p in 0..half {
+                    let mask = _mm256_set1_epi32((field << (BITS * p)) | E);
+                    let step = _mm256_set1_ps((1 << (BITS * p)) as f32);
+                    let bias = _mm256_fmadd_ps(c, step, _mm256_set1_ps(8_388_608.0));
+                    for (k, (&h, a)) in halves.iter().zip(acc.iter_mut()).enumerate() {
+                        // field j = (k / 2) * half + p of words 8 (k % 2) ..
+                        let j = (k / 2) * half + p;
+                        let v = _mm256_castsi256_ps(_mm256_and_si256(h, mask));
+                        // SAFETY: j < per, so the 8 floats lie in xb.
+                        let x =
+                            unsafe { _mm256_loadu_ps(xb.as_ptr().add(j * LANES + 8 * (k % 2))) };
+                        *a = _mm256_fmadd_ps(_mm256_sub_ps(v, bias), x, *a);
+                    }
+                }
+                let part =
+                    _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+                total = _mm256_fmadd_ps(part, s, total);
+            }
+        }
+        sum(total)
+    }
+
+    /// `super::fused_rows` with `dot`.
+    #[target_feature(enable = "avx2,fma")]
+    fn rows<const BITS: usize>(
+        words: &[i32],
+        scales: &[f32],
+        zeros: Option<&[i8]>,
+        xs: &[f32],
+        tokens: usize,
+        yt: &mut [f32],
+    ) {
+        let n = xs.len() / tokens;
+        let rows = yt.len() / tokens;
+        let per_row = words.len() / rows;
+        let groups = scales.len() / rows;
+        let group = n / groups;
+        for (o, out) in yt.chunks_exact_mut(tokens).enumerate() {
+            let words = &words[o * per_row..(o + 1) * per_row];
+            let scales = &scales[o * groups..(o + 1) * groups];
+            let zeros = zeros.map(|z| &z[o * groups..(o + 1) * groups]);
+            for (t, y) in out.iter_mut().enumerate() {
+                *y = dot::<BITS>(words, scales, zeros, &xs[t * n..(t + 1) * n], group);
+            }
+        }
+    }
+
+    /// Rows of a tile (`ROWS` output rows, one 8-float vector per half).
+    const ROWS: usize = 16;
+    /// Columns of a tile: the weights of ROWS x KC floats (8 KiB) stay in L1 while every
+    /// token meets them.
+    const KC: usize = 128;
+
+    /// tile[r * T + t] += sum over k < kc of wt[k * ROWS + r] x[t][k] (the tile's rows
+    /// side by side per column, `T` tokens broadcast): ROWS x T sums in 2 T registers,
+    /// each a multiply-add per column.
+    #[target_feature(enable = "avx2,fma")]
+    fn micro<const T: usize>(wt: &[f32], x: [&[f32]; T], tile: &mut [f32]) {
+        let kc = x[0].len();
+        assert!(wt.len() >= kc * ROWS && tile.len() >= ROWS * T);
+        assert!(x.iter().all(|row| row.len() == kc));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for k in 0..kc {
+            // SAFETY: k < kc and wt holds kc * ROWS floats (asserted above).
+            let (w0, w1) = unsafe {
+                let w = wt.as_ptr().add(k * ROWS);
+                (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)))
+            };
+            for (a, row) in acc.iter_mut().zip(&x) {
+                // SAFETY: each row holds kc floats (asserted above).
+                let v = _mm256_set1_ps(unsafe { *row.get_unchecked(k) });
+                a[0] = _mm256_fmadd_ps(w0, v, a[0]);
+                a[1] = _mm256_fmadd_ps(w1, v, a[1]);
+            }
+        }
+        let mut sums = [0f32; ROWS];
+        for (t, a) in acc.iter().enumerate() {
+            // SAFETY: sums holds 16 floats.
+            unsafe {
+                _mm256_storeu_ps(sums.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(sums.as_mut_ptr().add(8), a[1]);
+            }
+            for (r, &v) in sums.iter().enumerate() {
+                tile[r * T + t] += v;
+            }
+        }
+    }
+
+    /// wt[k * ROWS + r] = (q - z) s for the codes of word columns `columns` of `tw` (the
+    /// words of ROWS rows side by side per column) and each row's s and 2^(b-1) + z:
+    /// `dequantize`'s values (the difference exact in i32, one rounding).
+    #[target_feature(enable = "avx2,fma")]
+    fn decode_tile(
+        bits: usize,
+        tw: &[i32],
+        columns: std::ops::Range<usize>,
+        s: &[f32; ROWS],
+        z: &[i32; ROWS],
+        wt: &mut [f32],
+    ) {
+        let per = 32 / bits;
+        let mask = _mm256_set1_epi32((1 << bits) - 1);
+        assert!(tw.len() >= columns.end * ROWS && wt.len() >= columns.end * per * ROWS);
+        for c in columns {
+            for h in 0..2 {
+                // SAFETY: c < columns.end (asserted above); s and z hold ROWS = 16 values.
+                unsafe {
+                    let w = _mm256_loadu_si256(tw.as_ptr().add(c * ROWS + 8 * h).cast());
+                    let zv = _mm256_loadu_si256(z.as_ptr().add(8 * h).cast());
+                    let sv = _mm256_loadu_ps(s.as_ptr().add(8 * h));
+                    for j in 0..per {
+                        let count = _mm_cvtsi32_si128((bits * j) as i32);
+                        let q = _mm256_and_si256(_mm256_srl_epi32(w, count), mask);
+                        let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, zv)), sv);
+                        _mm256_storeu_ps(wt.as_mut_ptr().add((c * per + j) * ROWS + 8 * h), v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// y rows of a block of at most ROWS rows for any number of tokens (`super::rows_impl`
+    /// without `permuted`), for f32 when `available()`: for each KC columns, the rows'
+    /// float weights (q - z) s, as `dequantize` gives them, decoded once into a tile that
+    /// every token then meets (ROWS x 6 sums per pass of `micro`). Each column block's
+    /// sums start from zero and are added to the row's total (the order of the sum).
+    pub fn gemm(weight: Weight<'_, f32>, x: &[f32], tokens: usize, yt: &mut [f32]) {
+        let (bits, words, scales, zeros) = (weight.bits, weight.words, weight.scales, weight.zeros);
+        assert!(available());
+        let rows = yt.len() / tokens;
+        assert!(rows <= ROWS);
+        let n = x.len() / tokens;
+        let (per_row, groups) = (words.len() / rows, scales.len() / rows);
+        let group = n / groups;
+        let per = 32 / bits;
+        let mut wt = vec![0f32; KC * ROWS];
+        let mut tw = vec![0i32; KC * ROWS];
+        let mut codes = vec![0i32; KC];
+        let mut tile = vec![0f32; ROWS * tokens];
+        for k0 in (0..n).step_by(KC) {
+            let kc = KC.min(n - k0);
+            if group % per == 0 {
+                // the tile's words side by side per word column, then decoded 8 rows at once
+                for (r, row) in words.chunks_exact(per_row).enumerate() {
+                    for (c, &w) in row[k0 / per..(k0 + kc) / per].iter().enumerate() {
+                        tw[c * ROWS + r] = w;
+                    }
+                }
+                let mut c = k0;
+                while c < k0 + kc {
+                    let g = c / group;
+                    let end = ((g + 1) * group).min(k0 + kc);
+                    let mut s = [0f32; ROWS];
+                    let mut z = [0i32; ROWS];
+                    for r in 0..rows {
+                        s[r] = scales[r * groups + g];
+                        z[r] = (1 << (bits - 1)) + zeros.map_or(0, |z| z[r * groups + g] as i32);
+                    }
+                    let columns = (c - k0) / per..(end - k0) / per;
+                    // SAFETY: the CPU has AVX2 and FMA (asserted above).
+                    unsafe { decode_tile(bits, &tw, columns, &s, &z, &mut wt) };
+                    c = end;
+                }
+            } else {
+                for r in 0..rows {
+                    let row = &words[r * per_row..(r + 1) * per_row];
+                    super::decode(bits, &row[k0 / per..(k0 + kc) / per], &mut codes[..kc]);
+                    for (i, &q) in codes[..kc].iter().enumerate() {
+                        let g = (k0 + i) / group;
+                        let z = zeros.map_or(0, |z| z[r * groups + g] as i32);
+                        wt[i * ROWS + r] = (q - z) as f32 * scales[r * groups + g];
+                    }
+                }
+            }
+            let token = |t: usize| &x[t * n + k0..t * n + k0 + kc];
+            let mut t = 0;
+            while t < tokens {
+                let take = (tokens - t).min(6);
+                let out = &mut tile[t * ROWS..(t + take) * ROWS];
+                // SAFETY: the CPU has AVX2 and FMA (asserted above).
+                unsafe {
+                    match take {
+                        6 => micro::<6>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        5 => micro::<5>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        4 => micro::<4>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        3 => micro::<3>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        2 => micro::<2>(&wt, std::array::from_fn(|i| token(t + i)), out),
+                        _ => micro::<1>(&wt, [token(t)], out),
+                    }
+                }
+                t += take;
+            }
+        }
+        // tile: token groups of `take` tokens, each ROWS x take (row-major)
+        let mut t = 0;
+        while t < tokens {
+            let take = (tokens - t).min(6);
+            let part = &tile[t * ROWS..(t + take) * ROWS];
+            for r in 0..rows {
+                for i in 0..take {
+                    yt[r * tokens + t + i] = part[r * take + i];
+                }
+            }
+            t += take;
+        }
+    }
+
+    /// y rows of a block of rows (`super::rows_impl`'s arguments, `permuted` scaled), for
+    /// f32 when `available()`.
+    pub fn gemv(weight: Weight<'_, f32>, tokens: usize, yt: &mut [f32]) {
+        assert!(available());
+        // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        unsafe {
+            let (words, scales, zeros) = (weight.words, weight.scales, weight.zeros);
+            let xs = weight.permuted.expect("the token in `permute`'s order");
+            match weight.bits {
+                2 => rows::<2>(words, scales, zeros, xs, tokens, yt),
+                4 => rows::<4>(words, scales, zeros, xs, tokens, yt),
+                _ => rows::<8>(words, scales, zeros, xs, tokens, yt),
+            }
+        }
+    }
+}
+
 /// Whether `fused_dot` serves a layer: every block of LANES words in one group.
 fn fusable(bits: usize, in_features: usize, groups: usize) -> bool {
     let block = LANES * 32 / bits;
@@ -214,21 +503,58 @@ fn fusable(bits: usize, in_features: usize, groups: usize) -> bool {
 }
 
 /// A token (rows of `n`) in `fused_dot`'s order: within each block of LANES words, field
-/// j of word l at j * LANES + l.
-fn permute<C: Compute>(x: &[C], n: usize, bits: usize) -> Vec<C> {
+/// j of word l at j * LANES + l; `scaled` (the AVX2 kernel's order), field j multiplied
+/// by 2^(-b p), p = j % (16 / b) its place in its 16-bit half (exact: `simd_gemv`
+/// checks that no x is small enough to lose bits).
+fn permute<C: Compute>(x: &[C], n: usize, bits: usize, scaled: bool) -> Vec<C> {
     let per = 32 / bits;
     let block = LANES * per;
+    let factor = |j: usize| match scaled {
+        true => C::from_f64(0.5f64.powi((bits * (j % (16 / bits))) as i32)),
+        false => C::ONE,
+    };
     let mut out = vec![C::ZERO; x.len()];
     for (src, dst) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
         for (sb, db) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
-            for l in 0..LANES {
-                for j in 0..per {
-                    db[j * LANES + l] = sb[l * per + j];
+            for j in 0..per {
+                let f = factor(j);
+                for l in 0..LANES {
+                    db[j * LANES + l] = sb[l * per + j] * f;
                 }
             }
         }
     }
     out
+}
+
+/// Whether the AVX2 GEMV (`avx2`) serves a call of `fused_dot`'s: f32 on a CPU with AVX2
+/// and FMA, every x zero or of magnitude >= 2^-100 (so that x 2^(-b p), p < 16 / b, is
+/// exact: a normal f32).
+fn simd_gemv<C: Compute>(x: &[C]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::any::TypeId::of::<C>() == std::any::TypeId::of::<f32>() && avx2::available() {
+        let tiny = C::from_f64(2f64.powi(-100));
+        return x
+            .iter()
+            .all(|&v| v == C::ZERO || v >= tiny || C::ZERO - v >= tiny);
+    }
+    let _ = x;
+    false
+}
+
+/// Whether `avx2::gemm` serves the calls that `fused_dot` does not: f32 on a CPU with AVX2
+/// and FMA.
+#[cfg(target_arch = "x86_64")]
+fn tiled_gemm<C: Compute>() -> bool {
+    std::any::TypeId::of::<C>() == std::any::TypeId::of::<f32>() && avx2::available()
+}
+
+/// `v` as f32 (C is f32: `simd_gemv` checked it).
+#[cfg(target_arch = "x86_64")]
+fn f32s<C: Compute>(v: &[C]) -> &[f32] {
+    assert_eq!(std::any::TypeId::of::<C>(), std::any::TypeId::of::<f32>());
+    // SAFETY: C is f32 (asserted just above).
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) }
 }
 
 /// What `rows_impl` reads: the packed words and the per-group parameters of a block of
@@ -348,7 +674,10 @@ pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize
     let per_row = weight.words.len() / out;
     let groups = weight.scales.len() / out;
     let fused = tokens < 4 && fusable(weight.bits, weight.in_features, groups);
-    let permuted = fused.then(|| permute(x, weight.in_features, weight.bits));
+    let simd = fused && simd_gemv(x);
+    #[cfg(target_arch = "x86_64")]
+    let tiled = !fused && tiled_gemm::<C>();
+    let permuted = fused.then(|| permute(x, weight.in_features, weight.bits, simd));
     let weight = Weight {
         permuted: permuted.as_deref(),
         ..weight
@@ -364,10 +693,30 @@ pub fn matmul<C: Lane>(weight: Weight<'_, C>, x: &[C], tokens: usize, out: usize
                 .map(|z| &z[first * groups..(first + rows) * groups]),
             ..weight
         };
+        #[cfg(target_arch = "x86_64")]
+        if simd || tiled {
+            let part = Weight {
+                words: part.words,
+                scales: f32s(part.scales),
+                zeros: part.zeros,
+                bits: part.bits,
+                in_features: part.in_features,
+                permuted: part.permuted.map(f32s),
+            };
+            // SAFETY: C is f32 (`simd` and `tiled` say so), the chunk too.
+            let yt = unsafe {
+                std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
+            };
+            match simd {
+                true => avx2::gemv(part, tokens, yt),
+                false => avx2::gemm(part, f32s(x), tokens, yt),
+            }
+            return;
+        }
         rows_kernel(part, x, tokens, chunk);
     };
     let chunks = yt.chunks_mut(ROW_BLOCK * tokens).enumerate();
-    if tokens * out * weight.in_features >= PARALLEL {
+    if tokens * out * weight.in_features >= PARALLEL && rayon::current_num_threads() > 1 {
         chunks.par_bridge().for_each(block);
     } else {
         chunks.for_each(block);
@@ -816,6 +1165,113 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// (words, scales, zeros, x) of a random layer: `rows` x `n` codes of `bits`, groups
+    /// of `group`, `tokens` tokens.
+    fn layer(
+        bits: usize,
+        rows: usize,
+        n: usize,
+        group: usize,
+        tokens: usize,
+    ) -> (Vec<i32>, Vec<f32>, Vec<i8>, Vec<f32>) {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let words = (0..rows * n * bits / 32).map(|_| next() as i32).collect();
+        let groups = rows * n / group;
+        let scales = (0..groups)
+            .map(|_| (next() % 1000) as f32 / 997.0 + 0.01)
+            .collect();
+        let half = 1i64 << (bits - 1);
+        let zeros = (0..groups)
+            .map(|_| ((next() % (2 * half as u64)) as i64 - half) as i8)
+            .collect();
+        let x = (0..tokens * n)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        (words, scales, zeros, x)
+    }
+
+    #[test]
+    fn every_kernel_is_within_the_tolerance_of_the_exact_sum() {
+        // the AVX2 GEMV (1-3 tokens, blocks in one group) and tiled GEMM (a partial tile of
+        // rows, a partial column block, groups across words, 1-13 tokens), and the
+        // portable kernels, against the sum in f64 of the dequantized weights
+        let cases = [
+            (4usize, 21usize, 256usize, 128usize),
+            (8, 19, 320, 320),
+            (2, 5, 512, 256),
+            (4, 17, 200, 4),
+            (8, 3, 136, 68),
+        ];
+        for (bits, rows, n, group) in cases {
+            for tokens in [1usize, 2, 3, 4, 7, 13] {
+                let (words, scales, zeros, x) = layer(bits, rows, n, group, tokens);
+                let groups = n / group;
+                let mut codes = vec![0i32; rows * n];
+                for r in 0..rows {
+                    let per_row = n * bits / 32;
+                    let row = &words[r * per_row..(r + 1) * per_row];
+                    decode(bits, row, &mut codes[r * n..(r + 1) * n]);
+                }
+                let weight = Weight {
+                    words: &words,
+                    scales: &scales,
+                    zeros: Some(&zeros),
+                    bits,
+                    in_features: n,
+                    permuted: None,
+                };
+                let mut portable = vec![0f32; rows * tokens];
+                rows_kernel(weight, &x, tokens, &mut portable);
+                let mut results = vec![matmul(weight, &x, tokens, rows), portable];
+                if tokens < 4 && fusable(bits, n, groups) {
+                    let xp = permute(&x, n, bits, false);
+                    let mut fused = vec![0f32; rows * tokens];
+                    let permuted = Weight {
+                        permuted: Some(&xp),
+                        ..weight
+                    };
+                    rows_kernel(permuted, &x, tokens, &mut fused);
+                    results.push(fused);
+                }
+                for o in 0..rows {
+                    for t in 0..tokens {
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for i in 0..n {
+                            let g = o * groups + i / group;
+                            let w = (codes[o * n + i] - zeros[g] as i32) as f32 * scales[g];
+                            want += w as f64 * x[t * n + i] as f64;
+                            mag += (w as f64 * x[t * n + i] as f64).abs();
+                        }
+                        for (k, got) in results.iter().enumerate() {
+                            let err = (got[o * tokens + t] as f64 - want).abs();
+                            assert!(
+                                err <= 2e-6 * mag,
+                                "{bits} {n} {group} {tokens} {k}: {o} {t}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiny_x_takes_the_exact_path() {
+        // x below 2^-100 would lose bits scaled by 2^-12 in the AVX2 GEMV: not taken
+        let x = [f32::from_bits(1), 1.0];
+        assert!(!simd_gemv(&x));
+        assert!(!simd_gemv(&[1e-35f32]));
+        assert!(!simd_gemv(&[1.0f64]));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(simd_gemv(&[0.0f32, -1e-20, 3.0]), avx2::available());
     }
 
     #[test]

@@ -8,7 +8,8 @@ library. Each op is one native call with the GIL released.
 `dequant_matmul` is a fused kernel that never builds the float weight matrix: for 1-3
 tokens each row's codes are decoded in registers and dotted with the token, a block's sum
 scaled once; for more, each row is decoded into float weights (the values `dequantize`
-gives) and dotted with four tokens per read; rows in parallel for large layers. Its sums
+gives) and dotted with four tokens per read (float32 with AVX2: a tile of 16 rows decoded
+once for every token); rows in parallel for large layers. Its sums
 run in another order than BLAS's: results agree with the reference within the
 specification's tolerance. The other ops give the reference's results bit for bit.
 
