@@ -1,11 +1,15 @@
 """Checks of the suite itself: can its properties fail?
 
     python -m conformance.selftest [--profile ci|dev] [--array numpy|torch] [--module NAME ...]
+                                   [--until-caught]
 
 1. The oracles reproduce the published known answers (Random123 Philox, RFC 8949 CBOR).
 2. The goodness-of-fit test accepts the reference sampler and rejects wrong ones.
 3. Every mutant in `conformance.mutants` (one plausible bug each) is caught by at least
    one property of its op; the report lists which, and the properties no mutant kills.
+   With --until-caught (CI) each mutant runs its op's properties only until one fails,
+   the differential `matches_reference` first: the same verdict in a fraction of the
+   time, without the kill counts and the list of properties no mutant kills.
 4. Every op of the reference has properties, and every property has a docstring.
 """
 
@@ -79,11 +83,21 @@ def check_coverage() -> None:
     assert not undocumented, f"properties without a docstring: {undocumented}"
 
 
-def run_mutant(m: Mutant, array: str = "numpy", profile: str = "ci") -> list[core.Outcome]:
-    """The outcomes of the properties of m's op on the mutant (no shrinking)."""
+def run_mutant(
+    m: Mutant, array: str = "numpy", profile: str = "ci", until_caught: bool = False
+) -> list[core.Outcome]:
+    """The outcomes of the properties of m's op on the mutant (no shrinking); with
+    `until_caught`, `matches_reference` first and none after the first that fails."""
     impl = implementation(m)
     props = [p for p in core.all_specs()[m.module].properties if p.op == m.op]
-    return [core.run_property(p, impl, array, profile, shrink=False) for p in props]
+    if until_caught:
+        props.sort(key=lambda p: p.name != "matches_reference")
+    outcomes = []
+    for prop in props:
+        outcomes.append(core.run_property(prop, impl, array, profile, shrink=False))
+        if until_caught and outcomes[-1].status == core.FAIL:
+            break
+    return outcomes
 
 
 def check_mutants(
@@ -91,11 +105,13 @@ def check_mutants(
     profile: str = "ci",
     echo: Callable[[str], None] | None = None,
     mutants: list[Mutant] = MUTANTS,
+    until_caught: bool = False,
 ) -> dict[str, list[str]]:
-    """Every mutant fails at least one property; returns {mutant: properties that failed}."""
+    """Every mutant fails at least one property; returns {mutant: properties that failed}
+    (with `until_caught`, the first one only: see `run_mutant`)."""
     kills: dict[str, list[str]] = {}
     for m in mutants:
-        outcomes = run_mutant(m, array, profile)
+        outcomes = run_mutant(m, array, profile, until_caught)
         kills[m.name] = [o.prop.name for o in outcomes if o.status == core.FAIL]
         if echo:
             echo(
@@ -130,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(core.all_specs()),
         help="only the mutants of this module (repeatable; default all)",
     )
+    ap.add_argument(
+        "--until-caught",
+        action="store_true",
+        help="stop each mutant at the first property that catches it (no kill counts)",
+    )
     args = ap.parse_args(argv)
     mutants = [m for m in MUTANTS if not args.module or m.module in args.module]
     failed = 0
@@ -142,13 +163,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAIL  {check.__name__}: {exc}")
     print(f"mutants ({len(mutants)}):")
     try:
-        kills = check_mutants(args.array, args.profile, echo=print, mutants=mutants)
+        kills = check_mutants(args.array, args.profile, print, mutants, args.until_caught)
         print("ok    every mutant is caught")
     except AssertionError as exc:
         failed += 1
         print(f"FAIL  {exc}")
         kills = {}
-    if kills:
+    if kills and not args.until_caught:
         lonely = unkilled_properties(kills)
         if lonely:
             print("properties no mutant kills:")
