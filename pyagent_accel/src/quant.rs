@@ -928,12 +928,18 @@ fn dequantize_fp8<'py>(
     let (q, rows, n) = matrix(&codes, "codes")?;
     let len = scales.cast::<numpy::PyUntypedArray>()?.len();
     if len != 1 && len != rows {
-        return Err(value_error(format!("scales must have 1 or {rows} entries, got {len}")));
+        return Err(value_error(format!(
+            "scales must have 1 or {rows} entries, got {len}"
+        )));
     }
     let s = to_compute::<f32>(scales, "scales", len)?;
     let mut out = vec![0f32; rows * n];
     detached(py, || {
-        for (r, (row, dst)) in q.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1))).enumerate() {
+        for (r, (row, dst)) in q
+            .chunks_exact(n.max(1))
+            .zip(out.chunks_exact_mut(n.max(1)))
+            .enumerate()
+        {
             let scale = s[if len == 1 { 0 } else { r }];
             for (d, &c) in dst.iter_mut().zip(row) {
                 *d = f8::decode(c, fmt) * scale;
@@ -1143,7 +1149,12 @@ mod tests {
         let codes: Vec<u8> = (0..3 * n).map(|i| ((i * 37) % 256) as u8 & 0xF7).collect();
         let scales = [0.5f32, 0.125, 3.0];
         let x: Vec<f64> = (0..5 * n).map(|i| (i as f64 * 0.37).sin()).collect();
-        let weight = Fp8Weight { codes: &codes, scales: &scales, fmt: f8::E4M3, in_features: n };
+        let weight = Fp8Weight {
+            codes: &codes,
+            scales: &scales,
+            fmt: f8::E4M3,
+            in_features: n,
+        };
         for tokens in [1usize, 5] {
             let yt = fp8_matmul(weight, &x, tokens, 3);
             for o in 0..3 {

@@ -522,11 +522,14 @@ def dequant_matmul_fp8(
     xc = xp.astype(x, compute)
     if input_scale is not None:
         x32 = xp.astype(x, xp.float32)
+        empty = 0 in tuple(x.shape)
         if input_scale == "dynamic_per_token":
-            s_x = _amax_scale(xp, x32, fmt_, axis=1) if x.size else xp.ones_like(x32[:, :1])
+            s_x = xp.ones((x.shape[0], 1), dtype=xp.float32, device=device(x))
+            if not empty:
+                s_x = _amax_scale(xp, x32, fmt_, axis=1)
         elif input_scale == "dynamic":
             s_x = xp.ones((1, 1), dtype=xp.float32, device=device(x))
-            if x.size:
+            if not empty:
                 s_x = _amax_scale(xp, xp.reshape(x32, (1, -1)), fmt_, axis=1)
         else:
             s_x = xp.asarray([[input_scale]], dtype=xp.float32, device=device(x))
