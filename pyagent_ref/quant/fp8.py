@@ -45,7 +45,6 @@ from . import QuantScheme
 
 SUFFIXES = ("weight", "weight_scale", "input_scale")
 DTYPES = {"e4m3": torch.float8_e4m3fn}  # vLLM's fp8 method: e4m3 weights and activations
-ACTIVATIONS = (None, "static", "dynamic", "dynamic_per_token")
 
 
 @dataclass

@@ -12,9 +12,9 @@ gives) and dotted with four tokens per read; rows in parallel for large layers. 
 run in another order than BLAS's: results agree with the reference within the
 specification's tolerance. The other ops give the reference's results bit for bit.
 
-`dequant_matmul_fp8` never builds the float weight either: each row's 256 weight values
-(the format's value of every code times the row's scale, rounded once in float32) are a
-table the row's codes are looked up in; its sums too run in another order than BLAS's.
+`dequant_matmul_fp8` never builds the float weight either: each row's codes are decoded
+(the format's value times the row's scale, rounded once in float32) into a buffer of one
+row and dotted with four tokens per read; its sums too run in another order than BLAS's.
 `quantize_fp8` and `dequantize_fp8` give the reference's results bit for bit.
 
 Differences from the reference:
