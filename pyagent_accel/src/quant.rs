@@ -17,10 +17,8 @@
 //!
 //! FP8 weights (`quantize_fp8`, `dequantize_fp8`, `dequant_matmul_fp8`) reuse the KV
 //! cache's fp8 codec (`attention::fp8`). The matmul never builds the float weight: each
-//! row's weight values are a 256-entry table, the format's value of every code times the
-//! row's scale rounded once in f32 (the values `dequantize_fp8` gives) widened to C, and
-//! each code is looked up in it; 1-3 tokens read the row's codes once per token, more
-//! tokens decode the row into a buffer of one row and dot it with four tokens per read.
+//! row is decoded (`decode_row`, branch-free bit placement that vectorises; the values
+//! `dequantize_fp8` gives) into a buffer of one row, dotted with four tokens per read.
 
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -448,34 +446,48 @@ fn fp8_format(e5m2: bool) -> Format {
     }
 }
 
-/// The weight value of each code for a row of scale `s`: fp8(code) * s rounded once in
-/// f32 (`dequantize_fp8`), widened to C (exact).
-fn scaled_table<C: Lane>(fmt: Format, s: f32) -> [C; 256] {
-    let mut table = [C::ZERO; 256];
-    for (code, t) in table.iter_mut().enumerate() {
-        *t = C::from_f64((f8::decode(code as u8, fmt) * s) as f64);
-    }
-    table
+/// The f32 bits of fp8 code `q`'s value: its exponent and mantissa bits placed at the top
+/// of an f32's (an f32 of the value times 2^(b - 127), b the format's bias; subnormal
+/// codes land on f32 subnormals) and rebiased by one exact multiplication by
+/// 2^(127 - b); the NaN (and e5m2's infinity) codes selected by masks, the sign copied.
+/// Branch-free, so that a loop of it vectorises.
+#[inline(always)]
+fn fp8_bits<const E5M2: bool>(q: u8) -> u32 {
+    let mag = (q & 0x7F) as u32;
+    let (shift, rebias, room) = if E5M2 {
+        (21, f32::from_bits((127 + 127 - 15) << 23), 4)
+    } else {
+        (20, f32::from_bits((127 + 127 - 7) << 23), 1)
+    };
+    let bits = (f32::from_bits(mag << shift) * rebias).to_bits();
+    // special: mag >= 0x80 - room (e4m3: 0x7F NaN; e5m2: 0x7C infinity, 0x7D-0x7F NaN)
+    let special = 0u32.wrapping_sub((mag + room) >> 7);
+    let value = if E5M2 {
+        0x7F80_0000 | ((mag & 3) << 21)
+    } else {
+        0x7FC0_0000
+    };
+    ((bits & !special) | (value & special)) | ((q as u32 & 0x80) << 24)
 }
 
-/// The dot of one row's codes with one token, each code looked up in the row's table.
+/// One row of fp8 codes as weights fp8(code) * s, rounded once in f32 (the values
+/// `dequantize_fp8` gives), in C.
 #[inline(always)]
-fn fp8_dot<C: Compute>(codes: &[u8], table: &[C; 256], x: &[C]) -> C {
-    let n = codes.len();
-    let body = n - n % LANES;
-    let mut acc = [C::ZERO; LANES];
-    for c in (0..body).step_by(LANES) {
-        let q: &[u8; LANES] = codes[c..c + LANES].try_into().unwrap();
-        let v: &[C; LANES] = x[c..c + LANES].try_into().unwrap();
+fn decode_row<C: Lane, const E5M2: bool>(codes: &[u8], s: f32, w: &mut [C]) {
+    let body = codes.len() - codes.len() % LANES;
+    for (q, o) in codes[..body]
+        .chunks_exact(LANES)
+        .zip(w[..body].chunks_exact_mut(LANES))
+    {
+        let q: &[u8; LANES] = q.try_into().unwrap();
+        let o: &mut [C; LANES] = o.try_into().unwrap();
         for l in 0..LANES {
-            acc[l] = acc[l] + table[q[l] as usize] * v[l];
+            o[l] = C::from_elem(f32::from_bits(fp8_bits::<E5M2>(q[l])) * s);
         }
     }
-    let mut sum = fold(acc);
-    for i in body..n {
-        sum = sum + table[codes[i] as usize] * x[i];
+    for (o, &q) in w[body..].iter_mut().zip(&codes[body..]) {
+        *o = C::from_elem(f32::from_bits(fp8_bits::<E5M2>(q)) * s);
     }
-    sum
 }
 
 /// What `fp8_rows_impl` reads: a block of rows' codes, their scales (one, per tensor, or
@@ -492,21 +504,14 @@ pub struct Fp8Weight<'a> {
 fn fp8_rows_impl<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, yt: &mut [C]) {
     let n = weight.in_features;
     let token = |t: usize| &x[t * n..(t + 1) * n];
-    let mut table = scaled_table::<C>(weight.fmt, weight.scales[0]);
-    let mut w = vec![C::ZERO; if tokens >= 4 { n } else { 0 }];
+    let mut w = vec![C::ZERO; n];
     for (o, out) in yt.chunks_exact_mut(tokens).enumerate() {
-        if weight.scales.len() > 1 && o > 0 {
-            table = scaled_table::<C>(weight.fmt, weight.scales[o]);
-        }
+        let s = weight.scales[if weight.scales.len() > 1 { o } else { 0 }];
         let codes = &weight.codes[o * n..(o + 1) * n];
-        if tokens < 4 {
-            for (t, y) in out.iter_mut().enumerate() {
-                *y = fp8_dot(codes, &table, token(t));
-            }
-            continue;
-        }
-        for (v, &q) in w.iter_mut().zip(codes) {
-            *v = table[q as usize];
+        if weight.fmt == f8::E5M2 {
+            decode_row::<C, true>(codes, s, &mut w);
+        } else {
+            decode_row::<C, false>(codes, s, &mut w);
         }
         let mut t = 0;
         while t + 4 <= tokens {
@@ -1167,6 +1172,30 @@ mod tests {
                         .sum();
                     assert!((yt[o * tokens + t] - want).abs() < 1e-9, "{o} {t}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_row_is_every_codes_value_times_the_scale() {
+        let codes: Vec<u8> = (0..=255).collect();
+        for s in [1.0f32, 0.37, 3.0e-5] {
+            let (mut w4, mut w5) = (vec![0f32; 256], vec![0f32; 256]);
+            decode_row::<f32, false>(&codes, s, &mut w4);
+            decode_row::<f32, true>(&codes, s, &mut w5);
+            for (c, (a, b)) in w4.iter().zip(&w5).enumerate() {
+                let (wa, wb) = (
+                    f8::decode(c as u8, f8::E4M3) * s,
+                    f8::decode(c as u8, f8::E5M2) * s,
+                );
+                assert!(
+                    a.to_bits() == wa.to_bits() || (a.is_nan() && wa.is_nan()),
+                    "e4m3 {c}"
+                );
+                assert!(
+                    b.to_bits() == wb.to_bits() || (b.is_nan() && wb.is_nan()),
+                    "e5m2 {c}"
+                );
             }
         }
     }
