@@ -210,11 +210,16 @@ class Fp8Linear(nn.Module):
     Args:
         weight: the layer's codes, scales, format and activations' input_scale.
         ops: the ops namespace (`use_ops` switches it with the model's).
+        dtype: the dtype of the activations it computes on (the model's; a LoRA adapter
+            on the layer takes it).
     """
 
-    def __init__(self, weight: Fp8Weight, ops: ModuleType) -> None:
+    def __init__(
+        self, weight: Fp8Weight, ops: ModuleType, dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = weight.in_features, weight.out_features
+        self.dtype = dtype
         self.fmt = weight.fmt
         self.input_scale = weight.input_scale
         self.ops = ops
@@ -234,7 +239,7 @@ class Fp8Linear(nn.Module):
     ) -> Fp8Linear:
         """The layer of `parts` stacked by rows (q, k, v or gate, up): their codes
         concatenated, each part's scale on its rows, the largest static input scale (as
-        `QuantLinear.stack`; the layer computes in its input's dtype, `dtype` is unused).
+        `QuantLinear.stack`).
 
         Raises:
             ValueError: the parts' shapes do not make the layer (the message names it).
@@ -247,13 +252,13 @@ class Fp8Linear(nn.Module):
                 f"({out_features}, {in_features})"
             )
         if len(parts) == 1:
-            return cls(parts[0], ops)
+            return cls(parts[0], ops, dtype)
         scales = torch.cat([p.scales.float().expand(p.out_features, 1) for p in parts])
         input_scale = parts[0].input_scale
         if isinstance(input_scale, float):
             input_scale = max(p.input_scale for p in parts)
         merged = Fp8Weight(torch.cat([p.codes for p in parts]), scales, parts[0].fmt, input_scale)
-        return cls(merged, ops)
+        return cls(merged, ops, dtype)
 
     @property
     def device(self) -> torch.device:

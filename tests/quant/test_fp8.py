@@ -158,7 +158,10 @@ def test_fused_parts_compute_x_times_the_stacked_weight():
     g = torch.Generator().manual_seed(0)
     ws = [torch.randn(r, 32, generator=g) for r in (16, 8, 8)]
     pers = ("tensor", "channel", "tensor")
-    parts = [fp8.Fp8Weight(*quant_ops.quantize_fp8(w, "e4m3", p), "e4m3") for w, p in zip(ws, pers)]
+    parts = [
+        fp8.Fp8Weight(*quant_ops.quantize_fp8(w, "e4m3", p), "e4m3")
+        for w, p in zip(ws, pers, strict=True)
+    ]
     for ops in ("ref", "auto"):
         layer = fp8.Fp8Linear.stack(parts, 32, 32, "qkv", load_ops(ops))
         weight = torch.cat([quant_ops.dequantize_fp8(p.codes, p.scales) for p in parts])
