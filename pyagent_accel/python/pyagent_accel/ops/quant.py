@@ -121,13 +121,7 @@ def quantize(
             )
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
-    if torch_in:
-        _c.check_cpu(weight, "weight")
-        finite = _c.tensor_to_numpy(weight.detach().isfinite().all(dim=1))
-    else:
-        finite = np.isfinite(weight).all(axis=1)
-    if not finite.all():
-        raise ValueError(f"weight row {int(np.argmin(finite))} contains NaN or inf")
+    _finite_rows(weight, torch_in)
     result = _native.quantize(
         _floats(weight, "weight", torch_in), bits, group_size or in_features, symmetric
     )
