@@ -16,7 +16,9 @@ cases interleaved run by run.
 (b) `dequant_matmul` of Qwen3-0.6B's linear layers (hidden 1024, 16 query heads and 8 KV
 heads of 128, intermediate 3072: fused qkv 1024 -> 4096, o 2048 -> 1024, fused gate/up
 1024 -> 6144, down 3072 -> 1024) on one core: pyagent_accel's fused kernel on int4 codes
-in groups of 128 (asymmetric) and on int8 codes per channel (symmetric), against torch's
+in groups of 128 (asymmetric), on int8 codes per channel (symmetric) and its
+`dequant_matmul_fp8` on e4m3 codes per tensor with dynamic activation scales (vLLM's
+fp8 checkpoints, as `tools/quantize.py --format fp8` writes them), against torch's
 `x @ W.T` on the float32 and the bfloat16 weight, at batch 1 (decode: memory-bound) and
 64. Each figure is the median CPU time of one call (`time.process_time`, so other load on
 the machine does not count; torch and the kernel's thread pool both use one thread), and
@@ -24,7 +26,8 @@ the last line sums the four layers at batch 1 (the target: int4 >= 2x float32 to
 
 (c) The embedded model in float32 and quantized by `tools/quantize.py` (compressed-tensors
 int8 per channel and int4 in groups of 16, GPTQ int4 in groups of 16 by GPTQ's algorithm
-with act-order, AWQ-layout int4 in groups of 16 by RTN): perplexity on held-out text (the
+with act-order, AWQ-layout int4 in groups of 16 by RTN, vLLM fp8 e4m3 per tensor with
+dynamic activations): perplexity on held-out text (the
 project's own sources, `tools.quantize.heldout_ids`), the bytes of the model's weights
 (parameters and buffers: what stays resident besides the KV cache), decode tokens/s
 through the engine at batch 1 and 16 (`--ops`; median of 3 runs, the formats interleaved),
@@ -164,7 +167,7 @@ def cpu_ms(fn, repeats: int) -> float:
 
 
 def bench_quant_layers(quick: bool) -> None:
-    """Part (b): the fused int4 / int8 linear layer against torch's float32 and bf16."""
+    """Part (b): the fused int4 / int8 / fp8 linear layer against torch's float32 and bf16."""
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before the kernel's pool starts
     from pyagent_accel.ops import quant as accel_quant
 
@@ -178,7 +181,7 @@ def bench_quant_layers(quick: bool) -> None:
     )
     header = (
         f"{'layer':<8} {'batch':>5} {'f32 torch':>10} {'bf16 torch':>10} {'int4 accel':>10} "
-        f"{'int8 accel':>10} {'f32/int4':>9} {'f32/int8':>9}"
+        f"{'int8 accel':>10} {'fp8 accel':>10} {'f32/int4':>9} {'f32/int8':>9} {'f32/fp8':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -194,6 +197,7 @@ def bench_quant_layers(quick: bool) -> None:
             codes, scales, zeros = quant.quantize(weight, bits, group, symmetric)
             arrays = (quant.pack_int32(codes, bits), scales, zeros)
             packed[bits] = (*(None if a is None else torch.from_numpy(a) for a in arrays), bits)
+        fp8 = (*quant.quantize_fp8(w32, "e4m3", "tensor"), "e4m3", "dynamic")
         for batch in (1, 64):
             x = torch.from_numpy(rng.normal(0.0, 1.0, (batch, n)).astype(np.float32))
             x16 = x.to(torch.bfloat16)
@@ -207,12 +211,16 @@ def bench_quant_layers(quick: bool) -> None:
                 want = quant.dequant_matmul(x, *packed[bits])
                 assert torch.allclose(call(), want, rtol=1e-4, atol=1e-4), (layer, bits)
                 t[f"int{bits}"] = cpu_ms(call, reps)
+            call = functools.partial(accel_quant.dequant_matmul_fp8, x, *fp8)
+            assert torch.allclose(call(), quant.dequant_matmul_fp8(x, *fp8), 1e-4, 1e-4), layer
+            t["fp8"] = cpu_ms(call, reps)
             if batch == 1:
                 total["f32"] += t["f32"]
                 total["int4"] += t["int4"]
             print(
                 f"{layer:<8} {batch:>5} {t['f32']:10.3f} {t['bf16']:10.3f} {t['int4']:10.3f} "
-                f"{t['int8']:10.3f} {t['f32'] / t['int4']:8.2f}x {t['f32'] / t['int8']:8.2f}x",
+                f"{t['int8']:10.3f} {t['fp8']:10.3f} {t['f32'] / t['int4']:8.2f}x "
+                f"{t['f32'] / t['int8']:8.2f}x {t['f32'] / t['fp8']:8.2f}x",
                 flush=True,
             )
     ratio = total["f32"] / total["int4"]
@@ -271,6 +279,7 @@ QUANT_FORMATS = {
     "int4 (ct, g16)": dict(fmt="int4", group_size=16),
     "gptq int4 g16 act": dict(fmt="gptq", group_size=16, method="gptq", act_order=True),
     "awq int4 g16": dict(fmt="awq", group_size=16),
+    "fp8 (vllm, dynamic)": dict(fmt="fp8"),
 }
 
 

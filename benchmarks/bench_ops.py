@@ -52,7 +52,9 @@ Weight-only quantization (`bench_quant`) times dequant_matmul of Qwen3-0.6B's
 MLP projections (gate/up 1024 -> 3072, down 3072 -> 1024) with int4 codes in groups of
 128 (asymmetric) and int8 per channel (symmetric), for 1 and 64 tokens, float32 and
 bfloat16 activations, the same way, with float32 torch `x @ W.T` on the float weight
-beside it (the layer unquantized), and quantize (RTN) of the same weights.
+beside it (the layer unquantized), and quantize (RTN) of the same weights; then
+quantize_fp8 and dequant_matmul_fp8 of the same weights as e4m3 codes, per tensor with
+dynamic per-tensor activation scales and per channel weight-only.
 
 Inputs are realistic: float32 logits ~ normal(0, 3), k = 50, p = 0.9, min_p = 0.05,
 a few hundred prompt/output ids for the penalties, temperature 0.8 for `sample`.
@@ -1099,7 +1101,47 @@ def bench_quant(token_counts: list[int], budget: float, min_reps: int) -> list[d
                     )
                     shown = t_float if dtype == "float32" else None
                     row("dequant_matmul", layer, fmt, tokens, dtype, t_np, t_torch, t_acc, shown)
+        bench_fp8(rng, weight, layer, token_counts, budget, min_reps, row)
     return rows
+
+
+# (label, per, input_scale): e4m3 weights per tensor with dynamic activations (vLLM's fp8
+# checkpoints as tools/quantize.py writes them) and per channel, weight-only
+FP8_FORMATS = (("fp8 dyn", "tensor", "dynamic"), ("fp8 ch", "channel", None))
+
+
+def bench_fp8(rng, weight, layer, token_counts, budget, min_reps, row) -> None:
+    """quantize_fp8 and dequant_matmul_fp8 rows of `bench_quant` for one layer's weight."""
+    tw = torch.from_numpy(weight)
+    for fmt, per, input_scale in FP8_FORMATS:
+        qargs = (weight, "e4m3", per)
+        got, want = (
+            f(*to_torch(qargs)) for f in (accel_quant.quantize_fp8, ref_quant.quantize_fp8)
+        )
+        check_close(got, want, "quantize_fp8")
+        t_np = timeit(functools.partial(ref_quant.quantize_fp8, *qargs), budget, min_reps, 20)
+        t_acc = timeit(functools.partial(accel_quant.quantize_fp8, *qargs), budget, min_reps, 50)
+        row("quantize_fp8", layer, fmt, weight.shape[0], "float32", t_np, None, t_acc)
+        codes, scales = ref_quant.quantize_fp8(*qargs)
+        for tokens in token_counts:
+            x = rng.normal(0.0, 1.0, (tokens, weight.shape[1])).astype(np.float32)
+            t_float = timeit(
+                functools.partial(torch.matmul, torch.from_numpy(x), tw.T), budget, min_reps, 200
+            )
+            for dtype in ("float32", "bfloat16"):
+                args = (x, codes, scales, "e4m3", input_scale)
+                targs = to_torch(args)
+                if dtype == "bfloat16":
+                    targs = (targs[0].to(torch.bfloat16), *targs[1:])
+                fn, acc = ref_quant.dequant_matmul_fp8, accel_quant.dequant_matmul_fp8
+                check_close(acc(*targs), fn(*targs), "dequant_matmul_fp8")
+                t_np = None
+                if dtype == "float32":
+                    t_np = timeit(functools.partial(fn, *args), budget, min_reps, 20)
+                t_torch = timeit(functools.partial(fn, *targs), budget, min_reps, 20)
+                t_acc = timeit(functools.partial(acc, *targs), budget, min_reps, 200)
+                shown = t_float if dtype == "float32" else None
+                row("dequant_mm_fp8", layer, fmt, tokens, dtype, t_np, t_torch, t_acc, shown)
 
 
 GGUF_FORMATS = ("Q8_0", "Q4_0", "Q4_K", "Q6_K")

@@ -646,6 +646,43 @@ _GGUF_DIVERGENCES = (
     Divergence(GGUF_PY, "gguf.dequantize", "rejects_invalid_input", _GGUF_NO_VALIDATION),
 )
 
+COMPRESSED_TENSORS = "conformance.adapters.compressed_tensors"
+
+_CT_E4M3_ONLY = (
+    "compressed-tensors 0.20's float quantization is e4m3 only (QuantizationArgs type "
+    "'float', num_bits 8 is float8_e4m3fn): the adapter raises NotImplementedError for "
+    "'e5m2'; on e4m3 its scales and codes are ours bit for bit"
+)
+_CT_ZERO_SCALE = (
+    "calculate_qparams gives an all-zero tensor or row the scale eps(float32) = 2^-23 "
+    "(to avoid a division by 0) where the contract gives 1; the codes (all 0) agree"
+)
+_CT_NO_TYPE_CHECKS = (
+    "pack_to_int32 / unpack_from_int32 raise ValueError for a wrong dtype (TypeError in "
+    "the contract); quantize and dequantize check nothing: an integer weight reaches "
+    "torch.amin (RuntimeError on no rows), int8 codes are viewed as float8 and read"
+)
+_CT_DIVERGENCES = (
+    *(
+        Divergence(COMPRESSED_TENSORS, "quant.quantize_fp8", prop, _CT_E4M3_ONLY)
+        for prop in ("returns_documented_types", "fp8_round_trips_within_the_format_bound")
+    ),
+    *(
+        Divergence(
+            COMPRESSED_TENSORS, "quant.quantize_fp8", prop, f"{_CT_E4M3_ONLY}; {_CT_ZERO_SCALE}"
+        )
+        for prop in ("scale_is_amax_over_max_and_codes_are_torchs_cast", "matches_reference")
+    ),
+    Divergence(COMPRESSED_TENSORS, "quant.quantize_fp8", "does_not_modify_inputs", _CT_E4M3_ONLY),
+    *(
+        Divergence(COMPRESSED_TENSORS, op, "rejects_invalid_input", _CT_NO_TYPE_CHECKS)
+        for op in ("quant.pack_int32", "quant.unpack_int32", "quant.quantize_fp8")
+    ),
+    Divergence(
+        COMPRESSED_TENSORS, "quant.dequantize_fp8", "rejects_invalid_input", _CT_NO_TYPE_CHECKS
+    ),
+)
+
 DIVERGENCES: tuple[Divergence, ...] = (
     _hf("apply_temperature", "zero_temperature_rows_unchanged", _HF_T0),
     _hf("apply_temperature", "matches_reference", _HF_T0),
@@ -764,6 +801,7 @@ DIVERGENCES: tuple[Divergence, ...] = (
     *_STRUCTURED_DIVERGENCES,
     *_MATCHER_DIVERGENCES,
     *_GGUF_DIVERGENCES,
+    *_CT_DIVERGENCES,
 )
 
 

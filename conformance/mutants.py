@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pyagent_ref.ops import _fp8
 from pyagent_ref.ops import attention as A
 from pyagent_ref.ops import block_table as BT
 from pyagent_ref.ops import gguf as GG
@@ -3241,6 +3242,114 @@ def matmul_ignores_zeros(*args: Any) -> Any:
 @mutant("quant", "dequant_matmul", "returns the compute dtype instead of x's")
 def matmul_returns_compute_dtype(*args: Any) -> Any:
     return _linear(*args, compute_dtype=True)
+
+
+def _fp8_quant(weight: Any, fmt: str = "e4m3", per: str = "tensor", **bug: bool) -> Any:
+    """quantize_fp8 in numpy, with one of the bugs below."""
+    Q.quantize_fp8(weight, fmt, per)
+    w = _np(weight).astype(np.float32)
+    fmt_ = Q.FP8_FORMATS["e4m3" if bug.get("e4m3_max") else fmt]
+    axis = 1 if per == "channel" and not bug.get("per_tensor") else (0, 1)
+    if w.shape[0] == 0:
+        scales = np.ones((0 if axis == 1 else 1, 1), np.float32)
+    else:
+        scales = (np.abs(w).max(axis=axis, keepdims=True) / np.float32(fmt_.max)).astype(np.float32)
+        if per == "channel" and bug.get("per_tensor"):
+            scales = np.broadcast_to(scales, (w.shape[0], 1)).copy()
+    if not bug.get("zero_scale"):
+        scales = np.where(scales == 0, np.float32(1), scales)
+    y = w / scales
+    if bug.get("truncates"):
+        table = _fp8.values(Q.FP8_FORMATS[fmt])[: Q.FP8_FORMATS[fmt].max_code + 1]
+        a = np.abs(y).reshape(-1)
+        codes = np.clip(np.searchsorted(table, a, side="right") - 1, 0, None)
+        codes = codes.reshape(y.shape) + 0x80 * np.signbit(y)
+        codes = codes.astype(np.uint8)
+    else:
+        codes = _fp8.encode(np, y, 1.0, Q.FP8_FORMATS[fmt], "cpu")
+    return _back(weight, codes), _back(weight, scales)
+
+
+@mutant("quant", "quantize_fp8", "divides by e4m3's max 448 for e5m2 weights too")
+def fp8_quantize_e4m3_max(*args: Any) -> Any:
+    return _fp8_quant(*args, e4m3_max=True)
+
+
+@mutant("quant", "quantize_fp8", "rounds toward zero (drops the extra mantissa bits)")
+def fp8_quantize_truncates(*args: Any) -> Any:
+    return _fp8_quant(*args, truncates=True)
+
+
+@mutant("quant", "quantize_fp8", "per channel: every row gets the tensor's scale")
+def fp8_quantize_per_tensor(*args: Any) -> Any:
+    return _fp8_quant(*args, per_tensor=True)
+
+
+@mutant("quant", "quantize_fp8", "a zero tensor or row gets scale 0 (codes of NaN)")
+def fp8_quantize_zero_scale(*args: Any) -> Any:
+    return _fp8_quant(*args, zero_scale=True)
+
+
+def _fp8_dequant(codes: Any, scales: Any, fmt: str = "e4m3", **bug: bool) -> Any:
+    """dequantize_fp8 in numpy, with one of the bugs below."""
+    Q.dequantize_fp8(codes, scales, fmt)
+    q, s = _np(codes), _np(scales).astype(np.float32)
+    fmt_ = Q.FP8_FORMATS[fmt]
+    values = _fp8.values(fmt_) * np.float32(0.5 if bug.get("bias_off_by_one") else 1)
+    if bug.get("no_sign"):
+        values = np.abs(values)
+    w = values[q.astype(np.int64)]
+    return _back(codes, (w / s if bug.get("divides") else w * s).astype(np.float32))
+
+
+@mutant("quant", "dequantize_fp8", "exponent bias one too large (every value halved)")
+def fp8_dequantize_bias(*args: Any) -> Any:
+    return _fp8_dequant(*args, bias_off_by_one=True)
+
+
+@mutant("quant", "dequantize_fp8", "divides by the scale instead of multiplying")
+def fp8_dequantize_divides(*args: Any) -> Any:
+    return _fp8_dequant(*args, divides=True)
+
+
+@mutant("quant", "dequantize_fp8", "ignores the sign bit")
+def fp8_dequantize_no_sign(*args: Any) -> Any:
+    return _fp8_dequant(*args, no_sign=True)
+
+
+def _fp8_linear(
+    x: Any, codes: Any, scales: Any, fmt: str = "e4m3", input_scale: Any = None, **bug: bool
+) -> Any:
+    """dequant_matmul_fp8 in numpy, with one of the bugs below."""
+    Q.dequant_matmul_fp8(x, codes, scales, fmt, input_scale)
+    xs = _np(x)
+    c = np.float64 if xs.dtype == np.float64 else np.float32
+    fmt_ = Q.FP8_FORMATS[fmt]
+    xc = xs.astype(c)
+    if input_scale is not None and not bug.get("ignores_input_scale"):
+        x32 = xs.astype(np.float32)
+        if input_scale in Q.DYNAMIC_SCALES:
+            per_token = (input_scale == "dynamic_per_token") != bool(bug.get("swaps_extent"))
+            axis = 1 if per_token else None
+            amax = np.abs(x32).max(axis=axis, keepdims=True) if x32.size else np.zeros(1)
+            s_x = (amax / np.float32(fmt_.max)).astype(np.float32)
+            s_x = np.where(s_x == 0, np.float32(1), s_x)
+        else:
+            s_x = np.float32(input_scale)
+        q = _fp8.encode(np, x32 / s_x, 1.0, fmt_, "cpu")
+        xc = _fp8.decode(q, fmt_).astype(c) * np.asarray(s_x).astype(c)
+    w = Q.dequantize_fp8(_np(codes), _np(scales), fmt).astype(c)
+    return _back(x, (xc @ w.T).astype(xs.dtype))
+
+
+@mutant("quant", "dequant_matmul_fp8", "ignores input_scale (never quantizes the activations)")
+def fp8_matmul_ignores_input_scale(*args: Any) -> Any:
+    return _fp8_linear(*args, ignores_input_scale=True)
+
+
+@mutant("quant", "dequant_matmul_fp8", "dynamic scales per token for per tensor and vice versa")
+def fp8_matmul_swaps_dynamic_extent(*args: Any) -> Any:
+    return _fp8_linear(*args, swaps_extent=True)
 
 
 def implementation(m: Mutant) -> Impl:

@@ -156,6 +156,19 @@ def _example_inputs() -> dict[str, Callable[[], tuple[Any, ...]]]:
             None,
             4,
         ),
+        "quant.quantize_fp8": lambda: (np.array([[0.5, -1.0, 2.0, 0.0]], np.float32), "e4m3"),
+        "quant.dequantize_fp8": lambda: (
+            np.array([[0x38, 0xC0, 0x7E, 0]], np.uint8),
+            np.array([[0.5]], np.float32),
+            "e5m2",
+        ),
+        "quant.dequant_matmul_fp8": lambda: (
+            np.ones((2, 4), np.float32),
+            np.array([[0x38, 0xC0, 0x7E, 0], [1, 2, 3, 4]], np.uint8),
+            np.array([[0.5], [2.0]], np.float32),
+            "e4m3",
+            "dynamic",
+        ),
         "attention.paged_decode_attention": lambda: (
             np.ones((2, 4, 8), np.float32),
             np.ones((3, 2, 2, 8), np.float32),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Write a quantized checkpoint of a model: GPTQ, AWQ or compressed-tensors int8 / int4.
+"""Write a quantized checkpoint of a model: GPTQ, AWQ, compressed-tensors int8 / int4, FP8.
 
-    python -m tools.quantize --format gptq|awq|int8|int4 [--group-size N] [--model DIR]
+    python -m tools.quantize --format gptq|awq|int8|int4|fp8 [--group-size N] [--model DIR]
         [--method rtn|gptq] [--bits 4|8] [--act-order] [--asym] OUT_DIR
 
 reads a float model directory (default: the embedded default model), quantizes every
@@ -16,12 +16,16 @@ source's tokenizer and generation files, so `pyagent_ref.model.load_model(OUT_DI
 | gptq | "gptq" (checkpoint_format "gptq") | int4 (--bits 8: int8), symmetric unless --asym | gptq |
 | awq | "awq" (GEMM) | int4 with zero points | rtn |
 | int8, int4 | "compressed-tensors" (pack-quantized) | symmetric unless --asym | rtn |
+| fp8 | "fp8" (vLLM's, activation_scheme "dynamic") | e4m3, one scale per tensor | rtn |
 
 `--method rtn` is round-to-nearest (`ops.quant.quantize`). `--method gptq` is GPTQ's
 error-compensating algorithm (`gptq_quantize`), with Hessians from calibration text (the
 Python standard library's sources the default model was trained on) run through the
 float model. AWQ's activation-aware channel scaling is not implemented: `--format awq`
 writes RTN codes in AWQ's layout.
+
+`--format fp8` is `ops.quant.quantize_fp8` (scale amax / 448, round to nearest even) of
+each projection; it takes no group size, bits, --asym or --act-order.
 
 `--group-size -1` (the default) is one group per row; a group size must divide every
 projection's in_features (the default model's down_proj has 688).
@@ -45,7 +49,13 @@ from pyagent_ref.model.default_model import default_model_path
 from pyagent_ref.model.loader import checkpoint_target
 from pyagent_ref.ops import quant as quant_ops
 
-FORMATS = {"gptq": "gptq", "awq": "awq", "int8": "compressed-tensors", "int4": "compressed-tensors"}
+FORMATS = {
+    "gptq": "gptq",
+    "awq": "awq",
+    "int8": "compressed-tensors",
+    "int4": "compressed-tensors",
+    "fp8": "fp8",
+}
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
@@ -223,8 +233,13 @@ def quantize_dir(
     method = method or ("gptq" if fmt == "gptq" else "rtn")
     if method not in ("rtn", "gptq"):
         raise ValueError(f"method must be 'rtn' or 'gptq', got {method!r}")
-    bits = bits or (8 if fmt == "int8" else 4)
-    if bits not in ((4, 8) if fmt == "gptq" else (8,) if fmt == "int8" else (4,)):
+    if fmt == "fp8" and (method != "rtn" or group_size is not None or symmetric is False):
+        raise ValueError(
+            f"format 'fp8' takes no method {method!r}, group_size {group_size!r} or "
+            f"asymmetric codes (one e4m3 scale per tensor)"
+        )
+    bits = bits or (8 if fmt in ("int8", "fp8") else 4)
+    if bits not in ((4, 8) if fmt == "gptq" else (8,) if fmt in ("int8", "fp8") else (4,)):
         raise ValueError(f"bits {bits} is not available for format {fmt!r}")
     if act_order and method != "gptq":
         raise ValueError("act_order needs method 'gptq'")
@@ -245,6 +260,10 @@ def quantize_dir(
     out = {n: t for n, t in tensors.items() if n not in names}
     for name in names:
         w = tensors[name].float()
+        if fmt == "fp8":
+            codes, scales = quant_ops.quantize_fp8(w, "e4m3", "tensor")
+            out.update(writer.store(name.removesuffix(".weight"), codes, scales))
+            continue
         if method == "gptq":
             codes, scales, zeros, g_idx = gptq_quantize(
                 w, H[name], bits, group_size, symmetric, damp, act_order

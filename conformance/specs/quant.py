@@ -12,6 +12,20 @@ step is a correctly rounded operation in the compute type), `dequantize` is (q -
 rounded once, packing is the documented bit layout. `dequant_matmul` sums in any order:
 |got - want| <= T * M + the rounding to x's dtype, want and M = |x| @ |W|^T in float64,
 T = 2e-6 (float32 compute, 1e-14 float64).
+
+FP8 (`quantize_fp8`, `dequantize_fp8`, `dequant_matmul_fp8`): weights of 0-5 rows and 1-12
+columns with whole zero rows, exact small values and, in a third of the cases, an amax of
+exactly the format's max (scale 1) and values on the midpoints between codes (ties);
+codes anywhere in 0-255 but the NaN and infinity codes (the matmul's of magnitude <= 16, x's
+<= 64, so that float16 sums stay finite); per-tensor and per-channel
+float32 scales. The oracle of the codes is torch's own cast, torch.clamp(float32(w) / s,
+-max, max).to(torch.float8_e4m3fn / float8_e5m2), and of the values torch's view of the
+codes: codes and scales are exact, dequantized weights exact in float32, and the round
+trip within the format's relative rounding bound (2^-4 e4m3, 2^-3 e5m2) plus half a
+subnormal step times s. `dequant_matmul_fp8` draws input_scale None, "dynamic",
+"dynamic_per_token" or a float in [2^-6, 1], and x's first token 2^10 below the others
+when there are more; its activations are checked through the same oracle, its sum
+within the tolerance of `dequant_matmul`.
 """
 
 from __future__ import annotations
@@ -20,6 +34,7 @@ from typing import Any
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
+import torch
 from hypothesis import strategies as st
 
 import pyagent_ref.ops.quant  # noqa: F401 - binds pyagent_ref.ops.quant for the reference
@@ -553,5 +568,345 @@ add_matches_reference(
     SHAPES["dequant_matmul"],
     matmul_cases(),
     _matmul_compare,
+    "The reference's y within twice the tolerance.",
+)
+
+
+# ===================================================================================== fp8
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+# half the mantissa step (relative) and half the smallest subnormal step, per format
+FP8_BOUND = {"e4m3": (2.0**-4, 2.0**-10), "e5m2": (2.0**-3, 2.0**-17)}
+# the codes of the finite values 0 .. max (the rest of 0..127 are NaN or infinities)
+FP8_FINITE = {"e4m3": 0x7E, "e5m2": 0x7B}
+# the codes of 16: the matmul's weights stay below it, so float16 sums stay finite
+FP8_SIXTEEN = {"e4m3": 0x58, "e5m2": 0x4C}
+
+
+def fp8_max(fmt: str) -> float:
+    return float(torch.finfo(FP8[fmt]).max)
+
+
+def fp8_cast(y: np.ndarray, fmt: str) -> np.ndarray:
+    """torch's saturating cast of float32 y to the format, as uint8 codes."""
+    top = fp8_max(fmt)
+    t = torch.clamp(torch.from_numpy(np.ascontiguousarray(y, np.float32)), -top, top)
+    return t.to(FP8[fmt]).view(torch.uint8).numpy()
+
+
+def fp8_values(codes: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 values of uint8 codes, by torch's view of them."""
+    return torch.from_numpy(np.ascontiguousarray(codes)).view(FP8[fmt]).float().numpy()
+
+
+def fp8_scale(a: np.ndarray, fmt: str, axis: Any) -> np.ndarray:
+    """float32 amax / max over `axis` (kept), 1 where the amax is 0."""
+    amax = np.abs(a.astype(np.float32)).max(axis=axis, keepdims=True)
+    s = (amax / np.float32(fp8_max(fmt))).astype(np.float32)
+    return np.where(s == 0, np.float32(1), s)
+
+
+@st.composite
+def fp8_quantize_cases(draw: Any) -> Case:
+    fmt = draw(st.sampled_from(tuple(FP8)))
+    dtype = np.dtype(draw(st.sampled_from(FLOATS)))
+    rows, columns = draw(st.integers(0, 5)), draw(st.integers(1, 12))
+    width = {2: 16, 4: 32, 8: 64}[dtype.itemsize]
+    top = fp8_max(fmt)
+    if draw(st.integers(0, 2)) == 0:  # scale 1: values on codes and on their midpoints
+        grid = [0.0, 1.0, 8.5, 9.5, 2.0**-7, 3 * 2.0**-10, 0.3125, 11.0, 13.0]
+        elements = st.sampled_from(grid + [-v for v in grid])
+        weight = draw(hnp.arrays(dtype, (rows, columns), elements=elements))
+        if rows:
+            weight[draw(st.integers(0, rows - 1)), draw(st.integers(0, columns - 1))] = top
+    else:
+        bound = draw(st.sampled_from((1.0, 2.0**-10, 96.0)))
+        small = st.sampled_from((0.0, 1.0, -1.0, 0.5, -0.0625))
+        elements = st.one_of(small, st.floats(-bound, bound, width=width))
+        weight = draw(hnp.arrays(dtype, (rows, columns), elements=elements))
+    if rows and draw(st.booleans()):  # a whole row of zeros
+        weight[draw(st.integers(0, rows - 1)), :] = 0
+    return Case(weight=weight, fmt=fmt, per=draw(st.sampled_from(("tensor", "channel"))))
+
+
+def fp8_codes(fmt: str, shape: tuple[int, int], largest: int | None = None) -> Any:
+    """uint8 codes of finite values of the format (of magnitudes up to code `largest`)."""
+    finite = FP8_FINITE[fmt] if largest is None else largest
+    code = st.integers(0, finite).flatmap(lambda c: st.sampled_from((c, c | 0x80)))
+    return hnp.arrays(np.uint8, shape, elements=code)
+
+
+def fp8_scales(rows: int) -> Any:
+    shape = st.sampled_from(((1, 1), (rows, 1)))
+    value = st.one_of(st.sampled_from((1.0, 0.5, 2.0**-9)), st.floats(2.0**-12, 4.0, width=32))
+    return shape.flatmap(lambda sh: hnp.arrays(np.float32, sh, elements=value))
+
+
+@st.composite
+def fp8_dequantize_cases(draw: Any) -> Case:
+    fmt = draw(st.sampled_from(tuple(FP8)))
+    rows, columns = draw(st.integers(0, 5)), draw(st.integers(1, 12))
+    return Case(codes=draw(fp8_codes(fmt, (rows, columns))), scales=draw(fp8_scales(rows)), fmt=fmt)
+
+
+@st.composite
+def fp8_matmul_cases(draw: Any, dynamic_tokens: bool = False) -> Case:
+    """Cases of dequant_matmul_fp8; with `dynamic_tokens`, 2-4 tokens (x with a nonzero
+    entry) and a dynamic input_scale only."""
+    fmt = draw(st.sampled_from(tuple(FP8)))
+    rows, columns = draw(st.integers(1 if dynamic_tokens else 0, 5)), draw(st.integers(1, 12))
+    dtype = np.dtype(draw(st.sampled_from(FLOATS)))
+    tokens = draw(st.integers(2, 4) if dynamic_tokens else st.integers(0, 4))
+    width = dtype.itemsize * 8
+    bound = draw(st.sampled_from((2.0, 64.0)))
+    x_values = st.one_of(
+        st.sampled_from((0.0, 1.0, -1.0, 0.5)), st.floats(-bound, bound, width=width)
+    )
+    x = draw(hnp.arrays(dtype, (tokens, columns), elements=x_values))
+    if tokens >= 2:  # a token 2^10 below the others: per-token and per-tensor scales differ
+        x[0] *= dtype.type(2.0**-10)
+    dynamic = st.sampled_from(("dynamic", "dynamic_per_token"))
+    if dynamic_tokens:
+        x[-1, -1] = dtype.type(draw(st.sampled_from((3.0, -40.0))))
+        input_scale = draw(dynamic)
+    else:
+        input_scale = draw(st.one_of(st.none(), dynamic, st.floats(2.0**-6, 1.0, width=32)))
+    return Case(
+        x=x,
+        codes=draw(fp8_codes(fmt, (rows, columns), FP8_SIXTEEN[fmt])),
+        scales=draw(fp8_scales(rows)),
+        fmt=fmt,
+        input_scale=input_scale,
+    )
+
+
+def fp8_matmul_oracle(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """(y in float64, M = |x'| @ |W|^T): W and the activations x' through torch's oracle."""
+    c = compute(case.x.dtype)
+    w = (fp8_values(case.codes, case.fmt) * case.scales.astype(np.float32)).astype(np.float64)
+    x = case.x.astype(np.float64)
+    if case.input_scale is not None:
+        x32 = case.x.astype(np.float32)
+        tokens = x32.shape[0]
+        if not x32.size:
+            s_x = np.ones((tokens, 1), np.float32)
+        elif case.input_scale == "dynamic":
+            s_x = np.repeat(fp8_scale(x32.reshape(1, -1), case.fmt, axis=1), tokens, axis=0)
+        elif case.input_scale == "dynamic_per_token":
+            s_x = fp8_scale(x32, case.fmt, axis=1)
+        else:
+            s_x = np.full((tokens, 1), case.input_scale, np.float32)
+        q = fp8_values(fp8_cast(x32 / s_x, case.fmt), case.fmt)
+        x = (q.astype(c) * s_x.astype(c)).astype(np.float64)
+    return x @ w.T, np.abs(x) @ np.abs(w).T
+
+
+@spec.prop("quantize_fp8", fp8_quantize_cases(), name="returns_documented_types")
+def fp8_quantize_returns_documented_types(ctx: Ctx, case: Case) -> None:
+    """(codes uint8 like the weight, scales float32 (1, 1) per tensor or (rows, 1) per
+    channel), in the weight's library."""
+    weight = ctx.convert(case.weight)
+    result = ctx.fn("quantize_fp8")(weight, case.fmt, case.per)
+    assert isinstance(result, tuple) and len(result) == 2, f"returned {type(result).__name__}"
+    for part in result:
+        problem = checks.same_library(part, weight)
+        assert problem is None, problem
+    codes, scales = to_numpy(result)
+    rows = case.weight.shape[0] if case.per == "channel" else 1
+    checks.assert_shape_dtype(codes, case.weight.shape, np.uint8, "codes")
+    checks.assert_shape_dtype(scales, (rows, 1), np.float32, "scales")
+
+
+@spec.prop("quantize_fp8", fp8_quantize_cases())
+def scale_is_amax_over_max_and_codes_are_torchs_cast(ctx: Ctx, case: Case) -> None:
+    """s = float32 amax / max (448 e4m3, 57344 e5m2; 1 for a zero tensor or row) and the
+    codes are torch's clamp(float32(w) / s, -max, max).to(float8) bit for bit (nearest,
+    ties to even, saturating)."""
+    codes, scales = call(ctx, "quantize_fp8", case)
+    w = case.weight.astype(np.float32)
+    if case.per == "channel":
+        want = fp8_scale(w, case.fmt, axis=1)
+    else:
+        want = fp8_scale(w, case.fmt, axis=(0, 1)) if w.size else np.ones((1, 1), np.float32)
+    checks.assert_equal(scales, want, what="scales")
+    checks.assert_equal(codes, fp8_cast(w / want, case.fmt), what="codes")
+
+
+@spec.prop("quantize_fp8", fp8_quantize_cases(), uses=("dequantize_fp8",))
+def fp8_round_trips_within_the_format_bound(ctx: Ctx, case: Case) -> None:
+    """dequantize_fp8 of the codes is within a relative 2^-4 (e4m3) or 2^-3 (e5m2) of the
+    weight, plus half a subnormal step times s; a zero weight comes back exactly 0."""
+    codes, scales = call(ctx, "quantize_fp8", case)
+    back = ctx.call("dequantize_fp8", codes, scales, case.fmt).astype(np.float64)
+    w = case.weight.astype(np.float32).astype(np.float64)
+    rel, sub = FP8_BOUND[case.fmt]
+    s = scales.astype(np.float64)
+    tol = rel * np.abs(w) * (1 + 2.0**-20) + sub * s * (1 + 2.0**-20) + 2.0**-22 * np.abs(w)
+    assert_within(back, w, tol, "dequantized weight")
+    zero = w == 0
+    checks.assert_equal(back[zero], np.zeros(int(zero.sum())), what="dequantized zero weights")
+
+
+def fp8_quantize_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    w, fmt, per = case.weight, case.fmt, case.per
+    errors = [
+        ("integer weight", (w.astype(np.int32), fmt, per), TypeError),
+        ("1-D weight", (w.reshape(-1), fmt, per), ValueError),
+        ("no column", (w[:, :0], fmt, per), ValueError),
+        ("fmt 'e3m4'", (w, "e3m4", per), ValueError),
+        ("fmt as torch's dtype name", (w, "float8_e4m3fn", per), ValueError),
+        ("per 'group'", (w, fmt, "group"), ValueError),
+    ]
+    if w.shape[0]:
+        nan, inf = w.copy(), w.copy()
+        nan[-1, 0], inf[0, -1] = np.nan, np.inf
+        errors += [("a NaN weight", (nan, fmt, per), ValueError)]
+        errors += [("an infinite weight", (inf, fmt, per), ValueError)]
+    return errors
+
+
+add_does_not_modify_inputs(spec, SHAPES["quantize_fp8"], fp8_quantize_cases())
+add_rejects_invalid_input(
+    spec, SHAPES["quantize_fp8"], error_variants(fp8_quantize_cases(), fp8_quantize_errors)
+)
+
+
+def _fp8_quantize_compare(case: Case, got: Any, ref: Any) -> None:
+    for name, g, r in zip(("codes", "scales"), got, ref, strict=True):
+        assert g.dtype == r.dtype, f"{name} dtype {g.dtype}, the reference's {r.dtype}"
+        checks.assert_equal(g, r, what=name)
+
+
+add_matches_reference(
+    spec,
+    SHAPES["quantize_fp8"],
+    fp8_quantize_cases(),
+    _fp8_quantize_compare,
+    "The reference's codes and scales, exactly.",
+)
+
+
+@spec.prop("dequantize_fp8", fp8_dequantize_cases())
+def is_the_codes_value_times_the_scale(ctx: Ctx, case: Case) -> None:
+    """W = fp8(q) * s in float32 bit for bit, fp8(q) by torch's view of the codes, s the
+    tensor's or the row's scale; a new float32 array."""
+    got = call(ctx, "dequantize_fp8", case)
+    want = fp8_values(case.codes, case.fmt) * case.scales.astype(np.float32)
+    checks.assert_shape_dtype(got, case.codes.shape, np.float32, "weight")
+    checks.assert_equal(got, want, what="weight")
+
+
+def fp8_dequantize_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    q, s, fmt = case.codes, case.scales, case.fmt
+    rows = q.shape[0]
+    return [
+        ("int8 codes", (q.view(np.int8), s, fmt), TypeError),
+        ("integer scales", (q, s.astype(np.int32), fmt), TypeError),
+        ("1-D codes", (q.reshape(-1), s, fmt), ValueError),
+        ("scales of one row more", (q, np.ones((rows + 2, 1), np.float32), fmt), ValueError),
+        ("scales of two columns", (q, np.ones((rows, 2), np.float32), fmt), ValueError),
+        ("1-D scales", (q, np.ones(1, np.float32), fmt), ValueError),
+        ("fmt 'fp8'", (q, s, "fp8"), ValueError),
+    ]
+
+
+add_does_not_modify_inputs(spec, SHAPES["dequantize_fp8"], fp8_dequantize_cases())
+add_rejects_invalid_input(
+    spec, SHAPES["dequantize_fp8"], error_variants(fp8_dequantize_cases(), fp8_dequantize_errors)
+)
+add_matches_reference(
+    spec,
+    SHAPES["dequantize_fp8"],
+    fp8_dequantize_cases(),
+    checks.exactly_the_reference,
+    "The reference's weight, exactly.",
+)
+
+
+@spec.prop("dequant_matmul_fp8", fp8_matmul_cases(), name="returns_documented_types")
+def fp8_matmul_returns_documented_types(ctx: Ctx, case: Case) -> None:
+    """A new (tokens, out_features) array of x's dtype in x's library."""
+    x = ctx.convert(case.x)
+    out = ctx.fn("dequant_matmul_fp8")(
+        x, ctx.convert(case.codes), ctx.convert(case.scales), case.fmt, case.input_scale
+    )
+    problem = checks.same_library(out, x)
+    assert problem is None, problem
+    shape = (case.x.shape[0], case.codes.shape[0])
+    checks.assert_shape_dtype(to_numpy(out), shape, case.x.dtype, "y")
+
+
+@spec.prop("dequant_matmul_fp8", fp8_matmul_cases())
+def is_the_fp8_activations_times_the_fp8_weight(ctx: Ctx, case: Case) -> None:
+    """y = x' @ W^T for W the codes' values times the scales and x' the activations (x
+    itself, or with an input_scale its saturating fp8 cast and back with s_x = the given
+    float or float32 amax |x| / max over x or over the token's row), within T * M of a
+    float64 oracle plus the rounding to x's dtype."""
+    got = call(ctx, "dequant_matmul_fp8", case)
+    want, mag = fp8_matmul_oracle(case)
+    assert_within(got, want, matmul_tol(case, want, mag), "y")
+
+
+@spec.prop("dequant_matmul_fp8", fp8_matmul_cases(dynamic_tokens=True))
+def dynamic_scales_cover_the_tensor_or_each_token(ctx: Ctx, case: Case) -> None:
+    """With 2-4 tokens, the first 2^10 below the others, "dynamic" takes one amax over all
+    of x and "dynamic_per_token" one per token (the oracle of the property above)."""
+    got = call(ctx, "dequant_matmul_fp8", case)
+    want, mag = fp8_matmul_oracle(case)
+    assert_within(got, want, matmul_tol(case, want, mag), "y")
+
+
+@spec.prop("dequant_matmul_fp8", fp8_matmul_cases(), uses=("dequantize_fp8",))
+def weight_only_equals_dequantize_then_matmul(ctx: Ctx, case: Case) -> None:
+    """With input_scale None the layer is the implementation's own dequantize_fp8 and a
+    matmul in x's compute type, within the same tolerance."""
+    case = Case(**{**{k: getattr(case, k) for k in case._fields}, "input_scale": None})
+    w = ctx.call("dequantize_fp8", case.codes, case.scales, case.fmt).astype(np.float64)
+    want = case.x.astype(np.float64) @ w.T
+    got = call(ctx, "dequant_matmul_fp8", case)
+    _, mag = fp8_matmul_oracle(case)
+    assert_within(got, want, matmul_tol(case, want, mag), "y")
+
+
+def fp8_matmul_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
+    x, q, s, fmt, si = case.x, case.codes, case.scales, case.fmt, case.input_scale
+    rows = q.shape[0]
+    return [
+        ("integer x", (x.astype(np.int32), q, s, fmt, si), TypeError),
+        ("int8 codes", (x, q.view(np.int8), s, fmt, si), TypeError),
+        ("integer scales", (x, q, s.astype(np.int16), fmt, si), TypeError),
+        ("1-D x", (x.reshape(-1), q, s, fmt, si), ValueError),
+        (
+            "x one column wider",
+            (np.zeros((x.shape[0], x.shape[1] + 1), x.dtype), q, s, fmt, si),
+            ValueError,
+        ),
+        ("scales of two columns", (x, q, np.ones((rows, 2), np.float32), fmt, si), ValueError),
+        ("fmt 'e4m3fn'", (x, q, s, "e4m3fn", si), ValueError),
+        ("input_scale 0", (x, q, s, fmt, 0.0), ValueError),
+        ("input_scale inf", (x, q, s, fmt, float("inf")), ValueError),
+        ("input_scale 'static'", (x, q, s, fmt, "static"), ValueError),
+        ("input_scale as a list", (x, q, s, fmt, [1.0]), TypeError),
+        ("input_scale True", (x, q, s, fmt, True), TypeError),
+    ]
+
+
+add_does_not_modify_inputs(spec, SHAPES["dequant_matmul_fp8"], fp8_matmul_cases())
+add_rejects_invalid_input(
+    spec, SHAPES["dequant_matmul_fp8"], error_variants(fp8_matmul_cases(), fp8_matmul_errors)
+)
+
+
+def _fp8_matmul_compare(case: Case, got: Any, ref: Any) -> None:
+    assert got.dtype == ref.dtype, f"dtype {got.dtype}, the reference's {ref.dtype}"
+    want, mag = fp8_matmul_oracle(case)
+    assert_within(got, ref, 2 * matmul_tol(case, want, mag), "y")
+
+
+add_matches_reference(
+    spec,
+    SHAPES["dequant_matmul_fp8"],
+    fp8_matmul_cases(),
+    _fp8_matmul_compare,
     "The reference's y within twice the tolerance.",
 )

@@ -17,11 +17,17 @@
 //! `quantize`, `dequantize`, `pack_int32` and `unpack_int32` follow the contract's
 //! formulas step by step (correctly rounded divisions, ties to even), so they give the
 //! reference's results bit for bit.
+//!
+//! FP8 weights (`quantize_fp8`, `dequantize_fp8`, `dequant_matmul_fp8`) reuse the KV
+//! cache's fp8 codec (`attention::fp8`). The matmul never builds the float weight: each
+//! row is decoded (`decode_row`, branch-free bit placement that vectorises; the values
+//! `dequantize_fp8` gives) into a buffer of one row, dotted with four tokens per read.
 
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use rayon::prelude::*;
 
+use crate::attention::fp8::{self as f8, Format};
 use crate::elem::{dtype_of, float_array, new_array, with_elem, Compute, Elem};
 use crate::float::{multiversion, Float};
 use crate::py_util::{detached, slice, value_error};
@@ -779,6 +785,144 @@ multiversion! {
 }
 
 // ---------------------------------------------------------------------------------
+// FP8 weights
+
+fn fp8_format(e5m2: bool) -> Format {
+    if e5m2 {
+        f8::E5M2
+    } else {
+        f8::E4M3
+    }
+}
+
+/// The f32 bits of fp8 code `q`'s value: its exponent and mantissa bits placed at the top
+/// of an f32's (an f32 of the value times 2^(b - 127), b the format's bias; subnormal
+/// codes land on f32 subnormals) and rebiased by one exact multiplication by
+/// 2^(127 - b); the NaN (and e5m2's infinity) codes selected by masks, the sign copied.
+/// Branch-free, so that a loop of it vectorises.
+#[inline(always)]
+fn fp8_bits<const E5M2: bool>(q: u8) -> u32 {
+    let mag = (q & 0x7F) as u32;
+    let (shift, rebias, room) = if E5M2 {
+        (21, f32::from_bits((127 + 127 - 15) << 23), 4)
+    } else {
+        (20, f32::from_bits((127 + 127 - 7) << 23), 1)
+    };
+    let bits = (f32::from_bits(mag << shift) * rebias).to_bits();
+    // special: mag >= 0x80 - room (e4m3: 0x7F NaN; e5m2: 0x7C infinity, 0x7D-0x7F NaN)
+    let special = 0u32.wrapping_sub((mag + room) >> 7);
+    let value = if E5M2 {
+        0x7F80_0000 | ((mag & 3) << 21)
+    } else {
+        0x7FC0_0000
+    };
+    ((bits & !special) | (value & special)) | ((q as u32 & 0x80) << 24)
+}
+
+/// One row of fp8 codes as weights fp8(code) * s, rounded once in f32 (the values
+/// `dequantize_fp8` gives), in C.
+#[inline(always)]
+fn decode_row<C: Lane, const E5M2: bool>(codes: &[u8], s: f32, w: &mut [C]) {
+    let body = codes.len() - codes.len() % LANES;
+    for (q, o) in codes[..body]
+        .chunks_exact(LANES)
+        .zip(w[..body].chunks_exact_mut(LANES))
+    {
+        let q: &[u8; LANES] = q.try_into().unwrap();
+        let o: &mut [C; LANES] = o.try_into().unwrap();
+        for l in 0..LANES {
+            o[l] = C::from_elem(f32::from_bits(fp8_bits::<E5M2>(q[l])) * s);
+        }
+    }
+    for (o, &q) in w[body..].iter_mut().zip(&codes[body..]) {
+        *o = C::from_elem(f32::from_bits(fp8_bits::<E5M2>(q)) * s);
+    }
+}
+
+/// What `fp8_rows_impl` reads: a block of rows' codes, their scales (one, per tensor, or
+/// one per row) and the format.
+#[derive(Clone, Copy)]
+pub struct Fp8Weight<'a> {
+    pub codes: &'a [u8],
+    pub scales: &'a [f32],
+    pub fmt: Format,
+    pub in_features: usize,
+}
+
+#[inline(always)]
+fn fp8_rows_impl<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, yt: &mut [C]) {
+    let n = weight.in_features;
+    let token = |t: usize| &x[t * n..(t + 1) * n];
+    let mut w = vec![C::ZERO; n];
+    for (o, out) in yt.chunks_exact_mut(tokens).enumerate() {
+        let s = weight.scales[if weight.scales.len() > 1 { o } else { 0 }];
+        let codes = &weight.codes[o * n..(o + 1) * n];
+        if weight.fmt == f8::E5M2 {
+            decode_row::<C, true>(codes, s, &mut w);
+        } else {
+            decode_row::<C, false>(codes, s, &mut w);
+        }
+        let mut t = 0;
+        while t + 4 <= tokens {
+            let sums = dot4(&w, [token(t), token(t + 1), token(t + 2), token(t + 3)]);
+            out[t..t + 4].copy_from_slice(&sums);
+            t += 4;
+        }
+        for (i, y) in out[t..].iter_mut().enumerate() {
+            *y = dot1(&w, token(t + i));
+        }
+    }
+}
+
+multiversion! {
+    fn fp8_rows_kernel<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, yt: &mut [C]) -> ()
+        = fp8_rows_impl;
+}
+
+/// The fp8 matmul: yt (out, tokens) of x (tokens, in), rows in blocks, in parallel for
+/// large layers.
+pub fn fp8_matmul<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, out: usize) -> Vec<C> {
+    let mut yt = vec![C::ZERO; out * tokens];
+    if tokens == 0 || out == 0 {
+        return yt;
+    }
+    let n = weight.in_features;
+    let per_row = weight.scales.len() > 1;
+    let block = |(b, chunk): (usize, &mut [C])| {
+        let first = b * ROW_BLOCK;
+        let rows = chunk.len() / tokens;
+        let part = Fp8Weight {
+            codes: &weight.codes[first * n..(first + rows) * n],
+            scales: if per_row {
+                &weight.scales[first..first + rows]
+            } else {
+                weight.scales
+            },
+            ..weight
+        };
+        fp8_rows_kernel(part, x, tokens, chunk);
+    };
+    let chunks = yt.chunks_mut(ROW_BLOCK * tokens).enumerate();
+    if tokens * out * n >= PARALLEL {
+        chunks.par_bridge().for_each(block);
+    } else {
+        chunks.for_each(block);
+    }
+    yt
+}
+
+/// float32 amax |v| / max of the format, 1 where the amax is 0 (`quantize_fp8`'s scale).
+fn amax_scale(values: impl Iterator<Item = f32>, fmt: Format) -> f32 {
+    let amax = values.fold(0f32, |m, v| m.max(v.abs()));
+    let s = amax / f8::decode(fmt.max_code, fmt);
+    if s == 0.0 {
+        1.0
+    } else {
+        s
+    }
+}
+
+// ---------------------------------------------------------------------------------
 // Bindings
 
 fn check_bits(bits: usize) -> PyResult<()> {
@@ -1076,7 +1220,172 @@ fn dequant_matmul<'py>(
     })
 }
 
+/// quantize_fp8(weight, e5m2, per_channel)
+/// --
+///
+/// `weight` (out, in) C-contiguous of any float dtype, finite, in >= 1: (codes uint8
+/// (out, in), scales float32 (out, 1) per channel or (1, 1)).
+#[pyfunction]
+fn quantize_fp8<'py>(
+    py: Python<'py>,
+    weight: &Bound<'py, PyAny>,
+    e5m2: bool,
+    per_channel: bool,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let fmt = fp8_format(e5m2);
+    with_elem!(dtype_of(weight, "weight")?, E => {
+        let arr = float_array::<E>(weight, "weight")?;
+        let shape = arr.shape().to_vec();
+        if shape.len() != 2 || shape[1] == 0 {
+            return Err(value_error(format!("weight must be 2-D with columns, got {shape:?}")));
+        }
+        let values = arr.as_slice().map_err(|_| value_error("weight must be C-contiguous"))?;
+        let (rows, n) = (shape[0], shape[1]);
+        let mut codes = vec![0u8; rows * n];
+        let srows = if per_channel { rows } else { 1 };
+        let mut scales = vec![1f32; srows];
+        detached(py, || {
+            let w: Vec<f32> = values.iter().map(|v| v.to_f32()).collect();
+            if per_channel {
+                for (s, row) in scales.iter_mut().zip(w.chunks_exact(n)) {
+                    *s = amax_scale(row.iter().copied(), fmt);
+                }
+            } else {
+                scales[0] = amax_scale(w.iter().copied(), fmt);
+            }
+            for (r, (row, out)) in w.chunks_exact(n).zip(codes.chunks_exact_mut(n)).enumerate() {
+                let s = scales[if per_channel { r } else { 0 }];
+                for (c, &v) in out.iter_mut().zip(row) {
+                    *c = f8::encode(v / s, fmt);
+                }
+            }
+        })?;
+        let codes = numpy::PyArray1::from_vec(py, codes).reshape([rows, n])?;
+        let scales = numpy::PyArray1::from_vec(py, scales).reshape([srows, 1])?;
+        Ok((codes.into_any(), scales.into_any()))
+    })
+}
+
+/// dequantize_fp8(codes, scales, e5m2)
+/// --
+///
+/// `codes` uint8 (out, in), `scales` (1, 1) or (out, 1) of any float dtype, C-contiguous:
+/// the float32 weight fp8(code) * scale.
+#[pyfunction]
+fn dequantize_fp8<'py>(
+    py: Python<'py>,
+    codes: PyReadonlyArray2<'py, u8>,
+    scales: &Bound<'py, PyAny>,
+    e5m2: bool,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let fmt = fp8_format(e5m2);
+    let (q, rows, n) = matrix(&codes, "codes")?;
+    let len = scales.cast::<numpy::PyUntypedArray>()?.len();
+    if len != 1 && len != rows {
+        return Err(value_error(format!(
+            "scales must have 1 or {rows} entries, got {len}"
+        )));
+    }
+    let s = to_compute::<f32>(scales, "scales", len)?;
+    let mut out = vec![0f32; rows * n];
+    detached(py, || {
+        for (r, (row, dst)) in q
+            .chunks_exact(n.max(1))
+            .zip(out.chunks_exact_mut(n.max(1)))
+            .enumerate()
+        {
+            let scale = s[if len == 1 { 0 } else { r }];
+            for (d, &c) in dst.iter_mut().zip(row) {
+                *d = f8::decode(c, fmt) * scale;
+            }
+        }
+    })?;
+    numpy::PyArray1::from_vec(py, out).reshape([rows, n])
+}
+
+/// dequant_matmul_fp8(x, codes, scales, e5m2, input_scale, dynamic)
+/// --
+///
+/// `x` (tokens, in) of any float dtype, `codes` uint8 (out, in), `scales` (1, 1) or
+/// (out, 1) of any float dtype, all C-contiguous; `input_scale` the static activation
+/// scale or None, `dynamic` None, "tensor" or "token" (the dynamic activation scale's
+/// extent): y (tokens, out) of x's dtype.
+#[pyfunction]
+fn dequant_matmul_fp8<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    codes: PyReadonlyArray2<'py, u8>,
+    scales: &Bound<'py, PyAny>,
+    e5m2: bool,
+    input_scale: Option<f64>,
+    dynamic: Option<&str>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let fmt = fp8_format(e5m2);
+    let (q, out_features, n) = matrix(&codes, "codes")?;
+    let len = scales.cast::<numpy::PyUntypedArray>()?.len();
+    if len != 1 && len != out_features {
+        return Err(value_error(format!(
+            "scales must have 1 or {out_features} entries, got {len}"
+        )));
+    }
+    let s = to_compute::<f32>(scales, "scales", len)?;
+    with_elem!(dtype_of(x, "x")?, E => {
+        let xa = float_array::<E>(x, "x")?;
+        let shape = xa.shape().to_vec();
+        if shape.len() != 2 || shape[1] != n {
+            return Err(value_error(format!(
+                "dequant_matmul_fp8 shapes disagree: x {shape:?}, codes ({out_features}, {n})"
+            )));
+        }
+        let tokens = shape[0];
+        let xd = xa.as_slice().map_err(|_| value_error("x must be C-contiguous"))?;
+        // SAFETY: every element is written below.
+        let out = unsafe { new_array::<E>(py, &[tokens, out_features]) };
+        {
+            let mut w = out.readwrite();
+            let yd = w.as_slice_mut()?;
+            detached(py, || {
+                type C = <E as Elem>::C;
+                let mut xs = vec![C::ZERO; xd.len()];
+                // the activations' scale per token: static, dynamic per tensor or per token
+                let per_token: Vec<f32> = match (input_scale, dynamic) {
+                    (Some(v), _) => vec![v as f32; tokens],
+                    (None, Some("tensor")) => {
+                        vec![amax_scale(xd.iter().map(|v| v.to_f32()), fmt); tokens]
+                    }
+                    (None, Some(_)) => xd
+                        .chunks_exact(n.max(1))
+                        .map(|row| amax_scale(row.iter().map(|v| v.to_f32()), fmt))
+                        .collect(),
+                    (None, None) => Vec::new(),
+                };
+                if per_token.is_empty() {
+                    C::widen(xd, &mut xs);
+                }
+                for (t, &s_x) in per_token.iter().enumerate() {
+                    let sc = C::from_f64(s_x as f64);
+                    for (d, v) in xs[t * n..(t + 1) * n].iter_mut().zip(&xd[t * n..(t + 1) * n]) {
+                        let code = f8::encode(v.to_f32() / s_x, fmt);
+                        *d = C::from_f64(f8::decode(code, fmt) as f64) * sc;
+                    }
+                }
+                let weight = Fp8Weight { codes: q, scales: &s, fmt, in_features: n };
+                let yt = fp8_matmul(weight, &xs, tokens, out_features);
+                for t in 0..tokens {
+                    for o in 0..out_features {
+                        yd[t * out_features + o] = E::store(yt[o * tokens + t]);
+                    }
+                }
+            })?;
+        }
+        Ok(out.into_any())
+    })
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(quantize_fp8, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize_fp8, m)?)?;
+    m.add_function(wrap_pyfunction!(dequant_matmul_fp8, m)?)?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(pack_int32, m)?)?;
@@ -1292,5 +1601,58 @@ mod tests {
             &mut [0i8; 2],
         );
         assert_eq!(codes, [-8; 4]);
+    }
+
+    #[test]
+    fn fp8_matmul_is_x_times_the_scaled_codes() {
+        // 3 rows of 20 codes (a partial LANES block), per-row scales; 1 and 5 tokens
+        let n = 20;
+        let codes: Vec<u8> = (0..3 * n).map(|i| ((i * 37) % 256) as u8 & 0xF7).collect();
+        let scales = [0.5f32, 0.125, 3.0];
+        let x: Vec<f64> = (0..5 * n).map(|i| (i as f64 * 0.37).sin()).collect();
+        let weight = Fp8Weight {
+            codes: &codes,
+            scales: &scales,
+            fmt: f8::E4M3,
+            in_features: n,
+        };
+        for tokens in [1usize, 5] {
+            let yt = fp8_matmul(weight, &x, tokens, 3);
+            for o in 0..3 {
+                for t in 0..tokens {
+                    let want: f64 = (0..n)
+                        .map(|i| {
+                            let w = f8::decode(codes[o * n + i], f8::E4M3) * scales[o];
+                            w as f64 * x[t * n + i]
+                        })
+                        .sum();
+                    assert!((yt[o * tokens + t] - want).abs() < 1e-9, "{o} {t}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_row_is_every_codes_value_times_the_scale() {
+        let codes: Vec<u8> = (0..=255).collect();
+        for s in [1.0f32, 0.37, 3.0e-5] {
+            let (mut w4, mut w5) = (vec![0f32; 256], vec![0f32; 256]);
+            decode_row::<f32, false>(&codes, s, &mut w4);
+            decode_row::<f32, true>(&codes, s, &mut w5);
+            for (c, (a, b)) in w4.iter().zip(&w5).enumerate() {
+                let (wa, wb) = (
+                    f8::decode(c as u8, f8::E4M3) * s,
+                    f8::decode(c as u8, f8::E5M2) * s,
+                );
+                assert!(
+                    a.to_bits() == wa.to_bits() || (a.is_nan() && wa.is_nan()),
+                    "e4m3 {c}"
+                );
+                assert!(
+                    b.to_bits() == wb.to_bits() || (b.is_nan() && wb.is_nan()),
+                    "e5m2 {c}"
+                );
+            }
+        }
     }
 }

@@ -27,6 +27,20 @@ code 2k in the low nibble of byte k and code 2k + 1 in its high nibble:
 `dequant_matmul` a linear layer on a packed weight: x @ W^T. The reference dequantizes and
 multiplies; a fused kernel reads the packed codes directly (the accelerator never builds
 the float weight).
+
+FP8 weights (vLLM's `fp8` checkpoints, compressed-tensors' float-quantized ones) store one
+8-bit float code per weight with a float32 scale per tensor or per output row:
+
+    W[o, i] = fp8(q[o, i]) * s[o or 0],     s = amax / max     (amax over the tensor or row)
+
+A code is a byte [ s | e e e e | m m m ] (e4m3: exponent bias 7, largest finite 448,
+0x7F/0xFF NaN, no infinity) or [ s | e e e e e | m m ] (e5m2: bias 15, largest finite
+57344, IEEE infinities); `ops._fp8` spells the values out. Codes are held as uint8 arrays
+of those bit patterns (a torch float8_e4m3fn / float8_e5m2 tensor is the same bytes:
+`.view(torch.uint8)`). `quantize_fp8` is the saturating cast rounding to nearest, ties to
+even, `dequantize_fp8` the formula above, `dequant_matmul_fp8` the layer, with vLLM's
+optional fp8 quantization of the activations (a static scale, or a dynamic one per tensor
+or per token).
 """
 
 from __future__ import annotations
@@ -35,9 +49,19 @@ from typing import Any
 
 from array_api_compat import device
 
+from . import _fp8
 from ._arrays import ANY_FLOAT_DTYPE_NAMES, can_read_values, dtype_name, first_bad_row, namespace
 
-__all__ = ["quantize", "dequantize", "pack_int32", "unpack_int32", "dequant_matmul"]
+__all__ = [
+    "quantize",
+    "dequantize",
+    "pack_int32",
+    "unpack_int32",
+    "dequant_matmul",
+    "quantize_fp8",
+    "dequantize_fp8",
+    "dequant_matmul_fp8",
+]
 
 BITS = (2, 4, 8)
 """The code widths: each divides 32 (codes per int32 word: 16, 8, 4)."""
@@ -85,6 +109,54 @@ def _groups(scales: Any, zeros: Any, rows: int, in_features: int) -> int:
                 f"zeros must have scales' shape {tuple(scales.shape)}, got {tuple(zeros.shape)}"
             )
     return in_features // groups
+
+
+def _finite_rows(xp: Any, weight: Any) -> None:
+    if can_read_values(weight) and weight.size:
+        row = first_bad_row(xp, ~xp.all(xp.isfinite(weight), axis=1))
+        if row is not None:
+            raise ValueError(f"weight row {row} contains NaN or inf")
+
+
+FP8_FORMATS = {"e4m3": _fp8.E4M3, "e5m2": _fp8.E5M2}
+"""The fp8 weight formats by name (`ops._fp8`: torch's float8_e4m3fn and float8_e5m2)."""
+
+
+def _fp8_format(fmt: Any) -> _fp8.Fp8Format:
+    if not isinstance(fmt, str) or fmt not in FP8_FORMATS:
+        raise ValueError(f"fmt must be one of {tuple(FP8_FORMATS)}, got {fmt!r}")
+    return FP8_FORMATS[fmt]
+
+
+def _fp8_scales(scales: Any, rows: int) -> None:
+    """scales: a float array of shape (1, 1) (per tensor) or (rows, 1) (per channel)."""
+    _float(scales, "scales", 2)
+    if tuple(scales.shape) not in ((1, 1), (rows, 1)):
+        raise ValueError(
+            f"scales must have shape (1, 1) (per tensor) or ({rows}, 1) (per channel), "
+            f"got {tuple(scales.shape)}"
+        )
+
+
+DYNAMIC_SCALES = ("dynamic", "dynamic_per_token")
+
+
+def _input_scale(input_scale: Any) -> float | str | None:
+    """None, "dynamic", "dynamic_per_token", or a positive finite float (an int is
+    accepted as one)."""
+    if input_scale is None or input_scale in DYNAMIC_SCALES:
+        return input_scale
+    if isinstance(input_scale, str):
+        raise ValueError(
+            f"input_scale must be None, one of {DYNAMIC_SCALES} or a float, got {input_scale!r}"
+        )
+    if isinstance(input_scale, bool) or not isinstance(input_scale, (int, float)):
+        raise TypeError(
+            f"input_scale must be None, a string or a float, got {type(input_scale).__name__}"
+        )
+    if not 0 < float(input_scale) < float("inf"):
+        raise ValueError(f"input_scale must be a positive finite float, got {input_scale!r}")
+    return float(input_scale)
 
 
 def _compute_dtype(xp: Any, x: Any) -> Any:
@@ -150,10 +222,7 @@ def quantize(
             )
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
-    if can_read_values(weight) and weight.size:
-        row = first_bad_row(xp, ~xp.all(xp.isfinite(weight), axis=1))
-        if row is not None:
-            raise ValueError(f"weight row {row} contains NaN or inf")
+    _finite_rows(xp, weight)
     size = group_size or in_features
     groups = in_features // size
     compute = _compute_dtype(xp, weight)
@@ -322,3 +391,149 @@ def dequant_matmul(x: Any, packed: Any, scales: Any, zeros: Any, bits: int) -> A
     codes = unpack_int32(packed, bits, in_features)
     weight = dequantize(codes, xp.astype(scales, compute), zeros)
     return xp.astype(xp.astype(x, compute) @ xp.matrix_transpose(weight), x.dtype)
+
+
+# --- fp8 ------------------------------------------------------------------------------------
+
+
+def _amax_scale(xp: Any, a: Any, fmt: _fp8.Fp8Format, axis: Any) -> Any:
+    """float32 amax(|a|) / max per `axis` (keeping dims), 1 where the amax is 0."""
+    amax = xp.max(xp.abs(a), axis=axis, keepdims=True)
+    scales = amax / xp.asarray(fmt.max, dtype=xp.float32, device=device(a))
+    return xp.where(scales == 0, xp.ones_like(scales), scales)
+
+
+def quantize_fp8(weight: Any, fmt: str = "e4m3", per: str = "tensor") -> tuple[Any, Any]:
+    """Quantize a weight to fp8 codes with a float32 scale per tensor or per output row.
+
+    With w = float32(weight) (float64 weights rounded once to float32), amax = max |w| over
+    the tensor (per "tensor") or over each row (per "channel"), and max the format's
+    largest finite value (448 for e4m3, 57344 for e5m2):
+
+        s = amax / max  (float32 division, correctly rounded; s = 1 where amax == 0)
+        q = the code of w / s (float32 division), rounded to the nearest code, ties to the
+            even code, saturating at +-max
+
+    which is torch's `torch.clamp(w / s, -max, max).to(torch.float8_e4m3fn)` (or
+    float8_e5m2) bit for bit: vLLM's and compressed-tensors' per-tensor and per-channel
+    fp8 weights. A zero weight is exact; a nonzero one round-trips (`dequantize_fp8`)
+    within a relative 2^-4 (e4m3) or 2^-3 (e5m2) plus half the smallest subnormal step
+    times s (2^-10 s for e4m3, 2^-17 s for e5m2).
+
+    Args:
+        weight: float array (float16, bfloat16, float32 or float64), shape
+            (out_features, in_features), every entry finite; out_features may be 0.
+        fmt: "e4m3" or "e5m2".
+        per: "tensor" (one scale) or "channel" (one per output row).
+    Returns:
+        (codes, scales): uint8 (out_features, in_features), the format's bit patterns;
+        float32 of shape (1, 1) per tensor (1 for an empty weight) or (out_features, 1)
+        per channel. New arrays in the weight's library and device.
+    Raises:
+        TypeError: a non-float weight.
+        ValueError: a weight that is not 2-D, has no column, or holds NaN or inf (the
+            message names the row); fmt or per not one of the names above.
+    """
+    xp = _float(weight, "weight", 2)
+    fmt_ = _fp8_format(fmt)
+    if per not in ("tensor", "channel"):
+        raise ValueError(f"per must be 'tensor' or 'channel', got {per!r}")
+    if weight.shape[1] == 0:
+        raise ValueError(f"weight must have in_features >= 1, got shape {tuple(weight.shape)}")
+    _finite_rows(xp, weight)
+    w = xp.astype(weight, xp.float32)
+    if per == "channel":
+        scales = _amax_scale(xp, w, fmt_, axis=1)
+    elif weight.shape[0] == 0:
+        scales = xp.ones((1, 1), dtype=xp.float32, device=device(weight))
+    else:
+        scales = _amax_scale(xp, w, fmt_, axis=(0, 1))
+    return _fp8.encode(xp, w / scales, 1.0, fmt_, device(weight)), scales
+
+
+def dequantize_fp8(codes: Any, scales: Any, fmt: str = "e4m3") -> Any:
+    """The float32 weight of fp8 codes and scales: W[o, i] = fp8(codes[o, i]) * s.
+
+    fp8(q) is the code's value (exact in float32; NaN codes give NaN, e5m2's infinity
+    codes infinity), s = scales[0, 0] (per tensor) or scales[o, 0] (per channel) converted
+    to float32; the product is rounded once in float32.
+
+    Args:
+        codes: uint8, shape (out_features, in_features): the format's bit patterns.
+        scales: float array, shape (1, 1) or (out_features, 1).
+        fmt: "e4m3" or "e5m2".
+    Returns:
+        A new float32 array of codes' shape in codes' library and device.
+    Raises:
+        TypeError: codes not uint8, non-float scales.
+        ValueError: codes not 2-D, scales of another shape, an unknown fmt.
+    """
+    xp = _array(codes, "codes", 2, ("uint8",), "uint8 (the fp8 bit patterns)")
+    _fp8_scales(scales, codes.shape[0])
+    fmt_ = _fp8_format(fmt)
+    return _fp8.decode(codes, fmt_) * xp.astype(scales, xp.float32)
+
+
+def dequant_matmul_fp8(
+    x: Any, codes: Any, scales: Any, fmt: str = "e4m3", input_scale: Any = None
+) -> Any:
+    """A linear layer on an fp8 weight: y = x' @ W^T, optionally with fp8 activations.
+
+    In C = float32 (float64 for a float64 x): W = dequantize_fp8(codes, scales, fmt)
+    converted to C (exact), and x' the activations:
+
+    - input_scale None (weight-only): x' = x converted to C;
+    - input_scale a float s_x (vLLM's static activation scheme), "dynamic" (its dynamic
+      per-tensor scheme: s_x = float32(amax |x| over all of x) / max) or
+      "dynamic_per_token" (one s_x per row t of x: float32(amax |x[t]|) / max), each 1
+      where that amax is 0: the activations quantized to the weight's format and back,
+      x' = fp8(q_x) * s_x with q_x = the saturating nearest-even code of float32(x) / s_x
+      (float32 division), the product in C.
+
+    y[t, o] = sum_i x'[t, i] * W[o, i] summed in C in any order (within the tolerance the
+    specification states) and rounded once to x's dtype. This is vLLM's w8a8 fp8 GEMM,
+    (q_x @ q^T) * s_x * s, up to the order of the roundings. Bias is not included.
+
+    Args:
+        x: float array (float16, bfloat16, float32 or float64), shape (tokens,
+            in_features); tokens may be 0; finite.
+        codes: uint8, shape (out_features, in_features).
+        scales: float array, shape (1, 1) or (out_features, 1).
+        fmt: "e4m3" or "e5m2" (of the weight, and of the activations when quantized).
+        input_scale: None, "dynamic", "dynamic_per_token", or a positive finite float.
+    Returns:
+        A new array of x's dtype, shape (tokens, out_features), in x's library and device.
+    Raises:
+        TypeError: non-float x or scales, codes not uint8, an input_scale of another type.
+        ValueError: shapes that disagree (the message names the array), an unknown fmt,
+            an input_scale that is not positive and finite or an unknown string.
+    """
+    xp = _float(x, "x", 2)
+    _array(codes, "codes", 2, ("uint8",), "uint8 (the fp8 bit patterns)")
+    if codes.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"codes must have shape (out_features, {x.shape[1]}) for x's features, "
+            f"got {tuple(codes.shape)}"
+        )
+    _fp8_scales(scales, codes.shape[0])
+    fmt_ = _fp8_format(fmt)
+    input_scale = _input_scale(input_scale)
+    compute = _compute_dtype(xp, x)
+    xc = xp.astype(x, compute)
+    if input_scale is not None:
+        x32 = xp.astype(x, xp.float32)
+        empty = 0 in tuple(x.shape)
+        if input_scale == "dynamic_per_token":
+            s_x = xp.ones((x.shape[0], 1), dtype=xp.float32, device=device(x))
+            if not empty:
+                s_x = _amax_scale(xp, x32, fmt_, axis=1)
+        elif input_scale == "dynamic":
+            s_x = xp.ones((1, 1), dtype=xp.float32, device=device(x))
+            if not empty:
+                s_x = _amax_scale(xp, xp.reshape(x32, (1, -1)), fmt_, axis=1)
+        else:
+            s_x = xp.asarray([[input_scale]], dtype=xp.float32, device=device(x))
+        q_x = _fp8.encode(xp, x32 / s_x, 1.0, fmt_, device(x))
+        xc = xp.astype(_fp8.decode(q_x, fmt_), compute) * xp.astype(s_x, compute)
+    weight = xp.astype(dequantize_fp8(codes, scales, fmt), compute)
+    return xp.astype(xc @ xp.matrix_transpose(weight), x.dtype)

@@ -13,8 +13,10 @@ zero points (or None), plus an input permutation for GPTQ's act-order:
 | "gptq" | `gptq` | qweight, qzeros, scales, g_idx |
 | "awq" | `awq` | qweight, qzeros, scales |
 | "compressed-tensors" | `compressed_tensors` | weight_packed, weight_scale, weight_shape |
+| "fp8", "compressed-tensors" float-quantized | `fp8` | weight (fp8), weight_scale, input_scale |
 
-(asymmetric compressed-tensors layers add weight_zero_point).
+(asymmetric compressed-tensors layers add weight_zero_point). FP8 layers become
+`fp8.Fp8Linear` (on `ops.quant.dequant_matmul_fp8`) instead of `QuantLinear`.
 
 `quant_scheme(config)` reads and checks the config's `quantization_config`, and
 `load_quantized` (called by `model.loader.load_model`) converts every quantized layer,
@@ -51,6 +53,9 @@ class QuantScheme:
     stores zero points minus one ("gptq_v2" stores them as they are). ignore: module
     names kept in float (compressed-tensors' `ignore`, GPTQ's modules_in_block_to_quantize
     is not read: a layer is quantized exactly when its codes are in the checkpoint).
+    fp8: the fp8 format of method "fp8" ("e4m3"), else None. activations: how method "fp8"
+    quantizes the activations: None (weight-only), "static", "dynamic" or
+    "dynamic_per_token" (`ops.quant.dequant_matmul_fp8`'s input_scale).
     """
 
     method: str
@@ -60,6 +65,8 @@ class QuantScheme:
     desc_act: bool = False
     v1_zeros: bool = False
     ignore: tuple[str, ...] = ()
+    fp8: str | None = None
+    activations: str | None = None
 
 
 @dataclass
@@ -84,9 +91,9 @@ class QuantWeight:
 
 
 def _formats() -> dict[str, Any]:
-    from . import awq, compressed_tensors, gptq
+    from . import awq, compressed_tensors, fp8, gptq
 
-    return {"gptq": gptq, "awq": awq, "compressed-tensors": compressed_tensors}
+    return {"gptq": gptq, "awq": awq, "compressed-tensors": compressed_tensors, "fp8": fp8}
 
 
 def quant_scheme(config: dict) -> QuantScheme | None:
@@ -180,7 +187,11 @@ def load_quantized(
             layers.setdefault(module, {})[suffix] = tensor
         else:
             rest.append((name, tensor))
-    fused: dict[str, dict[Any, QuantWeight]] = {}
+    quantized = getattr(fmt, "quantized", None)
+    if quantized is not None:  # fp8 keeps the name `weight`: float layers lack a scale
+        for module in [m for m, stored in layers.items() if not quantized(stored)]:
+            rest += [(f"{module}.{suffix}", t) for suffix, t in layers.pop(module).items()]
+    fused: dict[str, dict[Any, Any]] = {}
     for module, stored in layers.items():
         target, shard = checkpoint_target(model, f"{module}.weight")
         path = target.removesuffix(".weight")
@@ -200,7 +211,7 @@ def load_quantized(
                 f"quantized checkpoint lacks the {sorted(missing, key=repr)} part(s) of {path}"
             )
         order = ["q", "k", "v"] if "q" in shards else [0, 1] if 0 in shards else [None]
-        quant = QuantLinear.stack(
+        quant = getattr(fmt, "Fp8Linear", QuantLinear).stack(
             [parts[s] for s in order],
             linear.in_features,
             linear.out_features,

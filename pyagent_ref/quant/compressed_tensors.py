@@ -1,5 +1,6 @@
 """compressed-tensors checkpoints (`quant_method: "compressed-tensors"`, `format:
-"pack-quantized"`, as llm-compressor writes them and vLLM reads them).
+"pack-quantized"`, as llm-compressor writes them and vLLM reads them; its fp8 format
+"float-quantized" is `pyagent_ref.quant.fp8`'s).
 
 This format is the ops' own layout (`pyagent_ref.ops.quant`): each quantized linear
 layer, weight W (out, in), stores signed b-bit codes q and zero points z with
@@ -34,11 +35,6 @@ SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point"
 def parse(qc: dict) -> QuantScheme:
     """The scheme of a compressed-tensors quantization_config (ValueError naming a bad field)."""
     fmt = qc.get("format")
-    if fmt != "pack-quantized":
-        raise ValueError(
-            f"quantization_config format must be 'pack-quantized' for compressed-tensors, "
-            f"got {fmt!r}"
-        )
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or len(groups) != 1:
         raise ValueError(
@@ -46,6 +42,18 @@ def parse(qc: dict) -> QuantScheme:
         )
     (group,) = groups.values()
     weights = group.get("weights") or {}
+    float_weights = fmt == "float-quantized" or (
+        fmt == "naive-quantized" and weights.get("type") == "float"
+    )
+    if float_weights:  # fp8 weights: `pyagent_ref.quant.fp8`
+        from . import fp8
+
+        return fp8.parse_compressed_tensors(qc, group)
+    if fmt != "pack-quantized":
+        raise ValueError(
+            f"quantization_config format must be 'pack-quantized' or 'float-quantized' for "
+            f"compressed-tensors, got {fmt!r}"
+        )
     if weights.get("type", "int") != "int" or group.get("input_activations") is not None:
         raise ValueError(
             f"quantization_config config_groups must be weight-only int quantization, got "

@@ -13,6 +13,11 @@ once for every token); rows in parallel for large layers. Its sums
 run in another order than BLAS's: results agree with the reference within the
 specification's tolerance. The other ops give the reference's results bit for bit.
 
+`dequant_matmul_fp8` never builds the float weight either: each row's codes are decoded
+(the format's value times the row's scale, rounded once in float32) into a buffer of one
+row and dotted with four tokens per read; its sums too run in another order than BLAS's.
+`quantize_fp8` and `dequantize_fp8` give the reference's results bit for bit.
+
 Differences from the reference:
 
 - Only numpy arrays and torch CPU tensors: a tensor on another device raises TypeError
@@ -29,9 +34,19 @@ import numpy as np
 from .. import _native
 from . import _common as _c
 
-__all__ = ["quantize", "dequantize", "pack_int32", "unpack_int32", "dequant_matmul"]
+__all__ = [
+    "quantize",
+    "dequantize",
+    "pack_int32",
+    "unpack_int32",
+    "dequant_matmul",
+    "quantize_fp8",
+    "dequantize_fp8",
+    "dequant_matmul_fp8",
+]
 
 BITS = (2, 4, 8)
+FP8_FORMATS = ("e4m3", "e5m2")
 
 
 def _array(x: Any, name: str, ndim: int, kinds: tuple[str, ...], what: str) -> bool:
@@ -107,13 +122,7 @@ def quantize(
             )
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
-    if torch_in:
-        _c.check_cpu(weight, "weight")
-        finite = _c.tensor_to_numpy(weight.detach().isfinite().all(dim=1))
-    else:
-        finite = np.isfinite(weight).all(axis=1)
-    if not finite.all():
-        raise ValueError(f"weight row {int(np.argmin(finite))} contains NaN or inf")
+    _finite_rows(weight, torch_in)
     result = _native.quantize(
         _floats(weight, "weight", torch_in), bits, group_size or in_features, symmetric
     )
@@ -192,5 +201,113 @@ def dequant_matmul(x: Any, packed: Any, scales: Any, zeros: Any, bits: int) -> A
         _floats(scales, "scales", _c.is_torch(scales)),
         z,
         bits,
+    )
+    return _c.wrap_float(out, x, torch_in)
+
+
+# --- fp8 ------------------------------------------------------------------------------------
+
+
+def _fp8_format(fmt: Any) -> bool:
+    """The reference's `_fp8_format`: returns whether fmt is e5m2."""
+    if not isinstance(fmt, str) or fmt not in FP8_FORMATS:
+        raise ValueError(f"fmt must be one of {FP8_FORMATS}, got {fmt!r}")
+    return fmt == "e5m2"
+
+
+def _fp8_scales(scales: Any, rows: int) -> None:
+    """The reference's `_fp8_scales`."""
+    _float(scales, "scales", 2)
+    if tuple(scales.shape) not in ((1, 1), (rows, 1)):
+        raise ValueError(
+            f"scales must have shape (1, 1) (per tensor) or ({rows}, 1) (per channel), "
+            f"got {tuple(scales.shape)}"
+        )
+
+
+DYNAMIC_SCALES = ("dynamic", "dynamic_per_token")
+
+
+def _input_scale(input_scale: Any) -> float | str | None:
+    """The reference's `_input_scale`."""
+    if input_scale is None or input_scale in DYNAMIC_SCALES:
+        return input_scale
+    if isinstance(input_scale, str):
+        raise ValueError(
+            f"input_scale must be None, one of {DYNAMIC_SCALES} or a float, got {input_scale!r}"
+        )
+    if isinstance(input_scale, bool) or not isinstance(input_scale, (int, float)):
+        raise TypeError(
+            f"input_scale must be None, a string or a float, got {type(input_scale).__name__}"
+        )
+    if not 0 < float(input_scale) < float("inf"):
+        raise ValueError(f"input_scale must be a positive finite float, got {input_scale!r}")
+    return float(input_scale)
+
+
+def _finite_rows(weight: Any, torch_in: bool) -> None:
+    if torch_in:
+        _c.check_cpu(weight, "weight")
+        finite = _c.tensor_to_numpy(weight.detach().isfinite().all(dim=1))
+    else:
+        finite = np.isfinite(weight).all(axis=1)
+    if not finite.all():
+        raise ValueError(f"weight row {int(np.argmin(finite))} contains NaN or inf")
+
+
+def quantize_fp8(weight: Any, fmt: str = "e4m3", per: str = "tensor") -> tuple[Any, Any]:
+    """Quantize a weight to fp8 codes with a float32 scale per tensor or per output row.
+
+    Contract: `pyagent_ref.ops.quant.quantize_fp8`.
+    """
+    torch_in = _float(weight, "weight", 2)
+    e5m2 = _fp8_format(fmt)
+    if per not in ("tensor", "channel"):
+        raise ValueError(f"per must be 'tensor' or 'channel', got {per!r}")
+    if weight.shape[1] == 0:
+        raise ValueError(f"weight must have in_features >= 1, got shape {tuple(weight.shape)}")
+    _finite_rows(weight, torch_in)
+    codes, scales = _native.quantize_fp8(
+        _floats(weight, "weight", torch_in), e5m2, per == "channel"
+    )
+    return _c.wrap(codes, torch_in), _c.wrap(scales, torch_in)
+
+
+def dequantize_fp8(codes: Any, scales: Any, fmt: str = "e4m3") -> Any:
+    """The float32 weight of fp8 codes and scales: W[o, i] = fp8(codes[o, i]) * s.
+
+    Contract: `pyagent_ref.ops.quant.dequantize_fp8`.
+    """
+    torch_in = _array(codes, "codes", 2, ("uint8",), "uint8 (the fp8 bit patterns)")
+    _fp8_scales(scales, codes.shape[0])
+    e5m2 = _fp8_format(fmt)
+    s = _floats(scales, "scales", _c.is_torch(scales))
+    return _c.wrap(_native.dequantize_fp8(_ints(codes, torch_in), s, e5m2), torch_in)
+
+
+def dequant_matmul_fp8(
+    x: Any, codes: Any, scales: Any, fmt: str = "e4m3", input_scale: Any = None
+) -> Any:
+    """A linear layer on an fp8 weight: y = x' @ W^T, optionally with fp8 activations.
+
+    Contract: `pyagent_ref.ops.quant.dequant_matmul_fp8`.
+    """
+    torch_in = _float(x, "x", 2)
+    c_torch = _array(codes, "codes", 2, ("uint8",), "uint8 (the fp8 bit patterns)")
+    if codes.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"codes must have shape (out_features, {x.shape[1]}) for x's features, "
+            f"got {tuple(codes.shape)}"
+        )
+    _fp8_scales(scales, codes.shape[0])
+    e5m2 = _fp8_format(fmt)
+    input_scale = _input_scale(input_scale)
+    out = _native.dequant_matmul_fp8(
+        _floats(x, "x", torch_in),
+        _ints(codes, c_torch),
+        _floats(scales, "scales", _c.is_torch(scales)),
+        e5m2,
+        None if input_scale is None or isinstance(input_scale, str) else input_scale,
+        {"dynamic": "tensor", "dynamic_per_token": "token"}.get(input_scale),
     )
     return _c.wrap_float(out, x, torch_in)

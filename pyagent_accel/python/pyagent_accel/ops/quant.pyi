@@ -1,6 +1,15 @@
 from typing import Any
 
-__all__ = ["quantize", "dequantize", "pack_int32", "unpack_int32", "dequant_matmul"]
+__all__ = [
+    "quantize",
+    "dequantize",
+    "pack_int32",
+    "unpack_int32",
+    "dequant_matmul",
+    "quantize_fp8",
+    "dequantize_fp8",
+    "dequant_matmul_fp8",
+]
 
 def quantize(
     weight: Any, bits: int, group_size: int | None = None, symmetric: bool = True
@@ -9,3 +18,8 @@ def dequantize(codes: Any, scales: Any, zeros: Any = None) -> Any: ...
 def pack_int32(codes: Any, bits: int) -> Any: ...
 def unpack_int32(packed: Any, bits: int, size: int) -> Any: ...
 def dequant_matmul(x: Any, packed: Any, scales: Any, zeros: Any, bits: int) -> Any: ...
+def quantize_fp8(weight: Any, fmt: str = "e4m3", per: str = "tensor") -> tuple[Any, Any]: ...
+def dequantize_fp8(codes: Any, scales: Any, fmt: str = "e4m3") -> Any: ...
+def dequant_matmul_fp8(
+    x: Any, codes: Any, scales: Any, fmt: str = "e4m3", input_scale: Any = None
+) -> Any: ...
