@@ -19,8 +19,8 @@ A block hash travels as vLLM's default `ExternalBlockHash`: the low 64 bits of t
 digest as an unsigned int (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1), or the whole digest
 as bytes with int_hashes=False. The first stored block of a request's chain has parent
 None, as in vLLM (its parent is the root, which is no block). `medium` is "GPU" for the
-device cache (vLLM's name) and the tier's name in capitals otherwise. lora_id is None:
-pyagent's events do not carry the adapter (its key is in the hashes).
+device cache (vLLM's name) and the tier's name in capitals otherwise. lora_id is the
+adapter's id (`LoRARequest.lora_int_id`) for blocks computed with one, else None.
 
 With a replay endpoint, a ROUTER socket answers [identity, b"", start_seq] with every
 buffered batch from start_seq on, as [identity, b"", seq, payload] frames, then
@@ -101,7 +101,7 @@ def to_wire(
                     None if parent is None or parent == root else external_hash(parent, int_hashes),
                     list(e.token_ids),
                     e.block_size,
-                    None,
+                    e.lora_id,
                     _medium(e.medium),
                 )
             )

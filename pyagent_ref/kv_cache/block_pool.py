@@ -184,7 +184,9 @@ class BlockPool:
             stored.append(block_hash)
             tokens.extend(content.token_ids)
         if stored and self._events is not None:
-            self._events.append(BlockStored(tuple(stored), parent, tuple(tokens), block_size))
+            lora = next((key[1] for key in contents[0].extra_keys if key[0] == "lora"), None)
+            event = BlockStored(tuple(stored), parent, tuple(tokens), block_size, lora_id=lora)
+            self._events.append(event)
 
     def uncache(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take in-use blocks out of the prefix cache, for blocks whose KV was never

@@ -18,6 +18,7 @@ class BlockStored:
     token_ids: tuple[int, ...]
     block_size: int
     medium: str = "device"
+    lora_id: int | None = None  # the adapter the blocks were computed with, if any
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ class VKVEventBatch(msgspec.Struct, array_like=True):
 
 EVENTS = [
     kv.BlockStored((H1, H2), ROOT, (1, 2, 3, 4), 2),
-    kv.BlockStored((H2,), H1, (3, 4), 2, medium="cpu"),
+    kv.BlockStored((H2,), H1, (3, 4), 2, medium="cpu", lora_id=3),
     kv.BlockRemoved((H1,)),
     kv.AllBlocksCleared(),
 ]
@@ -64,6 +64,7 @@ def test_to_wire_uses_vllms_hashes_parents_and_media():
     assert stored.block_hashes[0] == low64 == external_hash(H1)
     assert stored.parent_block_hash is None  # the root is no block
     assert child.parent_block_hash == low64 and child.medium == "CPU"
+    assert (stored.lora_id, child.lora_id) == (None, 3)
     assert stored.medium == removed.medium == "GPU"
     assert type(cleared).__name__ == "AllBlocksCleared"
     assert to_wire(EVENTS[:1], root=ROOT, int_hashes=False)[0].block_hashes == [H1, H2]

@@ -140,3 +140,12 @@ def test_accelerated_hashing_gives_the_same_hits():
     r2 = Request("b", list(range(13)), cache_salt="s", lora_request=LORA)
     assert ref_kv.get_computed_blocks(r1)[1] == acc_kv.get_computed_blocks(r2)[1] == 12
     assert r1.block_hashes == r2.block_hashes
+
+
+def test_stored_events_carry_the_adapter_id():
+    """vLLM's BlockStored has a lora_id: the adapter the blocks were computed with."""
+    kv = KVCacheManager(full_config(16), ops=pyagent_ref.ops, enable_events=True)
+    admit(kv, Request("a", list(range(9)), lora_request=LORA))
+    admit(kv, Request("b", [7] * 9))
+    stored = [e for e in kv.take_events() if type(e).__name__ == "BlockStored"]
+    assert [e.lora_id for e in stored] == [LORA.lora_int_id, None]
