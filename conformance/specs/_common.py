@@ -211,6 +211,18 @@ def add_matches_reference(
     spec.add(shape.op, matches_reference, cases, differential=True)
 
 
+def add_exact_op_properties(
+    spec: Spec, shape: OpShape, cases: Any, errors: Callable[[Case], Any], what: str
+) -> None:
+    """The three generic properties of an op whose result is exact (codes, bytes, words):
+    inputs untouched, each of `errors(case)`'s variants raising its documented class
+    (`error_variants`), and the reference's `what` exactly (dtype and values)."""
+    add_does_not_modify_inputs(spec, shape, cases)
+    add_rejects_invalid_input(spec, shape, error_variants(cases, errors))
+    doc = f"The reference's {what}, exactly."
+    add_matches_reference(spec, shape, cases, checks.exactly_the_reference, doc)
+
+
 # --- error cases for ops taking (batch, vocab) logits ------------------------------------------
 
 

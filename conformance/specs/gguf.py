@@ -36,6 +36,7 @@ from .. import checks, contract
 from ..core import Case, Ctx, Spec, to_numpy
 from ._common import (
     add_does_not_modify_inputs,
+    add_exact_op_properties,
     add_matches_reference,
     add_rejects_invalid_input,
     assert_within,
@@ -278,19 +279,7 @@ def quantize_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
     return errors
 
 
-add_does_not_modify_inputs(spec, SHAPES["quantize"], quantize_cases())
-add_rejects_invalid_input(
-    spec, SHAPES["quantize"], error_variants(quantize_cases(), quantize_errors)
-)
-
-
-add_matches_reference(
-    spec,
-    SHAPES["quantize"],
-    quantize_cases(),
-    checks.exactly_the_reference,
-    "The reference's bytes, exactly.",
-)
+add_exact_op_properties(spec, SHAPES["quantize"], quantize_cases(), quantize_errors, "bytes")
 
 
 # ================================================================================ dequantize
@@ -318,17 +307,7 @@ def dequantize_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
     ]
 
 
-add_does_not_modify_inputs(spec, SHAPES["dequantize"], dequantize_cases())
-add_rejects_invalid_input(
-    spec, SHAPES["dequantize"], error_variants(dequantize_cases(), dequantize_errors)
-)
-add_matches_reference(
-    spec,
-    SHAPES["dequantize"],
-    dequantize_cases(),
-    checks.exactly_the_reference,
-    "The reference's weight, exactly.",
-)
+add_exact_op_properties(spec, SHAPES["dequantize"], dequantize_cases(), dequantize_errors, "weight")
 
 
 # =============================================================================== gguf_matmul

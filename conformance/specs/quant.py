@@ -43,6 +43,7 @@ from .. import checks, contract
 from ..core import Case, Ctx, Spec, to_numpy
 from ._common import (
     add_does_not_modify_inputs,
+    add_exact_op_properties,
     add_matches_reference,
     add_rejects_invalid_input,
     assert_within,
@@ -382,19 +383,7 @@ def dequantize_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
     ]
 
 
-add_does_not_modify_inputs(spec, SHAPES["dequantize"], dequantize_cases())
-add_rejects_invalid_input(
-    spec, SHAPES["dequantize"], error_variants(dequantize_cases(), dequantize_errors)
-)
-
-
-add_matches_reference(
-    spec,
-    SHAPES["dequantize"],
-    dequantize_cases(),
-    checks.exactly_the_reference,
-    "The reference's weight, exactly.",
-)
+add_exact_op_properties(spec, SHAPES["dequantize"], dequantize_cases(), dequantize_errors, "weight")
 
 
 # ============================================================================ pack / unpack
@@ -436,15 +425,7 @@ def pack_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
     return errors
 
 
-add_does_not_modify_inputs(spec, SHAPES["pack_int32"], pack_cases())
-add_rejects_invalid_input(spec, SHAPES["pack_int32"], error_variants(pack_cases(), pack_errors))
-add_matches_reference(
-    spec,
-    SHAPES["pack_int32"],
-    pack_cases(),
-    checks.exactly_the_reference,
-    "The reference's words, exactly.",
-)
+add_exact_op_properties(spec, SHAPES["pack_int32"], pack_cases(), pack_errors, "words")
 
 
 @spec.prop("unpack_int32", unpack_cases())
@@ -470,17 +451,7 @@ def unpack_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]:
     ]
 
 
-add_does_not_modify_inputs(spec, SHAPES["unpack_int32"], unpack_cases())
-add_rejects_invalid_input(
-    spec, SHAPES["unpack_int32"], error_variants(unpack_cases(), unpack_errors)
-)
-add_matches_reference(
-    spec,
-    SHAPES["unpack_int32"],
-    unpack_cases(),
-    checks.exactly_the_reference,
-    "The reference's codes, exactly.",
-)
+add_exact_op_properties(spec, SHAPES["unpack_int32"], unpack_cases(), unpack_errors, "codes")
 
 
 # ============================================================================ dequant_matmul
@@ -810,16 +781,8 @@ def fp8_dequantize_errors(case: Case) -> list[tuple[str, tuple[Any, ...], type]]
     ]
 
 
-add_does_not_modify_inputs(spec, SHAPES["dequantize_fp8"], fp8_dequantize_cases())
-add_rejects_invalid_input(
-    spec, SHAPES["dequantize_fp8"], error_variants(fp8_dequantize_cases(), fp8_dequantize_errors)
-)
-add_matches_reference(
-    spec,
-    SHAPES["dequantize_fp8"],
-    fp8_dequantize_cases(),
-    checks.exactly_the_reference,
-    "The reference's weight, exactly.",
+add_exact_op_properties(
+    spec, SHAPES["dequantize_fp8"], fp8_dequantize_cases(), fp8_dequantize_errors, "weight"
 )
 
 
