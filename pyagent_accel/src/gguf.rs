@@ -193,10 +193,10 @@ fn matmul<C: Acc>(
     y
 }
 
-fn raw_matrix<'a>(
-    raw: &'a PyReadonlyArray2<'_, u8>,
-    fmt: &str,
-) -> PyResult<(&'a [u8], usize, usize, (usize, usize))> {
+/// A tensor's blocks: (bytes, rows, blocks per row, the format's `sizes`).
+type RawMatrix<'a> = (&'a [u8], usize, usize, (usize, usize));
+
+fn raw_matrix<'a>(raw: &'a PyReadonlyArray2<'_, u8>, fmt: &str) -> PyResult<RawMatrix<'a>> {
     let block = sizes(fmt)?;
     let shape = raw.shape();
     if shape[1] == 0 || shape[1] % block.1 != 0 {
@@ -299,8 +299,8 @@ fn qkx2(x: &[f32], w: &[f32], codes: &mut [f32]) -> (f32, f32) {
     for i in 1..n {
         lo = lo.min(x[i]);
         hi = hi.max(x[i]);
-        sum_w = sum_w + w[i];
-        sum_x = sum_x + w[i] * x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
     }
     if lo > 0.0 {
         lo = 0.0;
@@ -318,7 +318,7 @@ fn qkx2(x: &[f32], w: &[f32], codes: &mut [f32]) -> (f32, f32) {
     let mut best = 0f32;
     for i in 0..n {
         let diff = scale * codes[i] + lo - x[i];
-        best = best + w[i] * (diff * diff);
+        best += w[i] * (diff * diff);
     }
     let mut trial = [0f32; 32];
     for step in 0..21 {
@@ -328,9 +328,9 @@ fn qkx2(x: &[f32], w: &[f32], codes: &mut [f32]) -> (f32, f32) {
         for i in 0..n {
             trial[i] = clamp_rint(is * (x[i] - lo), 0.0, 15.0);
             let wl = w[i] * trial[i];
-            sum_l = sum_l + wl;
-            sum_l2 = sum_l2 + wl * trial[i];
-            sum_xl = sum_xl + wl * x[i];
+            sum_l += wl;
+            sum_l2 += wl * trial[i];
+            sum_xl += wl * x[i];
         }
         let det = sum_w * sum_l2 - sum_l * sum_l;
         if det <= 0.0 {
@@ -345,7 +345,7 @@ fn qkx2(x: &[f32], w: &[f32], codes: &mut [f32]) -> (f32, f32) {
         let mut error = 0f32;
         for i in 0..n {
             let diff = this_scale * trial[i] + this_min - x[i];
-            error = error + w[i] * (diff * diff);
+            error += w[i] * (diff * diff);
         }
         if error < best {
             codes.copy_from_slice(&trial[..n]);
@@ -368,8 +368,8 @@ fn qx(x: &[f32], codes: &mut [f32]) -> f32 {
         let (mut lx, mut l2) = (0f32, 0f32);
         for i in 0..x.len() {
             let wi = x[i] * x[i];
-            lx = lx + wi * x[i] * q[i];
-            l2 = l2 + wi * q[i] * q[i];
+            lx += wi * x[i] * q[i];
+            l2 += wi * q[i] * q[i];
         }
         (lx, l2)
     };
@@ -430,7 +430,7 @@ fn encode_q4_k(x: &[f32], out: &mut [u8]) {
         let sub = &x[32 * s..32 * s + 32];
         let mut sum_x2 = 0f32;
         for &v in sub {
-            sum_x2 = sum_x2 + v * v;
+            sum_x2 += v * v;
         }
         let av_x = (sum_x2 / 32f32).sqrt();
         let mut w = [0f32; 32];
@@ -568,7 +568,7 @@ mod tests {
     fn decodes_hand_made_blocks() {
         let h = f16::from_f32(0.5).to_bits().to_le_bytes();
         let mut q4 = vec![h[0], h[1]];
-        q4.extend(std::iter::repeat(0x97u8).take(16)); // low 7, high 9
+        q4.extend(std::iter::repeat_n(0x97u8, 16)); // low 7, high 9
         let mut w = [0f32; 32];
         decode_block("Q4_0", &q4, &mut w);
         assert_eq!(&w[..16], &[-0.5; 16]);
@@ -588,7 +588,7 @@ mod tests {
             raw.extend([d[0], d[1]]);
             raw.extend(
                 (0..32u8)
-                    .map(|k| (k + r) % 16 | (((k * 3 + r) % 16) << 4))
+                    .map(|k| ((k + r) % 16) | (((k * 3 + r) % 16) << 4))
                     .take(16),
             );
         }
