@@ -651,11 +651,11 @@ COMPRESSED_TENSORS = "conformance.adapters.compressed_tensors"
 _CT_E4M3_ONLY = (
     "compressed-tensors 0.20's float quantization is e4m3 only (QuantizationArgs type "
     "'float', num_bits 8 is float8_e4m3fn): the adapter raises NotImplementedError for "
-    "'e5m2'; on e4m3 its scales and codes are ours bit for bit"
+    "'e5m2' (on e4m3 its scales and codes are ours bit for bit)"
 )
 _CT_ZERO_SCALE = (
     "calculate_qparams gives an all-zero tensor or row the scale eps(float32) = 2^-23 "
-    "(to avoid a division by 0) where the contract gives 1; the codes (all 0) agree"
+    "(to avoid a division by 0) where the contract gives 1 (the codes, all 0, agree)"
 )
 _CT_NO_TYPE_CHECKS = (
     "pack_to_int32 / unpack_from_int32 raise ValueError for a wrong dtype (TypeError in "

@@ -48,6 +48,7 @@ TIKTOKEN = "conformance.adapters.tiktoken"
 LLGUIDANCE = "conformance.adapters.llguidance"
 XGRAMMAR = "conformance.adapters.xgrammar"
 GGUF_PY = "conformance.adapters.gguf_py"
+COMPRESSED_TENSORS = "conformance.adapters.compressed_tensors"
 SDPA = "pyagent_ref.attention_backends.sdpa"
 FLEX = "pyagent_ref.attention_backends.flex"
 
@@ -75,6 +76,7 @@ QUANT_COLUMNS = (
     ("pyagent_ref", "numpy"),
     ("pyagent_accel", "numpy"),
     (GGUF_PY, "numpy"),
+    (COMPRESSED_TENSORS, "numpy"),
 )
 ATTENTION_COLUMNS = (
     ("pyagent_ref", "torch"),
@@ -82,7 +84,7 @@ ATTENTION_COLUMNS = (
     (SDPA, "torch"),
     (FLEX, "torch"),
 )
-QUANT_MODULES = ["gguf"]  # the formats a third-party library reads and writes
+QUANT_MODULES = ["quant", "gguf"]  # the formats third-party libraries read and write
 SHORT = {
     HF: "hf_transformers",
     VLLM: "vllm",
@@ -91,6 +93,7 @@ SHORT = {
     LLGUIDANCE: "llguidance",
     XGRAMMAR: "xgrammar",
     GGUF_PY: "gguf_py",
+    COMPRESSED_TENSORS: "compressed_tensors",
     SDPA: "sdpa backend",
     FLEX: "flex backend",
 }
@@ -151,7 +154,7 @@ def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tup
     quant_reasons = "\n".join(
         known_divergences(c.target, [c.report])
         for c in columns
-        if c.report is not None and c.target == GGUF_PY
+        if c.report is not None and c.target in (GGUF_PY, COMPRESSED_TENSORS)
     )
     columns = run_columns(ATTENTION_COLUMNS, profile, echo, ["attention"], native=False)
     attention_table, attention_ok = render(columns, profile)
@@ -163,7 +166,7 @@ def build(profile: str = "ci", echo: Callable[[str], None] | None = None) -> tup
         "\n\nRegistered divergences of the structured-output libraries, by reason:"
         f"\n\n{structured_reasons}"
         "\n\nQuantized formats, against the libraries that read and write them (the ops of "
-        f"`conformance/specs/gguf.py`):\n\n{quant_table}"
+        f"`conformance/specs/quant.py` and `conformance/specs/gguf.py`):\n\n{quant_table}"
         f"\n\nRegistered divergences of the format libraries, by reason:\n\n{quant_reasons}"
     )
     markdown += (
