@@ -297,7 +297,11 @@ class SamplingParams:
             raise bad(
                 "repetition_penalty", f"must be a number in [{FLOAT32_TINY:.3g}, {FLOAT32_MAX:.3g}]"
             )
-        if self.seed is not None and (not _is_int(self.seed) or not -(2**63) <= self.seed < 2**64):
+        if self.seed is not None and (
+            not isinstance(self.seed, int)
+            or isinstance(self.seed, bool)
+            or not -(2**63) <= self.seed < 2**64
+        ):
             raise bad("seed", "must be None or a 64-bit int")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise bad("max_tokens", "must be None or an int >= 1")
@@ -390,14 +394,17 @@ class SamplingParams:
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An int (not a bool) that int64 holds: every integer parameter reaches the ops as
+    an int64 (the seed, which may be any 64-bit pattern, has its own check)."""
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
 
 
 def _is_float32(v: Any) -> bool:
-    """A real number (not a bool) that float32 holds without overflow."""
+    """A real number (not a bool) that float32 holds without overflow (an int of any
+    size is compared exactly: converting it to float first could overflow)."""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return False
-    return math.isfinite(v) and abs(v) <= FLOAT32_MAX
+    return (isinstance(v, int) or math.isfinite(v)) and abs(v) <= FLOAT32_MAX
 
 
 def _string_list(name: str, value: Any) -> list[str]:

@@ -34,6 +34,13 @@ def test_defaults_disable_every_filter():
         (dict(bad_words_token_ids=[1, 2]), TypeError, "bad_words_token_ids"),
         (dict(no_repeat_ngram_size=-1), ValueError, "no_repeat_ngram_size must be an int >= 0"),
         (dict(no_repeat_ngram_size=2.0), ValueError, "no_repeat_ngram_size"),
+        # integers past int64 and past float32's range are refused by name, not an
+        # OverflowError (found by tests/engine/test_reliability.py's fuzz)
+        (dict(no_repeat_ngram_size=2**70), ValueError, r"no_repeat_ngram_size .*got 1180591"),
+        (dict(top_k=2**63), ValueError, "top_k"),
+        (dict(epsilon_cutoff=10**400), ValueError, r"epsilon_cutoff must be in \[0, 1\)"),
+        (dict(temperature=10**39), ValueError, "temperature"),
+        (dict(seed=2**64), ValueError, "seed must be None or a 64-bit int"),
     ],
 )
 def test_bad_values_name_the_field(kwargs, error, match):
@@ -47,3 +54,7 @@ def test_the_forms_vllm_takes():
     assert SamplingParams(bad_words_token_ids=((1, 2),)).bad_words_token_ids == [[1, 2]]
     edge = SamplingParams(typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.999)
     assert edge.eta_cutoff == 0.999
+
+
+def test_the_largest_integers_the_ops_take_are_accepted():
+    assert SamplingParams(seed=2**64 - 1, top_k=2**63 - 1, temperature=10**38).seed == 2**64 - 1
