@@ -19,19 +19,26 @@ Without --url the same workload runs three ways, side by side, and the ratios ar
 
 Each server runs in a subprocess on 127.0.0.1 (the load generator does not share its
 GIL). The machine's load average is printed before and after: on a shared machine,
-compare only figures taken together.
+compare only figures taken together. On Linux each run also prints where the CPU went,
+in CPU-seconds (user + system, from /proc): the load generator (this process's HTTP
+client), the server's process and the engine core's process (the server's children);
+for AsyncLLM, this process's event loop thread (the consumers, detokenization) and its
+other threads (the engine steps).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import glob
 import json
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -115,14 +122,22 @@ async def _http_one(http: httpx.AsyncClient, args, prompt: str, i: int) -> Resul
     )
 
 
-async def run_http(args, prompts) -> tuple[list[Result], float]:
+async def run_http(args, prompts, server: int | None = None) -> tuple[list[Result], float, CPU]:
+    """The workload over HTTP; ``server``: the server's pid (its CPU and its children's
+    are counted, with this process's: the client)."""
     limits = httpx.Limits(max_connections=args.max_concurrency + 8)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         await _http_one(http, args, "warm up", 0)
-        return await _drive(lambda i: _http_one(http, args, prompts[i], i), args)
+        parts = {"client": lambda: _cpu_seconds(os.getpid())}
+        if server is not None:
+            children = _children(server)
+            parts["server"] = lambda: _cpu_seconds(server)
+            parts["engine process"] = lambda: sum(_cpu_seconds(c) for c in children)
+        cpu = CPU(**parts)
+        return *await _drive(lambda i: _http_one(http, args, prompts[i], i), args), cpu
 
 
-async def run_direct(args, prompts) -> tuple[list[Result], float]:
+async def run_direct(args, prompts) -> tuple[list[Result], float, CPU]:
     """The same workload on AsyncLLM in this process (what the server runs on)."""
     from pyagent_ref.sample.params import SamplingParams
     from pyagent_ref.server import ServingEngine
@@ -156,8 +171,15 @@ async def run_direct(args, prompts) -> tuple[list[Result], float]:
 
     async for _ in engine.generate("warm up", SamplingParams(max_tokens=2)):
         pass
+    pid, loop_thread = os.getpid(), threading.get_native_id()
+    cpu = CPU(
+        **{
+            "event loop": lambda: _cpu_seconds(pid, loop_thread),
+            "engine threads": lambda: _cpu_seconds(pid) - _cpu_seconds(pid, loop_thread),
+        }
+    )
     try:
-        return await _drive(one, args)
+        return *await _drive(one, args), cpu
     finally:
         await engine.shutdown()
 
@@ -166,12 +188,51 @@ def _engine_kwargs(args) -> dict:
     return {"max_num_seqs": args.max_num_seqs, "num_kv_blocks": args.num_kv_blocks}
 
 
+def _cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU-seconds of a process (or one of its threads) from /proc; 0.0
+    where there is no /proc (the breakdown is then all zeros)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (from /proc; none elsewhere)."""
+    out = []
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
+        with contextlib.suppress(OSError), open(task) as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+class CPU:
+    """CPU-seconds spent by named parts over a run: ``parts`` maps a name to a function
+    returning that part's cumulative CPU-seconds."""
+
+    def __init__(self, **parts) -> None:
+        self.parts = parts
+        self.start = {name: f() for name, f in parts.items()}
+
+    def report(self, seconds: float) -> None:
+        spent = {name: f() - self.start[name] for name, f in self.parts.items()}
+        total = sum(spent.values())
+        print(
+            "             CPU-s "
+            + " | ".join(f"{name} {s:5.2f}" for name, s in spent.items())
+            + f" | total {total:5.2f} in {seconds:5.2f} s wall ({total / seconds:.2f} cores)"
+        )
+
+
 def _pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] * 1e3 if values else float("nan")
 
 
-def report(name: str, results: list[Result], seconds: float) -> float:
+def report(name: str, results: list[Result], seconds: float, cpu: CPU | None = None) -> float:
     tokens = sum(r.tokens for r in results)
     tpot = [(r.e2e - r.ttft) / (r.tokens - 1) for r in results if r.tokens > 1]
     itl = [g for r in results for g in r.itl]
@@ -184,6 +245,8 @@ def report(name: str, results: list[Result], seconds: float) -> float:
         f"TPOT p50 {_pct(tpot, 0.5):6.1f} ms p99 {_pct(tpot, 0.99):6.1f} ms | "
         f"ITL p50 {_pct(itl, 0.5):6.1f} ms p99 {_pct(itl, 0.99):6.1f} ms"
     )
+    if cpu is not None:
+        cpu.report(seconds)
     return tokens / seconds
 
 
@@ -254,7 +317,7 @@ def main() -> int:
     for mode in args.modes:
         proc = _start_server(args, engine_process=mode == "process")
         try:
-            http[mode] = report(f"HTTP {mode}", *asyncio.run(run_http(args, prompts)))
+            http[mode] = report(f"HTTP {mode}", *asyncio.run(run_http(args, prompts, proc.pid)))
         finally:
             proc.terminate()
             proc.wait(60)
