@@ -85,7 +85,8 @@ async def _drive(one, args) -> tuple[list[Result], float]:
     return results, time.perf_counter() - start
 
 
-async def _http_one(http: httpx.AsyncClient, args, prompt: str, i: int) -> Result:
+def _request(args, prompt: str, i: int) -> tuple[str, dict]:
+    """The path and JSON body of request ``i``."""
     body = {
         "model": args.model,
         "max_tokens": args.max_tokens,
@@ -96,45 +97,86 @@ async def _http_one(http: httpx.AsyncClient, args, prompt: str, i: int) -> Resul
         "stream_options": {"include_usage": True},
     }
     if args.api == "chat":
-        path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
-    else:
-        path, body["prompt"] = "/v1/completions", prompt
-    start = time.perf_counter()
-    times, tokens = [], 0
+        return "/v1/chat/completions", body | {"messages": [{"role": "user", "content": prompt}]}
+    return "/v1/completions", body | {"prompt": prompt}
+
+
+class _Events:
+    """A stream's server-sent events as they come: when each text chunk arrived, and
+    the completion tokens of the usage chunk."""
+
+    def __init__(self) -> None:
+        self.start, self.times, self.tokens = time.perf_counter(), [], 0
+
+    def line(self, line: str) -> None:
+        if not line.startswith("data: ") or line.startswith("data: [DONE]"):
+            return
+        event = json.loads(line[6:])
+        if event.get("usage"):
+            self.tokens = event["usage"]["completion_tokens"]
+        for choice in event["choices"]:
+            text = choice.get("text") or (choice.get("delta") or {}).get("content")
+            if text:
+                self.times.append(time.perf_counter())
+
+    def result(self) -> Result:
+        times = self.times
+        return Result(
+            times[0] - self.start,
+            time.perf_counter() - self.start,
+            self.tokens,
+            [b - a for a, b in zip(times, times[1:], strict=False)],
+        )
+
+
+async def _httpx_one(http: httpx.AsyncClient, args, prompt: str, i: int) -> Result:
+    path, body = _request(args, prompt, i)
+    events = _Events()
     async with http.stream("POST", args.url + path, json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            for choice in event["choices"]:
-                text = choice.get("text") or (choice.get("delta") or {}).get("content")
-                if text:
-                    times.append(time.perf_counter())
-    end = time.perf_counter()
-    return Result(
-        times[0] - start,
-        end - start,
-        tokens,
-        [b - a for a, b in zip(times, times[1:], strict=False)],
-    )
+            events.line(line)
+    return events.result()
+
+
+async def _aiohttp_one(session, args, prompt: str, i: int) -> Result:
+    path, body = _request(args, prompt, i)
+    events = _Events()
+    async with session.post(args.url + path, json=body) as r:
+        r.raise_for_status()
+        async for line in r.content:  # one line at a time, newline included
+            events.line(line.decode())
+    return events.result()
+
+
+@contextlib.asynccontextmanager
+async def _client(args):
+    """``one(prompt, i) -> Result`` over a pool of connections of the --client library."""
+    if args.client == "httpx":
+        limits = httpx.Limits(max_connections=args.max_concurrency + 8)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+            yield lambda prompt, i: _httpx_one(http, args, prompt, i)
+        return
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=args.max_concurrency + 8)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        yield lambda prompt, i: _aiohttp_one(session, args, prompt, i)
 
 
 async def run_http(args, prompts, server: int | None = None) -> tuple[list[Result], float, CPU]:
     """The workload over HTTP; ``server``: the server's pid (its CPU and its children's
     are counted, with this process's: the client)."""
-    limits = httpx.Limits(max_connections=args.max_concurrency + 8)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        await _http_one(http, args, "warm up", 0)
+    async with _client(args) as one:
+        await one("warm up", 0)
         parts = {"client": lambda: _cpu_seconds(os.getpid())}
         if server is not None:
             children = _children(server)
             parts["server"] = lambda: _cpu_seconds(server)
             parts["engine process"] = lambda: sum(_cpu_seconds(c) for c in children)
         cpu = CPU(**parts)
-        return *await _drive(lambda i: _http_one(http, args, prompts[i], i), args), cpu
+        return *await _drive(lambda i: one(prompts[i], i), args), cpu
 
 
 async def run_direct(args, prompts) -> tuple[list[Result], float, CPU]:
@@ -289,6 +331,12 @@ def main() -> int:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-kv-blocks", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--client",
+        choices=["aiohttp", "httpx"],
+        default="aiohttp",
+        help="the load generator's HTTP library (vllm bench serve's: aiohttp)",
+    )
     p.add_argument("--no-direct", action="store_true", help="skip the AsyncLLM comparison")
     p.add_argument(
         "--modes",
