@@ -7,7 +7,8 @@
 Requests arrive as a Poisson process at --request-rate (inf: all at once), at most
 --max-concurrency in flight, each streaming --max-tokens tokens (ignore_eos, so every
 run generates the same number). Reported: request throughput, output tokens/s, TTFT,
-TPOT (per output token after the first) and ITL (between streamed chunks), p50 / p99.
+TPOT (per output token after the first) and ITL (between streamed chunks), p50 / p99,
+and the chunks with text per request (fewer than tokens where deltas were coalesced).
 
 Without --url the same workload runs three ways, side by side, and the ratios are printed:
 
@@ -285,7 +286,8 @@ def report(name: str, results: list[Result], seconds: float, cpu: CPU | None = N
         f"{tokens / seconds:8.1f} output tok/s\n"
         f"             TTFT p50 {_pct(ttft, 0.5):7.1f} ms p99 {_pct(ttft, 0.99):7.1f} ms | "
         f"TPOT p50 {_pct(tpot, 0.5):6.1f} ms p99 {_pct(tpot, 0.99):6.1f} ms | "
-        f"ITL p50 {_pct(itl, 0.5):6.1f} ms p99 {_pct(itl, 0.99):6.1f} ms"
+        f"ITL p50 {_pct(itl, 0.5):6.1f} ms p99 {_pct(itl, 0.99):6.1f} ms | "
+        f"{(len(itl) + len(results)) / len(results):.1f} chunks/request"
     )
     if cpu is not None:
         cpu.report(seconds)

@@ -19,20 +19,14 @@ from .errors import APIError
 from .protocol import PromptLogprob, PromptLogprobs
 
 DONE = "data: [DONE]\n\n"
-
-
-def sse(event: BaseModel) -> str:
-    """One server-sent event: ``data: <json>`` and a blank line."""
-    return f"data: {event.model_dump_json(exclude_none=True)}\n\n"
-
-
 _JSON = msgspec.json.Encoder()
 
 
 class ChunkEvents:
-    """The server-sent events of one stream's chunks, encoded without a pydantic model
-    per chunk (a stream sends one per token or so, and building and dumping the models
-    cost more than the rest of a chunk's way out).
+    """The server-sent events (``data: <json>`` and a blank line) of one stream's
+    chunks, encoded without a pydantic model per chunk (a stream sends one per token or
+    so, and building and dumping the models cost more than the rest of a chunk's way
+    out).
 
     ``fixed``: the fields every chunk of the stream repeats (id, object, created,
     model), encoded once. `choice` adds a chunk's one choice from its fields, those that

@@ -22,7 +22,7 @@ from pyagent_ref.server.protocol import (
     TopLogprob,
     Usage,
 )
-from pyagent_ref.server.streaming import ChunkEvents, sse
+from pyagent_ref.server.streaming import ChunkEvents
 
 maybe_text = st.none() | st.text(max_size=8)
 logprob = st.floats(allow_nan=False, max_value=0.0)  # -inf included: null in both
@@ -65,6 +65,11 @@ usage = st.builds(
     completion_tokens=st.integers(0, 99),
     total_tokens=st.integers(0, 200),
 )
+
+
+def sse(chunk) -> str:
+    """The chunk as its model dumps it: what the server sent before `ChunkEvents`."""
+    return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
 
 def _read(event: str) -> dict:
