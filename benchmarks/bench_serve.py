@@ -7,7 +7,8 @@
 Requests arrive as a Poisson process at --request-rate (inf: all at once), at most
 --max-concurrency in flight, each streaming --max-tokens tokens (ignore_eos, so every
 run generates the same number). Reported: request throughput, output tokens/s, TTFT,
-TPOT (per output token after the first) and ITL (between streamed chunks), p50 / p99.
+TPOT (per output token after the first) and ITL (between streamed chunks), p50 / p99,
+and the chunks with text per request (fewer than tokens where deltas were coalesced).
 
 Without --url the same workload runs three ways, side by side, and the ratios are printed:
 
@@ -19,19 +20,26 @@ Without --url the same workload runs three ways, side by side, and the ratios ar
 
 Each server runs in a subprocess on 127.0.0.1 (the load generator does not share its
 GIL). The machine's load average is printed before and after: on a shared machine,
-compare only figures taken together.
+compare only figures taken together. On Linux each run also prints where the CPU went,
+in CPU-seconds (user + system, from /proc): the load generator (this process's HTTP
+client), the server's process and the engine core's process (the server's children);
+for AsyncLLM, this process's event loop thread (the consumers, detokenization) and its
+other threads (the engine steps).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import glob
 import json
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -78,7 +86,8 @@ async def _drive(one, args) -> tuple[list[Result], float]:
     return results, time.perf_counter() - start
 
 
-async def _http_one(http: httpx.AsyncClient, args, prompt: str, i: int) -> Result:
+def _request(args, prompt: str, i: int) -> tuple[str, dict]:
+    """The path and JSON body of request ``i``."""
     body = {
         "model": args.model,
         "max_tokens": args.max_tokens,
@@ -89,40 +98,89 @@ async def _http_one(http: httpx.AsyncClient, args, prompt: str, i: int) -> Resul
         "stream_options": {"include_usage": True},
     }
     if args.api == "chat":
-        path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
-    else:
-        path, body["prompt"] = "/v1/completions", prompt
-    start = time.perf_counter()
-    times, tokens = [], 0
+        return "/v1/chat/completions", body | {"messages": [{"role": "user", "content": prompt}]}
+    return "/v1/completions", body | {"prompt": prompt}
+
+
+class _Events:
+    """A stream's server-sent events as they come: when each text chunk arrived, and
+    the completion tokens of the usage chunk."""
+
+    def __init__(self) -> None:
+        self.start, self.times, self.tokens = time.perf_counter(), [], 0
+
+    def line(self, line: str) -> None:
+        if not line.startswith("data: ") or line.startswith("data: [DONE]"):
+            return
+        event = json.loads(line[6:])
+        if event.get("usage"):
+            self.tokens = event["usage"]["completion_tokens"]
+        for choice in event["choices"]:
+            text = choice.get("text") or (choice.get("delta") or {}).get("content")
+            if text:
+                self.times.append(time.perf_counter())
+
+    def result(self) -> Result:
+        times = self.times
+        return Result(
+            times[0] - self.start,
+            time.perf_counter() - self.start,
+            self.tokens,
+            [b - a for a, b in zip(times, times[1:], strict=False)],
+        )
+
+
+async def _httpx_one(http: httpx.AsyncClient, args, prompt: str, i: int) -> Result:
+    path, body = _request(args, prompt, i)
+    events = _Events()
     async with http.stream("POST", args.url + path, json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            for choice in event["choices"]:
-                text = choice.get("text") or (choice.get("delta") or {}).get("content")
-                if text:
-                    times.append(time.perf_counter())
-    end = time.perf_counter()
-    return Result(
-        times[0] - start,
-        end - start,
-        tokens,
-        [b - a for a, b in zip(times, times[1:], strict=False)],
-    )
+            events.line(line)
+    return events.result()
 
 
-async def run_http(args, prompts) -> tuple[list[Result], float]:
-    limits = httpx.Limits(max_connections=args.max_concurrency + 8)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        await _http_one(http, args, "warm up", 0)
-        return await _drive(lambda i: _http_one(http, args, prompts[i], i), args)
+async def _aiohttp_one(session, args, prompt: str, i: int) -> Result:
+    path, body = _request(args, prompt, i)
+    events = _Events()
+    async with session.post(args.url + path, json=body) as r:
+        r.raise_for_status()
+        async for line in r.content:  # one line at a time, newline included
+            events.line(line.decode())
+    return events.result()
 
 
-async def run_direct(args, prompts) -> tuple[list[Result], float]:
+@contextlib.asynccontextmanager
+async def _client(args):
+    """``one(prompt, i) -> Result`` over a pool of connections of the --client library."""
+    if args.client == "httpx":
+        limits = httpx.Limits(max_connections=args.max_concurrency + 8)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+            yield lambda prompt, i: _httpx_one(http, args, prompt, i)
+        return
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=args.max_concurrency + 8)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        yield lambda prompt, i: _aiohttp_one(session, args, prompt, i)
+
+
+async def run_http(args, prompts, server: int | None = None) -> tuple[list[Result], float, CPU]:
+    """The workload over HTTP; ``server``: the server's pid (its CPU and its children's
+    are counted, with this process's: the client)."""
+    async with _client(args) as one:
+        await one("warm up", 0)
+        parts = {"client": lambda: _cpu_seconds(os.getpid())}
+        if server is not None:
+            children = _children(server)
+            parts["server"] = lambda: _cpu_seconds(server)
+            parts["engine process"] = lambda: sum(_cpu_seconds(c) for c in children)
+        cpu = CPU(**parts)
+        return *await _drive(lambda i: one(prompts[i], i), args), cpu
+
+
+async def run_direct(args, prompts) -> tuple[list[Result], float, CPU]:
     """The same workload on AsyncLLM in this process (what the server runs on)."""
     from pyagent_ref.sample.params import SamplingParams
     from pyagent_ref.server import ServingEngine
@@ -156,8 +214,15 @@ async def run_direct(args, prompts) -> tuple[list[Result], float]:
 
     async for _ in engine.generate("warm up", SamplingParams(max_tokens=2)):
         pass
+    pid, loop_thread = os.getpid(), threading.get_native_id()
+    cpu = CPU(
+        **{
+            "event loop": lambda: _cpu_seconds(pid, loop_thread),
+            "engine threads": lambda: _cpu_seconds(pid) - _cpu_seconds(pid, loop_thread),
+        }
+    )
     try:
-        return await _drive(one, args)
+        return *await _drive(one, args), cpu
     finally:
         await engine.shutdown()
 
@@ -166,12 +231,51 @@ def _engine_kwargs(args) -> dict:
     return {"max_num_seqs": args.max_num_seqs, "num_kv_blocks": args.num_kv_blocks}
 
 
+def _cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU-seconds of a process (or one of its threads) from /proc; 0.0
+    where there is no /proc (the breakdown is then all zeros)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (from /proc; none elsewhere)."""
+    out = []
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
+        with contextlib.suppress(OSError), open(task) as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+class CPU:
+    """CPU-seconds spent by named parts over a run: ``parts`` maps a name to a function
+    returning that part's cumulative CPU-seconds."""
+
+    def __init__(self, **parts) -> None:
+        self.parts = parts
+        self.start = {name: f() for name, f in parts.items()}
+
+    def report(self, seconds: float) -> None:
+        spent = {name: f() - self.start[name] for name, f in self.parts.items()}
+        total = sum(spent.values())
+        print(
+            "             CPU-s "
+            + " | ".join(f"{name} {s:5.2f}" for name, s in spent.items())
+            + f" | total {total:5.2f} in {seconds:5.2f} s wall ({total / seconds:.2f} cores)"
+        )
+
+
 def _pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] * 1e3 if values else float("nan")
 
 
-def report(name: str, results: list[Result], seconds: float) -> float:
+def report(name: str, results: list[Result], seconds: float, cpu: CPU | None = None) -> float:
     tokens = sum(r.tokens for r in results)
     tpot = [(r.e2e - r.ttft) / (r.tokens - 1) for r in results if r.tokens > 1]
     itl = [g for r in results for g in r.itl]
@@ -182,8 +286,11 @@ def report(name: str, results: list[Result], seconds: float) -> float:
         f"{tokens / seconds:8.1f} output tok/s\n"
         f"             TTFT p50 {_pct(ttft, 0.5):7.1f} ms p99 {_pct(ttft, 0.99):7.1f} ms | "
         f"TPOT p50 {_pct(tpot, 0.5):6.1f} ms p99 {_pct(tpot, 0.99):6.1f} ms | "
-        f"ITL p50 {_pct(itl, 0.5):6.1f} ms p99 {_pct(itl, 0.99):6.1f} ms"
+        f"ITL p50 {_pct(itl, 0.5):6.1f} ms p99 {_pct(itl, 0.99):6.1f} ms | "
+        f"{(len(itl) + len(results)) / len(results):.1f} chunks/request"
     )
+    if cpu is not None:
+        cpu.report(seconds)
     return tokens / seconds
 
 
@@ -226,6 +333,12 @@ def main() -> int:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-kv-blocks", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--client",
+        choices=["aiohttp", "httpx"],
+        default="aiohttp",
+        help="the load generator's HTTP library (vllm bench serve's: aiohttp)",
+    )
     p.add_argument("--no-direct", action="store_true", help="skip the AsyncLLM comparison")
     p.add_argument(
         "--modes",
@@ -254,7 +367,7 @@ def main() -> int:
     for mode in args.modes:
         proc = _start_server(args, engine_process=mode == "process")
         try:
-            http[mode] = report(f"HTTP {mode}", *asyncio.run(run_http(args, prompts)))
+            http[mode] = report(f"HTTP {mode}", *asyncio.run(run_http(args, prompts, proc.pid)))
         finally:
             proc.terminate()
             proc.wait(60)

@@ -634,7 +634,10 @@ class AsyncLLM(_Frontend):
     One background task steps the engine (in a worker thread, so the loop stays
     responsive) while requests are in flight; `generate` is an async generator of
     RequestOutput deltas that always ends with a finished one. Cancelling the consumer
-    aborts the request and frees its KV blocks at once.
+    aborts the request and frees its KV blocks at once. A consumer slower than the
+    engine's steps reads the deltas queued since its last read as one (text
+    concatenated, token ids and logprobs appended), so it does the per-delta work
+    (a server's chunk) once per read rather than once per step.
 
     engine_process=True runs the engine core in a process of its own
     (`engine.core_proc`): it steps without sharing this process's GIL, and this
@@ -730,7 +733,8 @@ class AsyncLLM(_Frontend):
     ) -> AsyncIterator[RequestOutput]:
         """Admit one request (allowed up to max_logprobs log-probabilities past the
         engine's bound: the engine's own requests) and yield its deltas until the
-        finished one."""
+        finished one. A consumer that lags behind the engine gets the deltas queued
+        meanwhile merged into one (`RequestOutput.add`)."""
         async with self._lock:  # the engine is not touched while a step runs
             with self._logprobs_limit(max_logprobs):
                 admission = self._validate(
@@ -750,6 +754,8 @@ class AsyncLLM(_Frontend):
         try:
             while True:
                 out = await queue.get()
+                while not out.finished and not queue.empty():  # the consumer lags: one delta
+                    out.add(queue.get_nowait())
                 yield out
                 if out.finished:
                     return

@@ -91,3 +91,28 @@ class RequestOutput:
     # first, then the top ones, as `CompletionOutput.logprobs`); None for the first token,
     # which nothing predicts. Streamed: in the first delta that has it, else None.
     prompt_logprobs: LogprobsColumns | None = None
+
+    def add(self, later: RequestOutput) -> None:
+        """Merge ``later``, the delta of the same request that follows this one, into
+        this one: what a consumer that lags behind the engine reads as one delta. Per
+        completion (by index) the texts are concatenated and the token ids and logprobs
+        appended; finish_reason, stop_reason, error and embedding are the later ones,
+        like `finished` and the metrics; the prompt's logprobs are whichever has them."""
+        mine = {c.index: c for c in self.outputs}
+        for comp in later.outputs:
+            c = mine.get(comp.index)
+            if c is None:
+                self.outputs.append(comp)
+                continue
+            c.text += comp.text
+            c.token_ids = [*c.token_ids, *comp.token_ids]
+            if comp.logprobs is not None:
+                if c.logprobs is None:
+                    c.logprobs = comp.logprobs
+                else:
+                    c.logprobs.join(comp.logprobs)
+            c.finish_reason, c.stop_reason = comp.finish_reason, comp.stop_reason
+            c.error, c.embedding = comp.error, comp.embedding
+        self.finished, self.metrics = later.finished, later.metrics
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs

@@ -95,6 +95,11 @@ class LogprobsColumns(Sequence):
         for position in positions:
             self.append(position)
 
+    def join(self, other: LogprobsColumns) -> None:
+        """Append all of other's positions (the next delta's, when deltas merge)."""
+        if len(other):
+            self._copy(other, 0, len(other))
+
     def __len__(self) -> int:
         return len(self.ends)
 

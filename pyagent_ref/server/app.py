@@ -31,6 +31,7 @@ from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.datastructures import Headers
 
 from .. import __version__
 from ..observe.logs import request_id as log_request_id
@@ -89,32 +90,7 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
     app.state.server = state
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        key = state.config.api_key
-        if key is not None and request.url.path not in _OPEN_PATHS:
-            sent = request.headers.get("authorization", "")
-            if not secrets.compare_digest(sent.encode(), f"Bearer {key}".encode()):
-                what = "no API key was sent" if not sent else "the API key is not valid"
-                return APIError(
-                    401, f"{what}: send 'Authorization: Bearer <key>'", code="invalid_api_key"
-                ).response()
-        return await call_next(request)
-
-    @app.middleware("http")
-    async def tag_request_id(request: Request, call_next):
-        """The request's id (the client's X-Request-Id if it is a plain token, else a
-        fresh one): in every log line while it is served, in its engine request ids,
-        and echoed in the answer's X-Request-Id."""
-        rid = request.headers.get("x-request-id", "")
-        if not _REQUEST_ID.fullmatch(rid):
-            rid = uuid.uuid4().hex
-        # not reset: the answer is sent (and uvicorn logs its access line) after this
-        # returns, in this request's own task, whose context ends with it
-        log_request_id.set(rid)
-        response = await call_next(request)
-        response.headers["X-Request-Id"] = rid
-        return response
+    app.add_middleware(_RequestGate, state=state)
 
     @app.post("/start_profile")
     async def start_profile() -> Response:
@@ -264,6 +240,49 @@ def build_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fast
             raise APIError(400, str(exc), "tokens") from None
 
     return app
+
+
+class _RequestGate:
+    """Every HTTP request's id and API key check, as plain ASGI middleware (starlette's
+    ``@app.middleware`` would relay each chunk of a stream through a task and a memory
+    stream of its own, per middleware).
+
+    The request's id: the client's X-Request-Id if it is a plain token, else a fresh
+    one. It is in every log line while the request is served (set in this request's
+    task, whose context ends with it), in its engine request ids, and echoed in the
+    answer's X-Request-Id, a 401 included.
+    """
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        rid = headers.get("x-request-id", "")
+        if not _REQUEST_ID.fullmatch(rid):
+            rid = uuid.uuid4().hex
+        log_request_id.set(rid)
+        tag = [(b"x-request-id", rid.encode())]
+
+        async def send_tagged(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *tag]
+            await send(message)
+
+        key = self.state.config.api_key
+        if key is not None and scope["path"] not in _OPEN_PATHS:
+            sent = headers.get("authorization", "")
+            if not secrets.compare_digest(sent.encode(), f"Bearer {key}".encode()):
+                what = "no API key was sent" if not sent else "the API key is not valid"
+                error = APIError(
+                    401, f"{what}: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+                )
+                await error.response()(scope, receive, send_tagged)
+                return
+        await self.app(scope, receive, send_tagged)
 
 
 def _check_lora_enabled(engine: ServingEngine) -> None:

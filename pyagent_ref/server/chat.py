@@ -17,6 +17,7 @@ to calls of the request's tools and reads them back with the forced-call parsers
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -42,8 +43,6 @@ from .engine import merge, open_streams
 from .errors import APIError, bad_request
 from .protocol import (
     ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
@@ -57,7 +56,14 @@ from .protocol import (
 )
 from .sampling import CHAT_FIELDS, chat_params
 from .state import ServerState
-from .streaming import DONE, collect, prompt_logprobs_field, sse, sse_error, until_disconnected
+from .streaming import (
+    DONE,
+    ChunkEvents,
+    collect,
+    prompt_logprobs_field,
+    sse_error,
+    until_disconnected,
+)
 
 # --- the model's text -> an assistant message -------------------------------------------
 
@@ -298,6 +304,7 @@ class ChatRun:
     model: str
     streams: list[AsyncIterator[RequestOutput]]
     parsings: list[ChatParsing]
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 
 async def start_chat(req: ChatCompletionRequest, state: ServerState, request: Request) -> ChatRun:
@@ -410,26 +417,48 @@ async def chat_response(run: ChatRun, request: Request) -> ChatCompletionRespons
 
 async def _sse(run: ChatRun) -> AsyncIterator[str]:
     """The chunks as server-sent events, then ``[DONE]``."""
+    events = ChunkEvents(
+        id=run.rid, object="chat.completion.chunk", created=run.created, model=run.model
+    )
     async for chunk in chat_chunks(run):
-        yield sse_error(chunk) if isinstance(chunk, str) else sse(chunk)
+        if isinstance(chunk, str):
+            yield sse_error(chunk)
+        elif chunk.usage is not None:
+            yield events.usage(chunk.usage)
+        else:
+            yield events.choice(
+                index=chunk.index,
+                delta=chunk.delta,
+                logprobs=chunk.logprobs,
+                finish_reason=chunk.finish_reason,
+                stop_reason=chunk.stop_reason,
+            )
     yield DONE
 
 
-async def chat_chunks(run: ChatRun) -> AsyncIterator[ChatCompletionChunk | str]:
+@dataclass
+class ChatChunk:
+    """One chunk of a chat stream (`ChatCompletionChunk`'s content): one choice's delta,
+    or the usage alone (``delta`` None)."""
+
+    index: int = 0
+    delta: ChatMessage | None = None
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    usage: Usage | None = None
+
+
+async def chat_chunks(run: ChatRun) -> AsyncIterator[ChatChunk | str]:
     """The chunks: a role chunk per choice, parser deltas as the text comes, the finish
     reason, and the usage (if ``stream_options`` ask for it). A choice that fails
-    in the engine yields its error message (a str) instead of its remaining chunks."""
-    req, rid, model, parsings = run.req, run.rid, run.model, run.parsings
+    in the engine yields its error message (a str) instead of its remaining chunks.
+    A delta that carries several tokens (a consumer that lagged: `AsyncLLM`) is one
+    chunk with their text, and their logprobs if asked for."""
+    req, parsings = run.req, run.parsings
     top = req.top_logprobs or 0
-    created = int(time.time())
-
-    def chunk(**choice) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=rid, created=created, model=model, choices=[ChatChunkChoice(**choice)]
-        )
-
     for index in range(len(parsings)):
-        yield chunk(index=index, delta=ChatMessage(role="assistant", content=""))
+        yield ChatChunk(index, ChatMessage(role="assistant", content=""))
     prompt_tokens, generated, ended = 0, 0, set()
     async for _, out in merge(run.streams):
         prompt_tokens = len(out.prompt_token_ids)
@@ -445,21 +474,16 @@ async def chat_chunks(run: ChatRun) -> AsyncIterator[ChatCompletionChunk | str]:
             deltas = parsing.stream(comp.text) if comp.text else []
             if req.logprobs and comp.logprobs:
                 lps = chat_logprobs(comp.logprobs, top)
-                yield chunk(
-                    index=index, delta=deltas.pop(0) if deltas else ChatMessage(), logprobs=lps
-                )
+                yield ChatChunk(index, deltas.pop(0) if deltas else ChatMessage(), lps)
             for delta in deltas:
-                yield chunk(index=index, delta=delta)
+                yield ChatChunk(index, delta)
             if comp.finish_reason is not None:
                 ended.add(index)
                 for delta in parsing.finish():
-                    yield chunk(index=index, delta=delta)
+                    yield ChatChunk(index, delta)
                 reason = _finish_reason(comp.finish_reason, parsing)
-                yield chunk(
-                    index=index,
-                    delta=ChatMessage(),
-                    finish_reason=reason,
-                    stop_reason=comp.stop_reason,
+                yield ChatChunk(
+                    index, ChatMessage(), finish_reason=reason, stop_reason=comp.stop_reason
                 )
     if req.stream_options is not None and req.stream_options.include_usage:
         usage = Usage(
@@ -467,4 +491,4 @@ async def chat_chunks(run: ChatRun) -> AsyncIterator[ChatCompletionChunk | str]:
             completion_tokens=generated,
             total_tokens=prompt_tokens + generated,
         )
-        yield ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage)
+        yield ChatChunk(usage=usage)

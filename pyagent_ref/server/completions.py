@@ -22,7 +22,14 @@ from .protocol import (
 )
 from .sampling import completion_params
 from .state import ServerState
-from .streaming import DONE, collect, prompt_logprobs_field, sse, sse_error, until_disconnected
+from .streaming import (
+    DONE,
+    ChunkEvents,
+    collect,
+    prompt_logprobs_field,
+    sse_error,
+    until_disconnected,
+)
 
 
 def _prompts(prompt) -> list:
@@ -172,7 +179,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """One event per completion per step that has new text (or its end), then the usage
     (if asked) and ``[DONE]``."""
-    created = int(time.time())
+    events = ChunkEvents(id=rid, object="text_completion", created=int(time.time()), model=model)
     prompt_tokens, generated, ended, offsets = {}, 0, set(), {}
     async for i, out in merge(streams):
         prompt_tokens[i] = len(out.prompt_token_ids)
@@ -200,18 +207,17 @@ async def _stream(
                 ended.add(index)
             elif not text and not comp.token_ids:
                 continue
-            choice = CompletionChoice(
+            yield events.choice(
                 index=index,
                 text=text,
                 logprobs=logprobs,
                 finish_reason=comp.finish_reason,
                 stop_reason=comp.stop_reason,
             )
-            yield sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice]))
     if include_usage:
         total = sum(prompt_tokens.values())
         usage = Usage(
             prompt_tokens=total, completion_tokens=generated, total_tokens=total + generated
         )
-        yield sse(CompletionResponse(id=rid, created=created, model=model, choices=[], usage=usage))
+        yield events.usage(usage)
     yield DONE

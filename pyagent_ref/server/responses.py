@@ -291,9 +291,9 @@ class ResponseEvents:
                 yield self.event("response.failed", response=failed)
                 return
             usage = chunk.usage or usage
-            for choice in chunk.choices:
-                finish_reason = choice.finish_reason or finish_reason
-                for event in self.deltas(choice.delta):
+            if chunk.delta is not None:
+                finish_reason = chunk.finish_reason or finish_reason
+                for event in self.deltas(chunk.delta):
                     yield event
         status = "incomplete" if finish_reason == "length" else "completed"
         for event in self.close(status):

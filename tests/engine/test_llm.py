@@ -187,3 +187,37 @@ def test_streamed_deltas_carry_their_logprobs_and_the_last_one_the_metrics(tiny_
                 assert lp.logprob == pytest.approx(exp[token].logprob, abs=1e-5)
     assert all(not d.metrics for d in deltas[:-1])
     assert [m.num_generated_tokens for m in deltas[-1].metrics] == [6, 6]
+
+
+def test_a_consumer_that_lags_reads_the_queued_deltas_as_one(tiny_llm_dir):
+    """Deltas queued while the consumer was away merge into one: the same text, token ids,
+    logprobs and finish reasons as reading every delta, in fewer deltas."""
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2, n=2)
+    engine = AsyncLLM(tiny_llm_dir[1], **ENGINE)
+
+    async def read(lag: bool):
+        deltas = []
+        async for delta in engine.generate(PROMPTS[0], params, request_id=f"lag-{lag}"):
+            deltas.append(delta)
+            deadline = asyncio.get_running_loop().time() + 60
+            while lag and f"lag-{lag}" in engine.processor.requests:  # the engine runs on
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+        return deltas
+
+    def whole(deltas, index):
+        comps = [c for d in deltas for c in d.outputs if c.index == index]
+        positions = [p for c in comps for p in c.logprobs]
+        text, ids = "".join(c.text for c in comps), [t for c in comps for t in c.token_ids]
+        ranks = [[(t, lp.rank) for t, lp in p.items()] for p in positions]
+        return (text, ids, ranks), [lp.logprob for p in positions for lp in p.values()]
+
+    fast, slow = asyncio.run(read(False)), asyncio.run(read(True))
+    assert len(fast) == 6 and len(slow) == 2
+    for index in range(2):
+        (got, got_lps), (want, want_lps) = whole(slow, index), whole(fast, index)
+        assert got == want and len(got[1]) == len(got[2]) == 6
+        assert got_lps == pytest.approx(want_lps, abs=1e-5)  # another batch: float rounding
+    assert [c.finish_reason for c in slow[-1].outputs] == ["length", "length"]
+    assert slow[-1].finished and not slow[0].finished
+    assert [m.num_generated_tokens for m in slow[-1].metrics] == [6, 6]

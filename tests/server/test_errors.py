@@ -97,8 +97,9 @@ def test_the_client_raises_the_right_exceptions(server, client):
         bad_key.models.list()
     status, error = _error(server, "/v1/models", {}, key=None)
     assert status in (401, 405)
-    r = httpx.get(server.url + "/v1/models")
+    r = httpx.get(server.url + "/v1/models", headers={"X-Request-Id": "no-key-1"})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert r.headers["x-request-id"] == "no-key-1"  # a refusal carries the id too
     r = httpx.get(server.url + "/v1/nothing-here", headers={"Authorization": f"Bearer {API_KEY}"})
     assert r.status_code == 404 and "error" in r.json()
     r = httpx.post(
