@@ -224,7 +224,10 @@ class _Parser:
         while self.peek() == "|":
             self.pos += 1
             options.append(self.sequence(depth))
-        return options[0] if len(options) == 1 else Alt(tuple(options))
+        if len(options) == 1:
+            return options[0]
+        # an option that is itself a group of options joins this one (as in `sequence`)
+        return Alt(tuple(o for option in options for o in _options(option)))
 
     def sequence(self, depth: int) -> Node:
         items: list[Node] = []
@@ -244,7 +247,9 @@ class _Parser:
                 again = self.pos
                 if self.quantifier() is not None:
                     raise self.error("a quantifier cannot follow a quantifier", again)
-            items.append(atom)
+            # a group's sequence joins this one: a Concat never holds a Concat (nor an
+            # Alt an Alt), so one tree however a pattern groups it (`render` relies on it)
+            items.extend(atom.items if isinstance(atom, Concat) else (atom,))
         return items[0] if len(items) == 1 else Concat(tuple(items))
 
     def anchor(self, char: str, depth: int) -> None:
@@ -442,3 +447,8 @@ class _Parser:
         if 0xD800 <= code <= 0xDFFF:
             raise self.error("a lone surrogate cannot be matched in UTF-8", start)
         return code
+
+
+def _options(node: Node) -> tuple[Node, ...]:
+    """The options ``node`` stands for in an alternation: its own if it is one."""
+    return node.options if isinstance(node, Alt) else (node,)
