@@ -64,7 +64,10 @@ struct Frontier {
 struct Frontiers {
     nodes: Vec<Frontier>,
     bytes: Vec<u8>,
+    /// The nodes the walk covered, those of subtrees allowed at once included.
     visited: usize,
+    /// The nodes the walk's loop stepped a DFA at (what it cost).
+    stepped: usize,
 }
 
 impl Frontiers {
@@ -135,9 +138,10 @@ fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize
     rows[0] = dfa.row(state);
     let mut loops = LoopBytes::new(dfa);
     let mut node = 1;
-    let mut visited = 0;
+    let (mut visited, mut stepped) = (0, 0);
     while node < trie.len() {
         visited += 1;
+        stepped += 1;
         let n = trie.node(node);
         let k = n.depth as usize;
         let next = dfa.step_move(rows[k - 1], n.byte);
@@ -173,6 +177,7 @@ fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize
         }
     }
     walk.frontiers.visited = visited;
+    walk.frontiers.stepped = stepped;
     walk
 }
 
@@ -227,6 +232,9 @@ pub struct Walker {
     levels: Vec<Level>,
     /// The bytes from the mask's root to the node being visited.
     path: Vec<u8>,
+    /// The trie nodes the last mask stepped a DFA at, over all its walks (a slice taken
+    /// from the cache costs none): the measure of a mask's work.
+    pub stepped: usize,
 }
 
 /// One recursion level's memory: the runs after each depth of the current branch
@@ -255,6 +263,8 @@ struct Walk<'a> {
     root: usize,
     /// The parser's bytes now: runs begun in a column up to this one can end virtually.
     real: usize,
+    /// The nodes stepped so far (`Walker::stepped`).
+    stepped: usize,
 }
 
 impl Walker {
@@ -281,9 +291,11 @@ impl Walker {
             frontiers: Frontiers::default(),
             root,
             real: root,
+            stepped: 0,
         };
         let result = walk.whole_trie();
         walk.parser.truncate(root);
+        self.stepped = walk.stepped;
         result
     }
 }
@@ -306,6 +318,7 @@ impl Walk<'_> {
                     let size = self.trie.live_nodes(|b| dfa.step_move(row, b) != DEAD_MOVE);
                     let dense = size >= CACHE_MIN_VISITS;
                     let walk = walk_lexeme(dfa, state, self.trie, dense, self.words.len());
+                    self.stepped += walk.frontiers.stepped;
                     if dense {
                         let slice = Arc::new(Slice { walk });
                         self.trie.cache_slice(key, slice.clone());
@@ -416,8 +429,9 @@ impl Walk<'_> {
         lv.end[0] = start.len();
         let terms = &self.grammar.terminals;
         let mut result = Ok(());
-        let mut node = lo;
+        let (mut node, mut stepped) = (lo, 0);
         while node < hi {
+            stepped += 1;
             let n = self.trie.node(node);
             let k = n.depth as usize - depth0; // >= 1
             let parent = if k == 1 { 0 } else { lv.end[k - 2] }..lv.end[k - 1];
@@ -466,6 +480,7 @@ impl Walk<'_> {
             }
         }
         self.levels[level] = lv;
+        self.stepped += stepped;
         result
     }
 
@@ -485,8 +500,9 @@ impl Walk<'_> {
         lv.states[0] = dfa.row(run.state);
         let mut ends_with_nothing: Option<bool> = None;
         let mut result = Ok(());
-        let mut node = lo;
+        let (mut node, mut stepped) = (lo, 0);
         while node < hi {
+            stepped += 1;
             let n = self.trie.node(node);
             let k = n.depth as usize - depth0; // >= 1
             let next = dfa.step_move(lv.states[k - 1], n.byte);
@@ -529,6 +545,7 @@ impl Walk<'_> {
             node = n.subtree_end as usize;
         }
         self.levels[level] = lv;
+        self.stepped += stepped;
         result
     }
 
