@@ -51,6 +51,10 @@ const CACHE_MIN_VISITS: usize = 2048;
 /// is walked from the root with its runs instead.
 const MAX_FRONTIER_SHARE: usize = 16;
 
+/// The most pairs of states `Dfa::first_difference` compares before a lexeme state gives up
+/// sharing another's slice and is walked.
+const SHARE_MAX_PAIRS: usize = 1 << 14;
+
 /// A node to walk again from, with its prefix below the walk's starting depth.
 #[derive(Debug, Clone, Copy)]
 struct Frontier {
@@ -127,12 +131,28 @@ impl Slice {
 
 /// The walk of `dfa` from `state` over the whole trie, one DFA move per node; into
 /// `num_words` mask words if `dense`, else as a list of ids.
-fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize) -> LexemeWalk {
+///
+/// With a `base` (a dense walk of another state of `dfa`, and the least depth where the
+/// two walks may differ: `Dfa::first_difference`), only the subtrees that reach that
+/// depth are walked: above it the walks agree (the base's tokens and frontier stand),
+/// and the nodes at it and below are walked anew, the base's tokens there cleared.
+fn walk_lexeme(
+    dfa: &Dfa,
+    state: i32,
+    trie: &Trie,
+    dense: bool,
+    num_words: usize,
+    base: Option<(&LexemeWalk, usize)>,
+) -> LexemeWalk {
     let mut walk = LexemeWalk {
-        words: vec![0; if dense { num_words } else { 0 }],
+        words: match base {
+            Some((b, _)) => b.words.clone(),
+            None => vec![0; if dense { num_words } else { 0 }],
+        },
         ids: Vec::new(),
         frontiers: Frontiers::default(),
     };
+    let from = base.map_or(0, |(_, d)| d);
     let mut rows = vec![0u32; trie.max_depth + 1]; // the state's row after each depth
     let mut path = vec![0u8; trie.max_depth];
     rows[0] = dfa.row(state);
@@ -140,10 +160,28 @@ fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize
     let mut node = 1;
     let (mut visited, mut stepped) = (0, 0);
     while node < trie.len() {
-        visited += 1;
         stepped += 1;
         let n = trie.node(node);
         let k = n.depth as usize;
+        if k < from {
+            // above the depth where the walks may differ: where this one dies or stops,
+            // so does the base's, and a subtree that does not reach it is the base's
+            let next = dfa.step_move(rows[k - 1], n.byte);
+            if trie.reach(node) < from || next == DEAD_MOVE || next & ACCEPTS != 0 {
+                node = n.subtree_end as usize;
+            } else {
+                rows[k] = next;
+                path[k - 1] = n.byte;
+                node += 1;
+            }
+            continue;
+        }
+        if k == from {
+            // the first node of a subtree walked anew: the base's tokens there go
+            clear(&mut walk.words, trie.tokens(node));
+            clear(&mut walk.words, trie.tokens_below(node));
+        }
+        visited += 1;
         let next = dfa.step_move(rows[k - 1], n.byte);
         if next == DEAD_MOVE {
             node = n.subtree_end as usize;
@@ -176,8 +214,28 @@ fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize
             node += 1;
         }
     }
-    walk.frontiers.visited = visited;
     walk.frontiers.stepped = stepped;
+    walk.frontiers.visited = visited;
+    if let Some((b, _)) = base {
+        // the base's frontier above `from` then this walk's below it, in preorder
+        let new = std::mem::take(&mut walk.frontiers);
+        let mut all: Vec<(&Frontiers, Frontier)> = b
+            .frontiers
+            .nodes
+            .iter()
+            .filter(|f| ((f.bytes_end - f.bytes_start) as usize) < from)
+            .map(|&f| (&b.frontiers, f))
+            .chain(new.nodes.iter().map(|&f| (&new, f)))
+            .collect();
+        all.sort_unstable_by_key(|(_, f)| f.node);
+        for (owner, f) in all {
+            walk.frontiers.push(f.node as usize, owner.prefix(&f));
+        }
+        // what pays() weighs: the base's nodes, as a walk of this state covers as many
+        // above `from` (an estimate below it)
+        walk.frontiers.visited = b.frontiers.visited;
+        walk.frontiers.stepped = new.stepped;
+    }
     walk
 }
 
@@ -214,6 +272,13 @@ impl LoopBytes {
 fn allow(words: &mut [u32], ids: &[u32]) {
     for &id in ids {
         words[(id >> 5) as usize] |= 1 << (id & 31);
+    }
+}
+
+/// Clear the bits of `ids` in `words`.
+fn clear(words: &mut [u32], ids: &[u32]) {
+    for &id in ids {
+        words[(id >> 5) as usize] &= !(1 << (id & 31));
     }
 }
 
@@ -317,13 +382,11 @@ impl Walk<'_> {
                     let row = dfa.row(state);
                     let size = self.trie.live_nodes(|b| dfa.step_move(row, b) != DEAD_MOVE);
                     let dense = size >= CACHE_MIN_VISITS;
-                    let walk = walk_lexeme(dfa, state, self.trie, dense, self.words.len());
-                    self.stepped += walk.frontiers.stepped;
                     if dense {
-                        let slice = Arc::new(Slice { walk });
-                        self.trie.cache_slice(key, slice.clone());
-                        (Some(slice), None)
+                        (Some(self.dense_slice(dfa, key)), None)
                     } else {
+                        let walk = walk_lexeme(dfa, state, self.trie, false, 0, None);
+                        self.stepped += walk.frontiers.stepped;
                         (None, Some(walk))
                     }
                 }
@@ -354,6 +417,38 @@ impl Walk<'_> {
             self.runs(&unsliced, (1, self.trie.len(), 0), 0)?;
         }
         self.parser_frontiers(0)
+    }
+
+    /// The slice of a lexeme `key` of `dfa` whose walk is not cached, now cached: the
+    /// slice of a recently walked state of the DFA whose walk agrees with this one's to
+    /// the trie's depth (a counting state far from its bound walks as the next one
+    /// does), shared; else a walk, of only the nodes where it may differ from the walk of
+    /// such a state where those are under half the trie's.
+    fn dense_slice(&mut self, dfa: &Dfa, key: SliceKey) -> Arc<Slice> {
+        let trie = self.trie;
+        let mut base: Option<(usize, Arc<Slice>)> = None;
+        for walked in trie.walked_states(key.0) {
+            match dfa.first_difference(key.1, walked, trie.max_depth, SHARE_MAX_PAIRS) {
+                None => {
+                    if let Some(slice) = trie.share_slice(key, walked) {
+                        return slice;
+                    }
+                }
+                Some(d) if base.as_ref().is_none_or(|(depth, _)| d > *depth) => {
+                    if let Some(slice) = trie.cached_slice(&(key.0, walked)) {
+                        base = Some((d, slice));
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        let base = base.filter(|(d, _)| 2 * trie.reaching(*d) < trie.len());
+        let base = base.as_ref().map(|(d, slice)| (&slice.walk, *d));
+        let walk = walk_lexeme(dfa, key.1, trie, true, self.words.len(), base);
+        self.stepped += walk.frontiers.stepped;
+        let slice = Arc::new(Slice { walk });
+        trie.cache_slice(key, slice.clone());
+        slice
     }
 
     /// The subtree below `node` (its tokens already allowed), where `scanned` are the
@@ -594,6 +689,65 @@ impl Walk<'_> {
 }
 
 #[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grammar::tables::tests::counting;
+
+    /// The words and the frontier (nodes and prefixes) of a walk.
+    fn outcome(walk: &LexemeWalk) -> (Vec<u32>, Vec<(u32, Vec<u8>)>) {
+        let f = &walk.frontiers;
+        let nodes = f
+            .nodes
+            .iter()
+            .map(|x| (x.node, f.prefix(x).to_vec()))
+            .collect();
+        (walk.words.clone(), nodes)
+    }
+
+    #[test]
+    fn a_walk_from_a_base_is_the_walk_from_the_root() {
+        // tokens over a, b, '"' of 1 to 14 bytes (a fixed pseudo-random draw), walked by
+        // the states of a count to 9: each state's walk built on each other's
+        let mut seed = 12345u64;
+        let mut draw = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let tokens: Vec<Option<Vec<u8>>> = (0..3000)
+            .map(|_| {
+                let len = 1 + draw(14) as usize;
+                Some((0..len).map(|_| b"ab\"\""[draw(4) as usize]).collect())
+            })
+            .collect();
+        let trie = Trie::new(tokens).unwrap();
+        let words = trie.vocab_size().div_ceil(32);
+        let dfa = counting(9);
+        let walks: Vec<LexemeWalk> = (0..=9)
+            .map(|q| walk_lexeme(&dfa, q, &trie, true, words, None))
+            .collect();
+        let mut adapted = 0;
+        for a in 0..=9 {
+            for b in 0..=9 {
+                let expected = outcome(&walks[a as usize]);
+                match dfa.first_difference(a, b, trie.max_depth, 1 << 14) {
+                    None => assert_eq!(outcome(&walks[b as usize]), expected, "{a} {b}"),
+                    Some(d) => {
+                        let base = Some((&walks[b as usize], d));
+                        let walk = walk_lexeme(&dfa, a, &trie, true, words, base);
+                        assert_eq!(outcome(&walk), expected, "{a} from {b} at depth {d}");
+                        adapted += 1;
+                    }
+                }
+            }
+        }
+        assert!(adapted > 50);
+        assert!(walks[0].frontiers.nodes.len() > 10);
+    }
+}
+
+#[cfg(test)]
 mod timing {
     use super::*;
     use crate::grammar::tables::Dfa;
@@ -635,7 +789,7 @@ mod timing {
         let words = trie.vocab_size().div_ceil(32);
         for dense in [true, false, true] {
             let t = std::time::Instant::now();
-            let walk = walk_lexeme(&dfa, 0, &trie, dense, words);
+            let walk = walk_lexeme(&dfa, 0, &trie, dense, words, None);
             let ones: u32 = walk.words.iter().map(|w| w.count_ones()).sum();
             eprintln!(
                 "dense {dense}: {:?}, visited {}, allowed {} + {} ids, frontiers {}",
