@@ -131,57 +131,42 @@ impl Slice {
 
 /// The walk of `dfa` from `state` over the whole trie, one DFA move per node; into
 /// `num_words` mask words if `dense`, else as a list of ids.
-///
-/// With a `base` (a dense walk of another state of `dfa`, and the least depth where the
-/// two walks may differ: `Dfa::first_difference`), only the subtrees that reach that
-/// depth are walked: above it the walks agree (the base's tokens and frontier stand),
-/// and the nodes at it and below are walked anew, the base's tokens there cleared.
-fn walk_lexeme(
-    dfa: &Dfa,
-    state: i32,
-    trie: &Trie,
-    dense: bool,
-    num_words: usize,
-    base: Option<(&LexemeWalk, usize)>,
-) -> LexemeWalk {
+fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize) -> LexemeWalk {
     let mut walk = LexemeWalk {
-        words: match base {
-            Some((b, _)) => b.words.clone(),
-            None => vec![0; if dense { num_words } else { 0 }],
-        },
+        words: vec![0; if dense { num_words } else { 0 }],
         ids: Vec::new(),
         frontiers: Frontiers::default(),
     };
-    let from = base.map_or(0, |(_, d)| d);
-    let mut rows = vec![0u32; trie.max_depth + 1]; // the state's row after each depth
     let mut path = vec![0u8; trie.max_depth];
-    rows[0] = dfa.row(state);
+    let range = (1, trie.len(), 0);
+    let (visited, stepped) = walk_below(dfa, dfa.row(state), trie, range, &mut walk, &mut path);
+    walk.frontiers.visited = visited;
+    walk.frontiers.stepped = stepped;
+    walk
+}
+
+/// The walk of the nodes `lo..hi` (deeper than `depth0`, whose prefix is in `path`) from
+/// the state whose row is `row`, into `walk` (its words if it has any, else its ids);
+/// returns the nodes it covered and those it stepped.
+fn walk_below(
+    dfa: &Dfa,
+    row: u32,
+    trie: &Trie,
+    (lo, hi, depth0): (usize, usize, usize),
+    walk: &mut LexemeWalk,
+    path: &mut [u8],
+) -> (usize, usize) {
+    let dense = !walk.words.is_empty();
+    let mut rows = vec![0u32; trie.max_depth + 1]; // the state's row after each depth
+    rows[depth0] = row;
     let mut loops = LoopBytes::new(dfa);
-    let mut node = 1;
+    let mut node = lo;
     let (mut visited, mut stepped) = (0, 0);
-    while node < trie.len() {
+    while node < hi {
+        visited += 1;
         stepped += 1;
         let n = trie.node(node);
         let k = n.depth as usize;
-        if k < from {
-            // above the depth where the walks may differ: where this one dies or stops,
-            // so does the base's, and a subtree that does not reach it is the base's
-            let next = dfa.step_move(rows[k - 1], n.byte);
-            if trie.reach(node) < from || next == DEAD_MOVE || next & ACCEPTS != 0 {
-                node = n.subtree_end as usize;
-            } else {
-                rows[k] = next;
-                path[k - 1] = n.byte;
-                node += 1;
-            }
-            continue;
-        }
-        if k == from {
-            // the first node of a subtree walked anew: the base's tokens there go
-            clear(&mut walk.words, trie.tokens(node));
-            clear(&mut walk.words, trie.tokens_below(node));
-        }
-        visited += 1;
         let next = dfa.step_move(rows[k - 1], n.byte);
         if next == DEAD_MOVE {
             node = n.subtree_end as usize;
@@ -214,28 +199,96 @@ fn walk_lexeme(
             node += 1;
         }
     }
-    walk.frontiers.stepped = stepped;
-    walk.frontiers.visited = visited;
-    if let Some((b, _)) = base {
-        // the base's frontier above `from` then this walk's below it, in preorder
-        let new = std::mem::take(&mut walk.frontiers);
-        let mut all: Vec<(&Frontiers, Frontier)> = b
-            .frontiers
-            .nodes
-            .iter()
-            .filter(|f| ((f.bytes_end - f.bytes_start) as usize) < from)
-            .map(|&f| (&b.frontiers, f))
-            .chain(new.nodes.iter().map(|&f| (&new, f)))
-            .collect();
-        all.sort_unstable_by_key(|(_, f)| f.node);
-        for (owner, f) in all {
-            walk.frontiers.push(f.node as usize, owner.prefix(&f));
+    (visited, stepped)
+}
+
+/// The dense walk of `dfa` from `state`, built on `base`: the cached walk of the state
+/// `other` of the same DFA, whose walk agrees with this one's on the strings shorter
+/// than `from` (`Dfa::first_difference`). The trie is walked with both states at once,
+/// and where both reach one state, or in a subtree that does not reach depth `from`,
+/// the base's tokens and frontier stand; elsewhere a node's tokens and frontier are set
+/// as this walk has them (below a node where only one walk goes on: all of its own).
+fn walk_on_base(
+    dfa: &Dfa,
+    state: i32,
+    trie: &Trie,
+    (base, other, from): (&LexemeWalk, i32, usize),
+) -> LexemeWalk {
+    let mut walk = LexemeWalk {
+        words: base.words.clone(),
+        ids: Vec::new(),
+        frontiers: Frontiers::default(), // this walk's frontier where it differs
+    };
+    let mut dropped: Vec<(u32, u32)> = Vec::new(); // the base's frontier in these goes
+    let mut rows = vec![(0u32, 0u32); trie.max_depth + 1]; // after each depth
+    let mut path = vec![0u8; trie.max_depth];
+    rows[0] = (dfa.row(state), dfa.row(other));
+    let goes_on = |m: u32| m != DEAD_MOVE && m & ACCEPTS == 0;
+    let mut stepped = 0;
+    let mut node = 1;
+    while node < trie.len() {
+        stepped += 1;
+        let n = trie.node(node);
+        let (k, end) = (n.depth as usize, n.subtree_end as usize);
+        if k < from && trie.reach(node) < from {
+            node = end; // strings shorter than `from`: the walks agree
+            continue;
         }
-        // what pays() weighs: the base's nodes, as a walk of this state covers as many
-        // above `from` (an estimate below it)
-        walk.frontiers.visited = b.frontiers.visited;
-        walk.frontiers.stepped = new.stepped;
+        let (p, q) = rows[k - 1];
+        let (a, b) = (dfa.step_move(p, n.byte), dfa.step_move(q, n.byte));
+        if a == b {
+            node = end; // one state (or both dead): the same walk from here
+            continue;
+        }
+        path[k - 1] = n.byte;
+        match (a != DEAD_MOVE, b != DEAD_MOVE) {
+            (true, false) => trie.allow_tokens(node, &mut walk.words),
+            (false, true) => clear(&mut walk.words, trie.tokens(node)),
+            _ => {}
+        }
+        if node + 1 < end {
+            if b != DEAD_MOVE && b & ACCEPTS != 0 {
+                dropped.push((node as u32, node as u32 + 1));
+            }
+            if a != DEAD_MOVE && a & ACCEPTS != 0 {
+                walk.frontiers.push(node, &path[..k]);
+            }
+        }
+        match (goes_on(a), goes_on(b)) {
+            (true, true) => {
+                rows[k] = (a, b);
+                node += 1;
+                continue;
+            }
+            (true, false) => {
+                let range = (node + 1, end, k);
+                stepped += walk_below(dfa, a, trie, range, &mut walk, &mut path).1;
+            }
+            (false, true) => {
+                clear(&mut walk.words, trie.tokens_below(node));
+                dropped.push((node as u32 + 1, end as u32));
+            }
+            (false, false) => {}
+        }
+        node = end;
     }
+    // the base's frontier less the dropped nodes, then this walk's, in preorder
+    let new = std::mem::take(&mut walk.frontiers);
+    let kept = base.frontiers.nodes.iter().filter(|f| {
+        let i = dropped.partition_point(|&(_, hi)| hi <= f.node);
+        dropped.get(i).is_none_or(|&(lo, _)| f.node < lo)
+    });
+    let mut all: Vec<(&Frontiers, Frontier)> = kept
+        .map(|&f| (&base.frontiers, f))
+        .chain(new.nodes.iter().map(|&f| (&new, f)))
+        .collect();
+    all.sort_unstable_by_key(|(_, f)| f.node);
+    for (owner, f) in all {
+        walk.frontiers.push(f.node as usize, owner.prefix(&f));
+    }
+    // what pays() weighs: as many nodes as the base's (an estimate where they differ)
+    walk.frontiers.visited = base.frontiers.visited;
+    walk.frontiers.stepped = stepped;
     walk
 }
 
@@ -385,7 +438,7 @@ impl Walk<'_> {
                     if dense {
                         (Some(self.dense_slice(dfa, key)), None)
                     } else {
-                        let walk = walk_lexeme(dfa, state, self.trie, false, 0, None);
+                        let walk = walk_lexeme(dfa, state, self.trie, false, 0);
                         self.stepped += walk.frontiers.stepped;
                         (None, Some(walk))
                     }
@@ -422,11 +475,12 @@ impl Walk<'_> {
     /// The slice of a lexeme `key` of `dfa` whose walk is not cached, now cached: the
     /// slice of a recently walked state of the DFA whose walk agrees with this one's to
     /// the trie's depth (a counting state far from its bound walks as the next one
-    /// does), shared; else a walk, of only the nodes where it may differ from the walk of
-    /// such a state where those are under half the trie's.
+    /// does), shared; else a walk on the slice of the recently walked state that agrees
+    /// longest (`walk_on_base`: only where the two differ, such as a property name's
+    /// states near a listed name, which join the others' after a byte), or from scratch.
     fn dense_slice(&mut self, dfa: &Dfa, key: SliceKey) -> Arc<Slice> {
         let trie = self.trie;
-        let mut base: Option<(usize, Arc<Slice>)> = None;
+        let mut base: Option<(usize, i32, Arc<Slice>)> = None;
         for walked in trie.walked_states(key.0) {
             match dfa.first_difference(key.1, walked, trie.max_depth, SHARE_MAX_PAIRS) {
                 None => {
@@ -434,17 +488,20 @@ impl Walk<'_> {
                         return slice;
                     }
                 }
-                Some(d) if base.as_ref().is_none_or(|(depth, _)| d > *depth) => {
+                Some(d) if base.as_ref().is_none_or(|(depth, ..)| d > *depth) => {
                     if let Some(slice) = trie.cached_slice(&(key.0, walked)) {
-                        base = Some((d, slice));
+                        base = Some((d, walked, slice));
                     }
                 }
                 Some(_) => {}
             }
         }
-        let base = base.filter(|(d, _)| 2 * trie.reaching(*d) < trie.len());
-        let base = base.as_ref().map(|(d, slice)| (&slice.walk, *d));
-        let walk = walk_lexeme(dfa, key.1, trie, true, self.words.len(), base);
+        let walk = match base {
+            Some((from, other, slice)) => {
+                walk_on_base(dfa, key.1, trie, (&slice.walk, other, from))
+            }
+            None => walk_lexeme(dfa, key.1, trie, true, self.words.len()),
+        };
         self.stepped += walk.frontiers.stepped;
         let slice = Arc::new(Slice { walk });
         trie.cache_slice(key, slice.clone());
@@ -725,24 +782,28 @@ mod tests {
         let words = trie.vocab_size().div_ceil(32);
         let dfa = counting(9);
         let walks: Vec<LexemeWalk> = (0..=9)
-            .map(|q| walk_lexeme(&dfa, q, &trie, true, words, None))
+            .map(|q| walk_lexeme(&dfa, q, &trie, true, words))
             .collect();
         let mut adapted = 0;
         for a in 0..=9 {
             for b in 0..=9 {
                 let expected = outcome(&walks[a as usize]);
-                match dfa.first_difference(a, b, trie.max_depth, 1 << 14) {
-                    None => assert_eq!(outcome(&walks[b as usize]), expected, "{a} {b}"),
-                    Some(d) => {
-                        let base = Some((&walks[b as usize], d));
-                        let walk = walk_lexeme(&dfa, a, &trie, true, words, base);
-                        assert_eq!(outcome(&walk), expected, "{a} from {b} at depth {d}");
-                        adapted += 1;
+                let d = match dfa.first_difference(a, b, trie.max_depth, 1 << 14) {
+                    None => {
+                        assert_eq!(outcome(&walks[b as usize]), expected, "{a} {b}");
+                        1
                     }
+                    Some(d) => d,
+                };
+                // from where they may differ, and from the root (both walks throughout)
+                for from in [d, 1] {
+                    let walk = walk_on_base(&dfa, a, &trie, (&walks[b as usize], b, from));
+                    assert_eq!(outcome(&walk), expected, "{a} from {b} at depth {from}");
+                    adapted += 1;
                 }
             }
         }
-        assert!(adapted > 50);
+        assert_eq!(adapted, 200);
         assert!(walks[0].frontiers.nodes.len() > 10);
     }
 }
@@ -789,7 +850,7 @@ mod timing {
         let words = trie.vocab_size().div_ceil(32);
         for dense in [true, false, true] {
             let t = std::time::Instant::now();
-            let walk = walk_lexeme(&dfa, 0, &trie, dense, words, None);
+            let walk = walk_lexeme(&dfa, 0, &trie, dense, words);
             let ones: u32 = walk.words.iter().map(|w| w.count_ones()).sum();
             eprintln!(
                 "dense {dense}: {:?}, visited {}, allowed {} + {} ids, frontiers {}",
