@@ -27,6 +27,11 @@
 //!   nodes where it accepts) is cached in the `Trie` under the DFA's fingerprint, shared
 //!   by every matcher of the vocabulary whatever its grammar: inside a JSON string a
 //!   mask is the cached words plus the walks below the nodes that close the string.
+//!   A state's first walk is shared with, or built on, the slice of a recently walked
+//!   state of the same DFA (`Walk::dense_slice`): states that no string up to the
+//!   trie's depth tells apart share one slice (the counting states of a `maxLength`
+//!   string), and otherwise only the nodes where the two walks differ are walked
+//!   (`walk_on_base`).
 //!
 //! A mask is the union of its runs' walks, one lexeme at a time (the parser's columns
 //! are unions of what each run leads to), so every lexeme of the last column takes
