@@ -44,8 +44,6 @@ pub struct Trie {
     below: Vec<[u64; 4]>,
     /// The depth of the deepest node in each node's subtree.
     reach: Vec<u16>,
-    /// `reaching[d]`: the number of nodes whose subtree reaches depth d (d <= max_depth).
-    reaching: Vec<usize>,
     slices: Mutex<SliceCache>,
 }
 
@@ -113,14 +111,6 @@ impl Trie {
         let max_depth = nodes.iter().map(|n| n.depth as usize).max().unwrap_or(0);
         let below = bytes_below(&nodes, max_depth);
         let reach = subtree_reach(&nodes);
-        let mut reaching = vec![0usize; max_depth + 2];
-        for &r in &reach {
-            reaching[r as usize] += 1;
-        }
-        for d in (0..=max_depth).rev() {
-            reaching[d] += reaching[d + 1];
-        }
-        reaching.pop();
         token_ids.push(0); // a sentinel: `allow_tokens` reads a node's first id unchecked
         nodes.push(Node {
             subtree_end: 0,
@@ -135,7 +125,6 @@ impl Trie {
             max_depth,
             below,
             reach,
-            reaching,
             slices: Mutex::default(),
         })
     }
@@ -218,11 +207,6 @@ impl Trie {
     #[inline(always)]
     pub fn reach(&self, node: usize) -> usize {
         self.reach[node] as usize
-    }
-
-    /// The number of nodes whose subtree reaches depth `depth` (`depth <= max_depth`).
-    pub fn reaching(&self, depth: usize) -> usize {
-        self.reaching[depth]
     }
 
     /// The ids of the nodes strictly below `node` (they are contiguous: preorder).
@@ -407,10 +391,6 @@ mod tests {
         assert_eq!(
             (0..5).map(|i| t.reach(i)).collect::<Vec<_>>(),
             [3, 3, 3, 3, 1]
-        );
-        assert_eq!(
-            (0..=3).map(|d| t.reaching(d)).collect::<Vec<_>>(),
-            [5, 5, 4, 4]
         );
         assert_eq!(t.tokens_below(0), &[2, 0, 4, 6, 3]);
         assert!(Trie::new(vec![Some(vec![0; MAX_TOKEN_BYTES + 1])]).is_err());

@@ -58,7 +58,7 @@ const MAX_FRONTIER_SHARE: usize = 16;
 
 /// The most pairs of states `Dfa::first_difference` compares before a lexeme state gives up
 /// sharing another's slice and is walked.
-const SHARE_MAX_PAIRS: usize = 1 << 14;
+const SHARE_MAX_PAIRS: usize = 1 << 12;
 
 /// A node to walk again from, with its prefix below the walk's starting depth.
 #[derive(Debug, Clone, Copy)]
