@@ -123,6 +123,7 @@ class Results:
     compile_s: dict[str, float] = field(default_factory=dict)  # schema -> seconds
     refused: dict[str, str] = field(default_factory=dict)  # schema -> compile error
     mask_s: dict[tuple[str, int, int], float] = field(default_factory=dict)  # position -> s
+    mask_nodes: dict[tuple[str, int, int], int] = field(default_factory=dict)  # --walk-stats
     agreeing: int = 0
 
 
@@ -132,8 +133,10 @@ def run_schema(
     results: Results,
     mask_limit: int | None,
     bitmask: np.ndarray,
+    walk_stats: bool = False,
 ) -> None:
-    """Compile `constraint` and walk its instances, recording into `results`."""
+    """Compile `constraint` and walk its instances, recording into `results` (with
+    `walk_stats`, also the trie nodes each mask stepped: the accel matcher's counter)."""
     start = time.perf_counter()
     try:
         compiled = backend.json_schema(constraint.source)
@@ -155,6 +158,9 @@ def run_schema(
                 matcher.fill_next_token_bitmask(bitmask, 0)
                 accepted = matcher.accept_token(token)
                 results.mask_s[(constraint.name, index, step)] = time.perf_counter() - start
+                if walk_stats:
+                    nodes = matcher._core.last_mask_nodes()  # noqa: SLF001 - a debug counter
+                    results.mask_nodes[(constraint.name, index, step)] = nodes
             if not accepted:
                 break
         accepted = accepted and matcher.accept_token(eos)
@@ -218,6 +224,30 @@ def ratio_row(ours: str, mine: Results, library: str, theirs: Results) -> list[s
     ]
 
 
+def walk_stats_report(r: Results) -> str:
+    """The distribution of trie nodes stepped per mask and of the time per node stepped,
+    and the share of the masks' time spent in masks of each size."""
+    positions = list(r.mask_nodes)
+    nodes = np.array([r.mask_nodes[p] for p in positions], dtype=np.float64)
+    seconds = np.array([r.mask_s[p] for p in positions])
+    lines = [f"walk stats over {len(positions)} accel masks (nodes stepped per mask):"]
+    qs = (50, 90, 99, 99.9, 100)
+    lines.append("  nodes " + ", ".join(f"p{q} {np.percentile(nodes, q):,.0f}" for q in qs))
+    lines.append(f"  nodes total {nodes.sum():,.0f}, masks with none {int((nodes == 0).sum())}")
+    total = seconds.sum()
+    for lo, hi in ((0, 1), (1, 1_000), (1_000, 10_000), (10_000, 100_000), (100_000, 1e12)):
+        pick = (nodes >= lo) & (nodes < hi)
+        if not pick.any():
+            continue
+        ns = seconds[pick].sum() * 1e9 / max(nodes[pick].sum(), 1)
+        lines.append(
+            f"  [{lo:,}, {hi:,.0f}) nodes: {int(pick.sum())} masks, "
+            f"{100 * seconds[pick].sum() / total:.0f}% of mask time, mean "
+            f"{seconds[pick].mean() * 1e6:.0f} us" + (f", {ns:.2f} ns/node" if lo else "")
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[list[str]]) -> str:
     head = [
         "engine",
@@ -255,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(ENGINES),
         help=f"comma-separated, of {', '.join(ENGINES)} (those that do not import are left out)",
     )
+    ap.add_argument(
+        "--walk-stats",
+        action="store_true",
+        help="also count the trie nodes each accel mask steps and print their distribution",
+    )
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error(f"--limit must be at least 1, got {args.limit}")
@@ -287,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         instances += len(constraint.instances)
         for name in names:
             limit = args.ref_limit if name in CAPPED else None
-            run_schema(backends[name], constraint, results[name], limit, bitmask)
+            stats = args.walk_stats and name == "accel"
+            run_schema(backends[name], constraint, results[name], limit, bitmask, stats)
         if number % 10 == 0:
             print(
                 f"  {number}/{len(files)} schemas, {time.perf_counter() - start:.0f}s", flush=True
@@ -316,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print("ratios: ours / library on common schemas and token positions (above 1: ours slower)")
     print(PUBLISHED)
+    if args.walk_stats and "accel" in results:
+        print(walk_stats_report(results["accel"]))
     for name in names:
         for schema, error in list(results[name].refused.items())[:3]:
             print(f"{name} refused {schema}: {error}")

@@ -266,6 +266,11 @@ impl MatcherCore {
         Ok(())
     }
 
+    /// The trie nodes the last mask stepped a DFA at (a benchmark's measure of its work).
+    fn last_mask_nodes(&self) -> usize {
+        self.0.last_mask_nodes()
+    }
+
     fn find_jump_forward_bytes<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let forced = detached(py, || self.0.jump_forward_bytes())?.map_err(too_many_items)?;
         Ok(PyBytes::new(py, &forced))

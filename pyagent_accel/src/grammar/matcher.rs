@@ -120,6 +120,7 @@ impl Matcher {
     /// words; bit `i % 32` of word `i / 32` for token i), clearing every other bit.
     pub fn fill_bitmask(&mut self, words: &mut [u32]) -> Result<(), TooManyItems> {
         words.fill(0);
+        self.walker.stepped = 0;
         if self.terminated {
             return Ok(());
         }
@@ -130,6 +131,12 @@ impl Matcher {
             }
         }
         Ok(())
+    }
+
+    /// The trie nodes the last `fill_bitmask` stepped a DFA at (0 once terminated): a
+    /// measure of its work, for benchmarks.
+    pub fn last_mask_nodes(&self) -> usize {
+        self.walker.stepped
     }
 
     /// The allowed next tokens, in increasing order.

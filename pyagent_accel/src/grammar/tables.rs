@@ -156,6 +156,57 @@ impl Dfa {
         set
     }
 
+    /// Where a walk of the trie from the live state `a` may first differ from the walk
+    /// from `b`: None if, for every nonempty string of at most `depth` bytes with no
+    /// proper nonempty prefix accepted (a walk stops where its lexeme accepts), both
+    /// states die on it or neither does and both accept it or neither does; else the
+    /// length of the shortest string where they may differ. A breadth-first search of the
+    /// pairs of states the two reach, each pair once at its least depth; once it has met
+    /// more than `max_pairs` pairs it answers, conservatively, the depth it is at.
+    pub fn first_difference(
+        &self,
+        a: i32,
+        b: i32,
+        depth: usize,
+        max_pairs: usize,
+    ) -> Option<usize> {
+        let mut seen: rustc_hash::FxHashSet<(i32, i32)> = Default::default();
+        let mut level = vec![(a, b)];
+        let mut next = Vec::new();
+        for length in 1..=depth {
+            for &(p, q) in &level {
+                for c in 0..self.num_classes {
+                    let (p2, q2) = (
+                        self.transitions[p as usize * self.num_classes + c],
+                        self.transitions[q as usize * self.num_classes + c],
+                    );
+                    if p2 == q2 {
+                        continue; // one state: the same walk below
+                    }
+                    if p2 == DEAD || q2 == DEAD {
+                        return Some(length); // the other is live (they differ)
+                    }
+                    let accepting = self.accepting[p2 as usize];
+                    if accepting != self.accepting[q2 as usize] {
+                        return Some(length);
+                    }
+                    if !accepting && seen.insert((p2, q2)) {
+                        if seen.len() > max_pairs {
+                            return Some(length);
+                        }
+                        next.push((p2, q2));
+                    }
+                }
+            }
+            std::mem::swap(&mut level, &mut next);
+            next.clear();
+            if level.is_empty() {
+                break;
+            }
+        }
+        None
+    }
+
     /// Whether the empty string is in the language.
     pub fn nullable(&self) -> bool {
         self.accepts(self.start)
@@ -347,6 +398,34 @@ pub mod tests {
                 }
             }
         }
+    }
+
+    /// The DFA of `[ab]{0,n}` then `"`: state k has read k of at most n letters.
+    pub fn counting(n: usize) -> Dfa {
+        let mut byte_class = [0u8; 256];
+        byte_class[b'a' as usize] = 1;
+        byte_class[b'b' as usize] = 1;
+        byte_class[b'"' as usize] = 2;
+        let (end, mut transitions) = (n as i32 + 1, Vec::new());
+        for k in 0..=n as i32 {
+            let letter = if k < n as i32 { k + 1 } else { DEAD };
+            transitions.extend([DEAD, letter, end]);
+        }
+        transitions.extend([DEAD, DEAD, DEAD]);
+        let accepting = (0..=end).map(|q| q == end).collect();
+        Dfa::new(&byte_class, transitions, accepting, 0).unwrap()
+    }
+
+    #[test]
+    fn first_difference_is_the_depth_that_tells_states_apart() {
+        let dfa = counting(10);
+        // states 0 and 3 have 10 and 7 letters left: 8 letters tell them apart
+        assert_eq!(dfa.first_difference(0, 3, 7, 1000), None);
+        assert_eq!(dfa.first_difference(0, 3, 20, 1000), Some(8));
+        assert_eq!(dfa.first_difference(3, 3, 100, 1000), None);
+        assert_eq!(dfa.first_difference(0, 3, 7, 2), Some(3)); // a third pair: no more
+        let lit = literal(b"ab");
+        assert_eq!(lit.first_difference(0, 1, 5, 1000), Some(1)); // 'a' lives from 0 only
     }
 
     #[test]

@@ -42,14 +42,23 @@ pub struct Trie {
     /// The bytes of the nodes strictly below each node, as a 256-bit set: a walk whose
     /// DFA state loops on all of them allows the whole subtree at once.
     below: Vec<[u64; 4]>,
+    /// The depth of the deepest node in each node's subtree.
+    reach: Vec<u16>,
     slices: Mutex<SliceCache>,
 }
 
 #[derive(Debug, Default)]
 struct SliceCache {
     map: FxHashMap<SliceKey, Arc<Slice>>,
+    /// The states whose slices were walked, by DFA fingerprint, in the order cached
+    /// (other states of the map share one of theirs).
+    walked: FxHashMap<u128, Vec<i32>>,
     bytes: usize,
 }
+
+/// A state shares a slice whose walk it agrees with: at most this many recently walked
+/// states of its DFA are tried.
+const SHARE_CANDIDATES: usize = 8;
 
 impl Trie {
     /// The trie of `token_bytes` (id -> bytes); ids whose bytes are `None` or empty are in
@@ -101,6 +110,7 @@ impl Trie {
         }
         let max_depth = nodes.iter().map(|n| n.depth as usize).max().unwrap_or(0);
         let below = bytes_below(&nodes, max_depth);
+        let reach = subtree_reach(&nodes);
         token_ids.push(0); // a sentinel: `allow_tokens` reads a node's first id unchecked
         nodes.push(Node {
             subtree_end: 0,
@@ -114,6 +124,7 @@ impl Trie {
             token_bytes,
             max_depth,
             below,
+            reach,
             slices: Mutex::default(),
         })
     }
@@ -192,6 +203,12 @@ impl Trie {
         &self.below[node]
     }
 
+    /// The depth of the deepest node in node `node`'s subtree.
+    #[inline(always)]
+    pub fn reach(&self, node: usize) -> usize {
+        self.reach[node] as usize
+    }
+
     /// The ids of the nodes strictly below `node` (they are contiguous: preorder).
     #[inline(always)]
     pub fn tokens_below(&self, node: usize) -> &[u32] {
@@ -220,16 +237,44 @@ impl Trie {
         cache.map.get(key).cloned()
     }
 
-    /// Keep `slice` for `key` (the cache is emptied when it would exceed its budget).
+    /// Keep `slice`, walked from `key`'s state, for `key` (the cache is emptied when it
+    /// would exceed its budget).
     pub fn cache_slice(&self, key: SliceKey, slice: Arc<Slice>) {
         let mut cache = self.slices.lock().unwrap_or_else(|e| e.into_inner());
         let size = slice.size_bytes();
         if cache.bytes + size > SLICE_CACHE_BYTES {
             cache.map.clear();
+            cache.walked.clear();
             cache.bytes = 0;
         }
         cache.bytes += size;
         cache.map.insert(key, slice);
+        cache.walked.entry(key.0).or_default().push(key.1);
+    }
+
+    /// The states of the DFA `fingerprint` whose walked slices are cached, the most
+    /// recent first, at most `SHARE_CANDIDATES`.
+    pub fn walked_states(&self, fingerprint: u128) -> Vec<i32> {
+        let cache = self.slices.lock().unwrap_or_else(|e| e.into_inner());
+        let states = cache
+            .walked
+            .get(&fingerprint)
+            .map_or(&[][..], |v| v.as_slice());
+        states
+            .iter()
+            .rev()
+            .take(SHARE_CANDIDATES)
+            .copied()
+            .collect()
+    }
+
+    /// Let `key` share the cached slice of `(key.0, walked)`, if it is still cached.
+    pub fn share_slice(&self, key: SliceKey, walked: i32) -> Option<Arc<Slice>> {
+        let mut cache = self.slices.lock().unwrap_or_else(|e| e.into_inner());
+        let slice = cache.map.get(&(key.0, walked))?.clone();
+        cache.bytes += 64; // the entry; the slice is counted once
+        cache.map.insert(key, slice.clone());
+        Some(slice)
     }
 }
 
@@ -252,6 +297,22 @@ fn bytes_below(nodes: &[Node], max_depth: usize) -> Vec<[u64; 4]> {
         }
     }
     below
+}
+
+/// For each node (in preorder), the depth of the deepest node of its subtree.
+fn subtree_reach(nodes: &[Node]) -> Vec<u16> {
+    let mut reach: Vec<u16> = nodes.iter().map(|n| n.depth).collect();
+    for i in (1..nodes.len()).rev() {
+        // the deepest below i is in one of its children's subtrees, all after it
+        let end = nodes[i].subtree_end as usize;
+        let mut child = i + 1;
+        while child < end {
+            reach[i] = reach[i].max(reach[child]);
+            child = nodes[child].subtree_end as usize;
+        }
+    }
+    reach[0] = reach[1..].iter().copied().max().unwrap_or(0);
+    reach
 }
 
 /// For each node (given by its depth, in preorder), the first node after its subtree:
@@ -327,6 +388,10 @@ mod tests {
         assert_eq!(t.bytes_below(1), &set(b"bc"));
         assert_eq!(t.bytes_below(3), &set(b""));
         assert_eq!(t.tokens_below(1), &[0, 4, 6]);
+        assert_eq!(
+            (0..5).map(|i| t.reach(i)).collect::<Vec<_>>(),
+            [3, 3, 3, 3, 1]
+        );
         assert_eq!(t.tokens_below(0), &[2, 0, 4, 6, 3]);
         assert!(Trie::new(vec![Some(vec![0; MAX_TOKEN_BYTES + 1])]).is_err());
     }

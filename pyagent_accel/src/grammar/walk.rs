@@ -27,6 +27,11 @@
 //!   nodes where it accepts) is cached in the `Trie` under the DFA's fingerprint, shared
 //!   by every matcher of the vocabulary whatever its grammar: inside a JSON string a
 //!   mask is the cached words plus the walks below the nodes that close the string.
+//!   A state's first walk is shared with, or built on, the slice of a recently walked
+//!   state of the same DFA (`Walk::dense_slice`): states that no string up to the
+//!   trie's depth tells apart share one slice (the counting states of a `maxLength`
+//!   string), and otherwise only the nodes where the two walks differ are walked
+//!   (`walk_on_base`).
 //!
 //! A mask is the union of its runs' walks, one lexeme at a time (the parser's columns
 //! are unions of what each run leads to), so every lexeme of the last column takes
@@ -51,6 +56,10 @@ const CACHE_MIN_VISITS: usize = 2048;
 /// is walked from the root with its runs instead.
 const MAX_FRONTIER_SHARE: usize = 16;
 
+/// The most pairs of states `Dfa::first_difference` compares before a lexeme state gives up
+/// sharing another's slice and is walked.
+const SHARE_MAX_PAIRS: usize = 1 << 12;
+
 /// A node to walk again from, with its prefix below the walk's starting depth.
 #[derive(Debug, Clone, Copy)]
 struct Frontier {
@@ -64,7 +73,10 @@ struct Frontier {
 struct Frontiers {
     nodes: Vec<Frontier>,
     bytes: Vec<u8>,
+    /// The nodes the walk covered, those of subtrees allowed at once included.
     visited: usize,
+    /// The nodes the walk's loop stepped a DFA at (what it cost).
+    stepped: usize,
 }
 
 impl Frontiers {
@@ -130,14 +142,34 @@ fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize
         ids: Vec::new(),
         frontiers: Frontiers::default(),
     };
-    let mut rows = vec![0u32; trie.max_depth + 1]; // the state's row after each depth
     let mut path = vec![0u8; trie.max_depth];
-    rows[0] = dfa.row(state);
+    let range = (1, trie.len(), 0);
+    let (visited, stepped) = walk_below(dfa, dfa.row(state), trie, range, &mut walk, &mut path);
+    walk.frontiers.visited = visited;
+    walk.frontiers.stepped = stepped;
+    walk
+}
+
+/// The walk of the nodes `lo..hi` (deeper than `depth0`, whose prefix is in `path`) from
+/// the state whose row is `row`, into `walk` (its words if it has any, else its ids);
+/// returns the nodes it covered and those it stepped.
+fn walk_below(
+    dfa: &Dfa,
+    row: u32,
+    trie: &Trie,
+    (lo, hi, depth0): (usize, usize, usize),
+    walk: &mut LexemeWalk,
+    path: &mut [u8],
+) -> (usize, usize) {
+    let dense = !walk.words.is_empty();
+    let mut rows = vec![0u32; trie.max_depth + 1]; // the state's row after each depth
+    rows[depth0] = row;
     let mut loops = LoopBytes::new(dfa);
-    let mut node = 1;
-    let mut visited = 0;
-    while node < trie.len() {
+    let mut node = lo;
+    let (mut visited, mut stepped) = (0, 0);
+    while node < hi {
         visited += 1;
+        stepped += 1;
         let n = trie.node(node);
         let k = n.depth as usize;
         let next = dfa.step_move(rows[k - 1], n.byte);
@@ -172,7 +204,96 @@ fn walk_lexeme(dfa: &Dfa, state: i32, trie: &Trie, dense: bool, num_words: usize
             node += 1;
         }
     }
-    walk.frontiers.visited = visited;
+    (visited, stepped)
+}
+
+/// The dense walk of `dfa` from `state`, built on `base`: the cached walk of the state
+/// `other` of the same DFA, whose walk agrees with this one's on the strings shorter
+/// than `from` (`Dfa::first_difference`). The trie is walked with both states at once,
+/// and where both reach one state, or in a subtree that does not reach depth `from`,
+/// the base's tokens and frontier stand; elsewhere a node's tokens and frontier are set
+/// as this walk has them (below a node where only one walk goes on: all of its own).
+fn walk_on_base(
+    dfa: &Dfa,
+    state: i32,
+    trie: &Trie,
+    (base, other, from): (&LexemeWalk, i32, usize),
+) -> LexemeWalk {
+    let mut walk = LexemeWalk {
+        words: base.words.clone(),
+        ids: Vec::new(),
+        frontiers: Frontiers::default(), // this walk's frontier where it differs
+    };
+    let mut dropped: Vec<(u32, u32)> = Vec::new(); // the base's frontier in these goes
+    let mut rows = vec![(0u32, 0u32); trie.max_depth + 1]; // after each depth
+    let mut path = vec![0u8; trie.max_depth];
+    rows[0] = (dfa.row(state), dfa.row(other));
+    let goes_on = |m: u32| m != DEAD_MOVE && m & ACCEPTS == 0;
+    let mut stepped = 0;
+    let mut node = 1;
+    while node < trie.len() {
+        stepped += 1;
+        let n = trie.node(node);
+        let (k, end) = (n.depth as usize, n.subtree_end as usize);
+        if k < from && trie.reach(node) < from {
+            node = end; // strings shorter than `from`: the walks agree
+            continue;
+        }
+        let (p, q) = rows[k - 1];
+        let (a, b) = (dfa.step_move(p, n.byte), dfa.step_move(q, n.byte));
+        if a == b {
+            node = end; // one state (or both dead): the same walk from here
+            continue;
+        }
+        path[k - 1] = n.byte;
+        match (a != DEAD_MOVE, b != DEAD_MOVE) {
+            (true, false) => trie.allow_tokens(node, &mut walk.words),
+            (false, true) => clear(&mut walk.words, trie.tokens(node)),
+            _ => {}
+        }
+        if node + 1 < end {
+            if b != DEAD_MOVE && b & ACCEPTS != 0 {
+                dropped.push((node as u32, node as u32 + 1));
+            }
+            if a != DEAD_MOVE && a & ACCEPTS != 0 {
+                walk.frontiers.push(node, &path[..k]);
+            }
+        }
+        match (goes_on(a), goes_on(b)) {
+            (true, true) => {
+                rows[k] = (a, b);
+                node += 1;
+                continue;
+            }
+            (true, false) => {
+                let range = (node + 1, end, k);
+                stepped += walk_below(dfa, a, trie, range, &mut walk, &mut path).1;
+            }
+            (false, true) => {
+                clear(&mut walk.words, trie.tokens_below(node));
+                dropped.push((node as u32 + 1, end as u32));
+            }
+            (false, false) => {}
+        }
+        node = end;
+    }
+    // the base's frontier less the dropped nodes, then this walk's, in preorder
+    let new = std::mem::take(&mut walk.frontiers);
+    let kept = base.frontiers.nodes.iter().filter(|f| {
+        let i = dropped.partition_point(|&(_, hi)| hi <= f.node);
+        dropped.get(i).is_none_or(|&(lo, _)| f.node < lo)
+    });
+    let mut all: Vec<(&Frontiers, Frontier)> = kept
+        .map(|&f| (&base.frontiers, f))
+        .chain(new.nodes.iter().map(|&f| (&new, f)))
+        .collect();
+    all.sort_unstable_by_key(|(_, f)| f.node);
+    for (owner, f) in all {
+        walk.frontiers.push(f.node as usize, owner.prefix(&f));
+    }
+    // what pays() weighs: as many nodes as the base's (an estimate where they differ)
+    walk.frontiers.visited = base.frontiers.visited;
+    walk.frontiers.stepped = stepped;
     walk
 }
 
@@ -212,6 +333,13 @@ fn allow(words: &mut [u32], ids: &[u32]) {
     }
 }
 
+/// Clear the bits of `ids` in `words`.
+fn clear(words: &mut [u32], ids: &[u32]) {
+    for &id in ids {
+        words[(id >> 5) as usize] &= !(1 << (id & 31));
+    }
+}
+
 /// Which terminals start where some runs end, by the ended runs' (terminal, origin),
 /// sorted; kept for one mask (the origins are that mask's columns).
 #[derive(Debug, Default)]
@@ -227,6 +355,9 @@ pub struct Walker {
     levels: Vec<Level>,
     /// The bytes from the mask's root to the node being visited.
     path: Vec<u8>,
+    /// The trie nodes the last mask stepped a DFA at, over all its walks (a slice taken
+    /// from the cache costs none): the measure of a mask's work.
+    pub stepped: usize,
 }
 
 /// One recursion level's memory: the runs after each depth of the current branch
@@ -255,6 +386,8 @@ struct Walk<'a> {
     root: usize,
     /// The parser's bytes now: runs begun in a column up to this one can end virtually.
     real: usize,
+    /// The nodes stepped so far (`Walker::stepped`).
+    stepped: usize,
 }
 
 impl Walker {
@@ -281,9 +414,11 @@ impl Walker {
             frontiers: Frontiers::default(),
             root,
             real: root,
+            stepped: 0,
         };
         let result = walk.whole_trie();
         walk.parser.truncate(root);
+        self.stepped = walk.stepped;
         result
     }
 }
@@ -305,12 +440,11 @@ impl Walk<'_> {
                     let row = dfa.row(state);
                     let size = self.trie.live_nodes(|b| dfa.step_move(row, b) != DEAD_MOVE);
                     let dense = size >= CACHE_MIN_VISITS;
-                    let walk = walk_lexeme(dfa, state, self.trie, dense, self.words.len());
                     if dense {
-                        let slice = Arc::new(Slice { walk });
-                        self.trie.cache_slice(key, slice.clone());
-                        (Some(slice), None)
+                        (Some(self.dense_slice(dfa, key)), None)
                     } else {
+                        let walk = walk_lexeme(dfa, state, self.trie, false, 0);
+                        self.stepped += walk.frontiers.stepped;
                         (None, Some(walk))
                     }
                 }
@@ -341,6 +475,42 @@ impl Walk<'_> {
             self.runs(&unsliced, (1, self.trie.len(), 0), 0)?;
         }
         self.parser_frontiers(0)
+    }
+
+    /// The slice of a lexeme `key` of `dfa` whose walk is not cached, now cached: the
+    /// slice of a recently walked state of the DFA whose walk agrees with this one's to
+    /// the trie's depth (a counting state far from its bound walks as the next one
+    /// does), shared; else a walk on the slice of the recently walked state that agrees
+    /// longest (`walk_on_base`: only where the two differ, such as a property name's
+    /// states near a listed name, which join the others' after a byte), or from scratch.
+    fn dense_slice(&mut self, dfa: &Dfa, key: SliceKey) -> Arc<Slice> {
+        let trie = self.trie;
+        let mut base: Option<(usize, i32, Arc<Slice>)> = None;
+        for walked in trie.walked_states(key.0) {
+            match dfa.first_difference(key.1, walked, trie.max_depth, SHARE_MAX_PAIRS) {
+                None => {
+                    if let Some(slice) = trie.share_slice(key, walked) {
+                        return slice;
+                    }
+                }
+                Some(d) if base.as_ref().is_none_or(|(depth, ..)| d > *depth) => {
+                    if let Some(slice) = trie.cached_slice(&(key.0, walked)) {
+                        base = Some((d, walked, slice));
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        let walk = match base {
+            Some((from, other, slice)) => {
+                walk_on_base(dfa, key.1, trie, (&slice.walk, other, from))
+            }
+            None => walk_lexeme(dfa, key.1, trie, true, self.words.len()),
+        };
+        self.stepped += walk.frontiers.stepped;
+        let slice = Arc::new(Slice { walk });
+        trie.cache_slice(key, slice.clone());
+        slice
     }
 
     /// The subtree below `node` (its tokens already allowed), where `scanned` are the
@@ -416,8 +586,9 @@ impl Walk<'_> {
         lv.end[0] = start.len();
         let terms = &self.grammar.terminals;
         let mut result = Ok(());
-        let mut node = lo;
+        let (mut node, mut stepped) = (lo, 0);
         while node < hi {
+            stepped += 1;
             let n = self.trie.node(node);
             let k = n.depth as usize - depth0; // >= 1
             let parent = if k == 1 { 0 } else { lv.end[k - 2] }..lv.end[k - 1];
@@ -466,6 +637,7 @@ impl Walk<'_> {
             }
         }
         self.levels[level] = lv;
+        self.stepped += stepped;
         result
     }
 
@@ -485,8 +657,9 @@ impl Walk<'_> {
         lv.states[0] = dfa.row(run.state);
         let mut ends_with_nothing: Option<bool> = None;
         let mut result = Ok(());
-        let mut node = lo;
+        let (mut node, mut stepped) = (lo, 0);
         while node < hi {
+            stepped += 1;
             let n = self.trie.node(node);
             let k = n.depth as usize - depth0; // >= 1
             let next = dfa.step_move(lv.states[k - 1], n.byte);
@@ -529,6 +702,7 @@ impl Walk<'_> {
             node = n.subtree_end as usize;
         }
         self.levels[level] = lv;
+        self.stepped += stepped;
         result
     }
 
@@ -573,6 +747,69 @@ impl Walk<'_> {
         }
         self.parser.truncate(real);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grammar::tables::tests::counting;
+
+    /// The words and the frontier (nodes and prefixes) of a walk.
+    fn outcome(walk: &LexemeWalk) -> (Vec<u32>, Vec<(u32, Vec<u8>)>) {
+        let f = &walk.frontiers;
+        let nodes = f
+            .nodes
+            .iter()
+            .map(|x| (x.node, f.prefix(x).to_vec()))
+            .collect();
+        (walk.words.clone(), nodes)
+    }
+
+    #[test]
+    fn a_walk_from_a_base_is_the_walk_from_the_root() {
+        // tokens over a, b, '"' of 1 to 14 bytes (a fixed pseudo-random draw), walked by
+        // the states of a count to 9: each state's walk built on each other's
+        let mut seed = 12345u64;
+        let mut draw = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        let tokens: Vec<Option<Vec<u8>>> = (0..3000)
+            .map(|_| {
+                let len = 1 + draw(14) as usize;
+                Some((0..len).map(|_| b"ab\"\""[draw(4) as usize]).collect())
+            })
+            .collect();
+        let trie = Trie::new(tokens).unwrap();
+        let words = trie.vocab_size().div_ceil(32);
+        let dfa = counting(9);
+        let walks: Vec<LexemeWalk> = (0..=9)
+            .map(|q| walk_lexeme(&dfa, q, &trie, true, words))
+            .collect();
+        let mut adapted = 0;
+        for a in 0..=9 {
+            for b in 0..=9 {
+                let expected = outcome(&walks[a as usize]);
+                let d = match dfa.first_difference(a, b, trie.max_depth, 1 << 14) {
+                    None => {
+                        assert_eq!(outcome(&walks[b as usize]), expected, "{a} {b}");
+                        1
+                    }
+                    Some(d) => d,
+                };
+                // from where they may differ, and from the root (both walks throughout)
+                for from in [d, 1] {
+                    let walk = walk_on_base(&dfa, a, &trie, (&walks[b as usize], b, from));
+                    assert_eq!(outcome(&walk), expected, "{a} from {b} at depth {from}");
+                    adapted += 1;
+                }
+            }
+        }
+        assert_eq!(adapted, 200);
+        assert!(walks[0].frontiers.nodes.len() > 10);
     }
 }
 
