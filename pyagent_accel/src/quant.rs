@@ -19,9 +19,13 @@
 //! reference's results bit for bit.
 //!
 //! FP8 weights (`quantize_fp8`, `dequantize_fp8`, `dequant_matmul_fp8`) reuse the KV
-//! cache's fp8 codec (`attention::fp8`). The matmul never builds the float weight: each
-//! row is decoded (`decode_row`, branch-free bit placement that vectorises; the values
-//! `dequantize_fp8` gives) into a buffer of one row, dotted with four tokens per read.
+//! cache's fp8 codec (`attention::fp8`). The matmul never builds the float weight. For
+//! f32 on x86-64 CPUs with AVX2, FMA and F16C (`avx2::fp8_rows`) 16 codes become half
+//! floats by shifts and a mask and F16C widens them (`avx2::fp8_weights`: the weights
+//! `dequantize_fp8` gives, bit for bit): the GEMV (1-3 tokens) multiplies them with the
+//! tokens as they are decoded, the GEMM decodes tiles for `avx2::tiled`, as the integer
+//! GEMM does. Elsewhere each row is decoded (`decode_row`, branch-free bit placement that
+//! vectorises) into a buffer of one row, dotted with four tokens per read.
 
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -225,7 +229,7 @@ fn fused_dot<C: Lane, const BITS: usize>(
 /// into one multiply-add (so results differ from `fused_dot` in the last bits).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Weight, LANES};
+    use super::{Fp8Weight, Weight, LANES};
     use std::arch::x86_64::*;
 
     /// The bits of 2^23 in f32.
@@ -402,23 +406,18 @@ mod avx2 {
     /// y rows of a block of at most ROWS rows for any number of tokens (`super::rows_impl`
     /// without `permuted`), for f32 when `available()`: for each KC columns, the rows'
     /// float weights (q - z) s, as `dequantize` gives them, decoded once into a tile that
-    /// every token then meets (ROWS x 6 sums per pass of `micro`). Each column block's
-    /// sums start from zero and are added to the row's total (the order of the sum).
+    /// every token then meets (`tiled`).
     pub fn gemm(weight: Weight<'_, f32>, x: &[f32], tokens: usize, yt: &mut [f32]) {
         let (bits, words, scales, zeros) = (weight.bits, weight.words, weight.scales, weight.zeros);
         assert!(available());
         let rows = yt.len() / tokens;
-        assert!(rows <= ROWS);
         let n = x.len() / tokens;
         let (per_row, groups) = (words.len() / rows, scales.len() / rows);
         let group = n / groups;
         let per = 32 / bits;
-        let mut wt = vec![0f32; KC * ROWS];
         let mut tw = vec![0i32; KC * ROWS];
         let mut codes = vec![0i32; KC];
-        let mut tile = vec![0f32; ROWS * tokens];
-        for k0 in (0..n).step_by(KC) {
-            let kc = KC.min(n - k0);
+        tiled(x, tokens, yt, |k0, kc, wt| {
             if group % per == 0 {
                 // the tile's words side by side per word column, then decoded 8 rows at once
                 for (r, row) in words.chunks_exact(per_row).enumerate() {
@@ -438,7 +437,7 @@ mod avx2 {
                     }
                     let columns = (c - k0) / per..(end - k0) / per;
                     // SAFETY: the CPU has AVX2 and FMA (asserted above).
-                    unsafe { decode_tile(bits, &tw, columns, &s, &z, &mut wt) };
+                    unsafe { decode_tile(bits, &tw, columns, &s, &z, wt) };
                     c = end;
                 }
             } else {
@@ -452,6 +451,29 @@ mod avx2 {
                     }
                 }
             }
+        });
+    }
+
+    /// y rows (yt, rows x tokens) of a block of at most ROWS rows, by tiles: for each KC
+    /// columns from k0, `decode(k0, kc, wt)` writes the rows' float weights side by side
+    /// per column (wt[k * ROWS + r] for column k0 + k), then every token meets the tile
+    /// (ROWS x 6 sums per pass of `micro`). Each column block's sums start from zero and
+    /// are added to the row's total (the order of the sum). For f32 when `available()`.
+    fn tiled(
+        x: &[f32],
+        tokens: usize,
+        yt: &mut [f32],
+        mut decode: impl FnMut(usize, usize, &mut [f32]),
+    ) {
+        assert!(available());
+        let rows = yt.len() / tokens;
+        assert!(rows <= ROWS);
+        let n = x.len() / tokens;
+        let mut wt = vec![0f32; KC * ROWS];
+        let mut tile = vec![0f32; ROWS * tokens];
+        for k0 in (0..n).step_by(KC) {
+            let kc = KC.min(n - k0);
+            decode(k0, kc, &mut wt);
             let token = |t: usize| &x[t * n + k0..t * n + k0 + kc];
             let mut t = 0;
             while t < tokens {
@@ -499,6 +521,177 @@ mod avx2 {
                 _ => rows::<8>(words, scales, zeros, xs, tokens, yt),
             }
         }
+    }
+
+    // FP8 weights, 16 codes per instruction group and no table: byte b moved into the
+    // high byte of a 16-bit lane (b << 8) is the half float of e5m2 code b's value (the
+    // same layout: sign, 5 exponent bits of bias 15, 2 mantissa bits; infinities and NaNs
+    // included). For e4m3fn that lane shifted right by one, the sign kept in place,
+    // (b & 0x80) << 8 | (b & 0x7F) << 7, is the half of its value times 2^-8 (4 exponent
+    // bits of bias 7 read with bias 15, the 3 mantissa bits on top of the half's, normal
+    // and subnormal codes alike), except its NaN codes 0x7F / 0xFF (1.875 2^-8 there,
+    // so detected apart). F16C widens the halves to f32 exactly, and one multiplication
+    // by s (e5m2) or s 2^8 (e4m3fn, exact while finite) gives fp8(q) s rounded once:
+    // `dequantize_fp8`'s weights bit for bit.
+
+    /// Whether the CPU runs the fp8 kernels (`fp8_rows`): AVX2, FMA and F16C.
+    pub fn fp8_available() -> bool {
+        available() && is_x86_feature_detected!("f16c")
+    }
+
+    /// The weights of the 16 codes at `codes` times `sv` (s, or s 2^8 for e4m3fn), and
+    /// the 16-bit lanes of the codes that are NaN the format's way (e4m3fn 0x7F / 0xFF)
+    /// all ones (e5m2: zero, its NaN codes decode as NaN).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8_weights<const E5M2: bool>(codes: &[u8; 16], sv: __m256) -> ([__m256; 2], __m256i) {
+        // SAFETY: the 16 bytes lie in `codes`.
+        let bytes = unsafe { _mm_loadu_si128(codes.as_ptr().cast()) };
+        let t = _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(bytes));
+        let (h, nan) = if E5M2 {
+            (t, _mm256_setzero_si256())
+        } else {
+            let mag = _mm256_set1_epi16(0x7F00);
+            (
+                _mm256_and_si256(_mm256_srai_epi16::<1>(t), _mm256_set1_epi16(!0x4000)),
+                _mm256_cmpeq_epi16(_mm256_and_si256(t, mag), mag),
+            )
+        };
+        let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h));
+        ([_mm256_mul_ps(lo, sv), _mm256_mul_ps(hi, sv)], nan)
+    }
+
+    /// s as `fp8_weights` multiplies by it, None where s 2^8 overflows (`decode_row`).
+    fn fp8_factor<const E5M2: bool>(s: f32) -> Option<f32> {
+        let f = if E5M2 { s } else { s * 256.0 };
+        f.is_finite().then_some(f)
+    }
+
+    /// One row of codes as weights fp8(q) s (`super::decode_row`'s values): 16 codes per
+    /// `fp8_weights`; a block holding a NaN code and the partial block at the end, and a
+    /// row whose s 2^8 overflows, through `decode_row`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn fp8_decode<const E5M2: bool>(codes: &[u8], s: f32, w: &mut [f32]) {
+        let Some(f) = fp8_factor::<E5M2>(s) else {
+            return super::decode_row::<f32, E5M2>(codes, s, w);
+        };
+        let sv = _mm256_set1_ps(f);
+        let body = codes.len() - codes.len() % 16;
+        for (q, o) in codes[..body].chunks_exact(16).zip(w.chunks_exact_mut(16)) {
+            let ([lo, hi], nan) = fp8_weights::<E5M2>(q.try_into().unwrap(), sv);
+            if _mm256_testz_si256(nan, nan) == 0 {
+                super::decode_row::<f32, E5M2>(q, s, o);
+                continue;
+            }
+            // SAFETY: o holds 16 floats.
+            unsafe {
+                _mm256_storeu_ps(o.as_mut_ptr(), lo);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), hi);
+            }
+        }
+        super::decode_row::<f32, E5M2>(&codes[body..], s, &mut w[body..codes.len()]);
+    }
+
+    /// y rows (yt, rows x T) of T = 1-3 tokens (x: T rows of n) and the fp8 weight rows
+    /// (the GEMV): each row's codes decoded 16 at a time (`fp8_weights`) and met by every
+    /// token in the same pass, 2 T sums of multiply-adds. The partial block at a row's end
+    /// through `decode_row`; a row holding a NaN code, or whose s 2^8 overflows, wholly
+    /// through `decode_row` (so a NaN code makes its row's sums NaN, as the contract's
+    /// weight does).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8_gemv<const E5M2: bool, const T: usize>(
+        weight: Fp8Weight<'_>,
+        x: &[f32],
+        yt: &mut [f32],
+    ) {
+        let n = weight.in_features;
+        let body = n - n % 16;
+        assert!(x.len() == T * n && weight.codes.len() == yt.len() / T * n);
+        let mut w = vec![0f32; n];
+        for (o, (out, codes)) in yt
+            .chunks_exact_mut(T)
+            .zip(weight.codes.chunks_exact(n))
+            .enumerate()
+        {
+            let s = weight.scales[if weight.scales.len() > 1 { o } else { 0 }];
+            let mut exact = |w: &mut [f32]| {
+                super::decode_row::<f32, E5M2>(codes, s, w);
+                for (t, y) in out.iter_mut().enumerate() {
+                    *y = super::dot1(w, &x[t * n..(t + 1) * n]);
+                }
+            };
+            let Some(f) = fp8_factor::<E5M2>(s) else {
+                exact(&mut w);
+                continue;
+            };
+            let sv = _mm256_set1_ps(f);
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            let mut nan = _mm256_setzero_si256();
+            for c in (0..body).step_by(16) {
+                let q: &[u8; 16] = codes[c..c + 16].try_into().unwrap();
+                let ([lo, hi], bad) = fp8_weights::<E5M2>(q, sv);
+                nan = _mm256_or_si256(nan, bad);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: c + 16 <= body <= n, so the 16 floats lie in token t's row.
+                    let (x0, x1) = unsafe {
+                        let p = x.as_ptr().add(t * n + c);
+                        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                    };
+                    a[0] = _mm256_fmadd_ps(lo, x0, a[0]);
+                    a[1] = _mm256_fmadd_ps(hi, x1, a[1]);
+                }
+            }
+            if _mm256_testz_si256(nan, nan) == 0 {
+                exact(&mut w);
+                continue;
+            }
+            let tail = &mut w[body..];
+            super::decode_row::<f32, E5M2>(&codes[body..], s, tail);
+            for (t, (y, a)) in out.iter_mut().zip(acc).enumerate() {
+                let xt = &x[t * n + body..(t + 1) * n];
+                let rest: f32 = tail.iter().zip(xt).map(|(w, v)| w * v).sum();
+                *y = sum(_mm256_add_ps(a[0], a[1])) + rest;
+            }
+        }
+    }
+
+    /// `super::fp8_rows_impl` on x (tokens rows of n) for f32 when `fp8_available()`:
+    /// the GEMV (`fp8_gemv`) for 1-3 tokens, else by tiles (`tiled`), each row's KC
+    /// codes decoded (`fp8_decode`) once for every token.
+    pub fn fp8_rows(weight: Fp8Weight<'_>, x: &[f32], tokens: usize, yt: &mut [f32]) {
+        assert!(fp8_available());
+        let e5m2 = weight.fmt == super::f8::E5M2;
+        // SAFETY: the CPU has AVX2, FMA and F16C (asserted above).
+        unsafe {
+            match (e5m2, tokens) {
+                (false, 1) => return fp8_gemv::<false, 1>(weight, x, yt),
+                (false, 2) => return fp8_gemv::<false, 2>(weight, x, yt),
+                (false, 3) => return fp8_gemv::<false, 3>(weight, x, yt),
+                (true, 1) => return fp8_gemv::<true, 1>(weight, x, yt),
+                (true, 2) => return fp8_gemv::<true, 2>(weight, x, yt),
+                (true, 3) => return fp8_gemv::<true, 3>(weight, x, yt),
+                _ => {}
+            }
+        }
+        let n = weight.in_features;
+        let rows = yt.len() / tokens;
+        tiled(x, tokens, yt, |k0, kc, wt| {
+            let mut w = [0f32; KC];
+            for r in 0..rows {
+                let s = weight.scales[if weight.scales.len() > 1 { r } else { 0 }];
+                let codes = &weight.codes[r * n + k0..r * n + k0 + kc];
+                // SAFETY: the CPU has AVX2, FMA and F16C (asserted above).
+                unsafe {
+                    match e5m2 {
+                        true => fp8_decode::<true>(codes, s, &mut w[..kc]),
+                        false => fp8_decode::<false>(codes, s, &mut w[..kc]),
+                    }
+                }
+                for (i, &v) in w[..kc].iter().enumerate() {
+                    wt[i * ROWS + r] = v;
+                }
+            }
+        });
     }
 }
 
@@ -888,6 +1081,8 @@ pub fn fp8_matmul<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, out: u
     }
     let n = weight.in_features;
     let per_row = weight.scales.len() > 1;
+    #[cfg(target_arch = "x86_64")]
+    let simd = tiled_gemm::<C>() && avx2::fp8_available();
     let block = |(b, chunk): (usize, &mut [C])| {
         let first = b * ROW_BLOCK;
         let rows = chunk.len() / tokens;
@@ -900,10 +1095,18 @@ pub fn fp8_matmul<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, out: u
             },
             ..weight
         };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: C is f32 (`simd` says so), the chunk too.
+            let yt = unsafe {
+                std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
+            };
+            return avx2::fp8_rows(part, f32s(x), tokens, yt);
+        }
         fp8_rows_kernel(part, x, tokens, chunk);
     };
     let chunks = yt.chunks_mut(ROW_BLOCK * tokens).enumerate();
-    if tokens * out * n >= PARALLEL {
+    if tokens * out * n >= PARALLEL && rayon::current_num_threads() > 1 {
         chunks.par_bridge().for_each(block);
     } else {
         chunks.for_each(block);
@@ -1627,6 +1830,106 @@ mod tests {
                         })
                         .sum();
                     assert!((yt[o * tokens + t] - want).abs() < 1e-9, "{o} {t}");
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fp8_simd_decode_is_every_codes_value_times_the_scale() {
+        // all 256 codes of both formats (NaN codes in blocks of their own and among
+        // others, a partial block at the end), scales normal, subnormal and 2^121 (s 2^8
+        // overflows), bit for bit
+        if !avx2::fp8_available() {
+            return;
+        }
+        let mut codes: Vec<u8> = (0..=255).collect();
+        codes.extend((0..=255u8).rev().step_by(3));
+        for s in [1.0f32, 0.37, 3.0e-5, 1.0e-40, 2f32.powi(121), 0.0] {
+            for fmt in [f8::E4M3, f8::E5M2] {
+                let mut w = vec![0f32; codes.len()];
+                // SAFETY: fp8_available() (checked above).
+                unsafe {
+                    match fmt == f8::E5M2 {
+                        true => avx2::fp8_decode::<true>(&codes, s, &mut w),
+                        false => avx2::fp8_decode::<false>(&codes, s, &mut w),
+                    }
+                }
+                for (&c, &got) in codes.iter().zip(&w) {
+                    let want = f8::decode(c, fmt) * s;
+                    assert!(
+                        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                        "{c:#x} {s} {}: {got} {want}",
+                        fmt.bias
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_kernels_agree_with_the_portable_rows() {
+        // the AVX2 GEMV (1-3 tokens) and tiled GEMM against the portable kernel on f32: a
+        // partial tile of rows, partial blocks of 16 and of KC columns, per-row and
+        // per-tensor scales; a row holding e4m3fn's NaN code gives NaN, e5m2's infinity
+        // infinity (or NaN against a zero x)
+        for (fmt, rows, n) in [
+            (f8::E4M3, 21usize, 300usize),
+            (f8::E5M2, 19, 129),
+            (f8::E4M3, 3, 7),
+        ] {
+            let mut codes: Vec<u8> = (0..rows * n)
+                .map(|i| ((i * 73 + i / 7) % 256) as u8)
+                .map(|c| {
+                    if f8::decode(c, fmt).is_finite() {
+                        c
+                    } else {
+                        c & 0x3F
+                    }
+                })
+                .collect();
+            codes[n + n / 2] = if fmt == f8::E5M2 { 0x7C } else { 0xFF };
+            for per_row in [true, false] {
+                let scales: Vec<f32> = (0..if per_row { rows } else { 1 })
+                    .map(|r| 0.01 + r as f32 * 0.37)
+                    .collect();
+                let weight = Fp8Weight {
+                    codes: &codes,
+                    scales: &scales,
+                    fmt,
+                    in_features: n,
+                };
+                for tokens in [1usize, 2, 3, 4, 7, 13] {
+                    let x: Vec<f32> = (0..tokens * n)
+                        .map(|i| ((i as f32) * 0.61).sin() * 3.0)
+                        .collect();
+                    let mut want = vec![0f32; rows * tokens];
+                    fp8_rows_kernel(weight, &x, tokens, &mut want);
+                    let got = fp8_matmul(weight, &x, tokens, rows);
+                    for o in 0..rows {
+                        let mag: f32 = (0..n)
+                            .map(|i| {
+                                (f8::decode(codes[o * n + i], fmt)
+                                    * scales[if per_row { o } else { 0 }])
+                                .abs()
+                                    * 3.0
+                            })
+                            .sum();
+                        for t in 0..tokens {
+                            let (g, w) = (got[o * tokens + t], want[o * tokens + t]);
+                            let same = g == w || (g.is_nan() && w.is_nan());
+                            let tol = 2.0 * n as f32 * f32::EPSILON * mag;
+                            assert!(
+                                same || (g - w).abs() <= tol,
+                                "{} {o} {t} {tokens}: {g} {w}",
+                                fmt.bias
+                            );
+                            if o == 1 {
+                                assert!(!g.is_finite(), "{} {t} {tokens}: {g}", fmt.bias);
+                            }
+                        }
+                    }
                 }
             }
         }
