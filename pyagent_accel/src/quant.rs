@@ -526,49 +526,59 @@ mod avx2 {
     // FP8 weights, 16 codes per instruction group and no table: byte b moved into the
     // high byte of a 16-bit lane (b << 8) is the half float of e5m2 code b's value (the
     // same layout: sign, 5 exponent bits of bias 15, 2 mantissa bits; infinities and NaNs
-    // included). For e4m3fn that lane shifted right by one, the sign kept in place,
-    // (b & 0x80) << 8 | (b & 0x7F) << 7, is the half of its value times 2^-8 (4 exponent
-    // bits of bias 7 read with bias 15, the 3 mantissa bits on top of the half's, normal
-    // and subnormal codes alike), except its NaN codes 0x7F / 0xFF (1.875 2^-8 there,
-    // so detected apart). F16C widens the halves to f32 exactly, and one multiplication
-    // by s (e5m2) or s 2^8 (e4m3fn, exact while finite) gives fp8(q) s rounded once:
-    // `dequantize_fp8`'s weights bit for bit.
+    // included). For e4m3fn, (b & 0x80) << 8 | (b & 0x7F) << 7 (b sign-extended to 16
+    // bits, shifted left by 7, bit 14 cleared) is the half of its value times 2^-8 (4
+    // exponent bits of bias 7 read with bias 15, the 3 mantissa bits on top of the
+    // half's, normal and subnormal codes alike), except its NaN codes 0x7F / 0xFF (1.875
+    // 2^-8 there, so detected apart: b + b wraps to 0xFE for them alone). F16C widens the
+    // halves to f32 exactly: h = fp8(q) 2^-8 (e4m3fn) or fp8(q) (e5m2). The GEMM's tiles
+    // take h times s 2^8 (or s), exact while finite: fp8(q) s rounded once, the weights
+    // of `dequantize_fp8` bit for bit. The GEMV sums h x per row and multiplies the sum
+    // by s 2^8 once (`fp8_foldable` keeps every h x a normal f32 and the sum finite).
 
     /// Whether the CPU runs the fp8 kernels (`fp8_rows`): AVX2, FMA and F16C.
     pub fn fp8_available() -> bool {
         available() && is_x86_feature_detected!("f16c")
     }
 
-    /// The weights of the 16 codes at `codes` times `sv` (s, or s 2^8 for e4m3fn), and
-    /// the 16-bit lanes of the codes that are NaN the format's way (e4m3fn 0x7F / 0xFF)
-    /// all ones (e5m2: zero, its NaN codes decode as NaN).
+    /// The values h of the 16 codes `bytes`: fp8(q) 2^-8 (e4m3fn, NaN codes aside) or
+    /// fp8(q) (e5m2), exact.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn fp8_weights<const E5M2: bool>(codes: &[u8; 16], sv: __m256) -> ([__m256; 2], __m256i) {
-        // SAFETY: the 16 bytes lie in `codes`.
-        let bytes = unsafe { _mm_loadu_si128(codes.as_ptr().cast()) };
-        let t = _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(bytes));
-        let (h, nan) = if E5M2 {
-            (t, _mm256_setzero_si256())
+    fn fp8_halves<const E5M2: bool>(bytes: __m128i) -> [__m256; 2] {
+        let h = if E5M2 {
+            _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(bytes))
         } else {
-            let mag = _mm256_set1_epi16(0x7F00);
-            (
-                _mm256_and_si256(_mm256_srai_epi16::<1>(t), _mm256_set1_epi16(!0x4000)),
-                _mm256_cmpeq_epi16(_mm256_and_si256(t, mag), mag),
-            )
+            let t = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(bytes));
+            _mm256_and_si256(t, _mm256_set1_epi16(!0x4000))
         };
         let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-        let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h));
-        ([_mm256_mul_ps(lo, sv), _mm256_mul_ps(hi, sv)], nan)
+        [lo, _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h))]
     }
 
-    /// s as `fp8_weights` multiplies by it, None where s 2^8 overflows (`decode_row`).
+    /// 16 codes from `codes` at `at` (at + 16 <= codes.len()).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8_load(codes: &[u8], at: usize) -> __m128i {
+        assert!(at + 16 <= codes.len());
+        // SAFETY: the 16 bytes lie in `codes` (asserted above).
+        unsafe { _mm_loadu_si128(codes.as_ptr().add(at).cast()) }
+    }
+
+    /// Whether any byte of `twice` (the codes' b + b, max-accumulated) is 0xFE: a code
+    /// that is e4m3fn's NaN.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8_nan(twice: __m128i) -> bool {
+        let hit = _mm_cmpeq_epi8(twice, _mm_set1_epi8(0xFEu8 as i8));
+        _mm_testz_si128(hit, hit) == 0
+    }
+
+    /// s as the kernels multiply h by it, None where s 2^8 overflows (`decode_row`).
     fn fp8_factor<const E5M2: bool>(s: f32) -> Option<f32> {
         let f = if E5M2 { s } else { s * 256.0 };
         f.is_finite().then_some(f)
     }
 
     /// One row of codes as weights fp8(q) s (`super::decode_row`'s values): 16 codes per
-    /// `fp8_weights`; a block holding a NaN code and the partial block at the end, and a
+    /// `fp8_halves`; a block holding a NaN code and the partial block at the end, and a
     /// row whose s 2^8 overflows, through `decode_row`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn fp8_decode<const E5M2: bool>(codes: &[u8], s: f32, w: &mut [f32]) {
@@ -577,27 +587,29 @@ mod avx2 {
         };
         let sv = _mm256_set1_ps(f);
         let body = codes.len() - codes.len() % 16;
-        for (q, o) in codes[..body].chunks_exact(16).zip(w.chunks_exact_mut(16)) {
-            let ([lo, hi], nan) = fp8_weights::<E5M2>(q.try_into().unwrap(), sv);
-            if _mm256_testz_si256(nan, nan) == 0 {
-                super::decode_row::<f32, E5M2>(q, s, o);
+        for (c, o) in (0..body).step_by(16).zip(w.chunks_exact_mut(16)) {
+            let bytes = fp8_load(codes, c);
+            if !E5M2 && fp8_nan(_mm_add_epi8(bytes, bytes)) {
+                super::decode_row::<f32, E5M2>(&codes[c..c + 16], s, o);
                 continue;
             }
+            let [lo, hi] = fp8_halves::<E5M2>(bytes);
             // SAFETY: o holds 16 floats.
             unsafe {
-                _mm256_storeu_ps(o.as_mut_ptr(), lo);
-                _mm256_storeu_ps(o.as_mut_ptr().add(8), hi);
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_mul_ps(lo, sv));
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), _mm256_mul_ps(hi, sv));
             }
         }
         super::decode_row::<f32, E5M2>(&codes[body..], s, &mut w[body..codes.len()]);
     }
 
-    /// y rows (yt, rows x T) of T = 1-3 tokens (x: T rows of n) and the fp8 weight rows
-    /// (the GEMV): each row's codes decoded 16 at a time (`fp8_weights`) and met by every
-    /// token in the same pass, 2 T sums of multiply-adds. The partial block at a row's end
-    /// through `decode_row`; a row holding a NaN code, or whose s 2^8 overflows, wholly
-    /// through `decode_row` (so a NaN code makes its row's sums NaN, as the contract's
-    /// weight does).
+    /// y rows (yt, rows x T) of T = 1-3 tokens (x: T rows of n, `fp8_foldable`) and the
+    /// fp8 weight rows (the GEMV): each row's codes decoded 16 at a time (`fp8_halves`),
+    /// met by every token in the same pass (4 T sums of multiply-adds, two blocks of 16 in
+    /// flight), each token's sum times s 2^8 (or s) once. The partial block at a row's
+    /// end as `decode_row`'s weights; a row holding a NaN code, or whose s 2^8
+    /// overflows or s is below 2^-100, wholly through `decode_row` (so a NaN code makes
+    /// its row's sums NaN, as the contract's weight does).
     #[target_feature(enable = "avx2,fma,f16c")]
     fn fp8_gemv<const E5M2: bool, const T: usize>(
         weight: Fp8Weight<'_>,
@@ -607,63 +619,91 @@ mod avx2 {
         let n = weight.in_features;
         let body = n - n % 16;
         assert!(x.len() == T * n && weight.codes.len() == yt.len() / T * n);
-        let mut w = vec![0f32; n];
         for (o, (out, codes)) in yt
             .chunks_exact_mut(T)
             .zip(weight.codes.chunks_exact(n))
             .enumerate()
         {
             let s = weight.scales[if weight.scales.len() > 1 { o } else { 0 }];
-            let mut exact = |w: &mut [f32]| {
-                super::decode_row::<f32, E5M2>(codes, s, w);
+            let mut exact = || {
+                let mut w = vec![0f32; n];
+                super::decode_row::<f32, E5M2>(codes, s, &mut w);
                 for (t, y) in out.iter_mut().enumerate() {
-                    *y = super::dot1(w, &x[t * n..(t + 1) * n]);
+                    *y = super::dot1(&w, &x[t * n..(t + 1) * n]);
                 }
             };
-            let Some(f) = fp8_factor::<E5M2>(s) else {
-                exact(&mut w);
+            // s of magnitude >= 2^-100 (or 0): the weights fp8(q) s are normal f32, so that
+            // their one rounding, which the sum skips, is relative
+            let normal = s == 0.0 || s.abs() >= 2f32.powi(-100);
+            let Some(f) = fp8_factor::<E5M2>(s).filter(|_| normal) else {
+                exact();
                 continue;
             };
-            let sv = _mm256_set1_ps(f);
-            let mut acc = [[_mm256_setzero_ps(); 2]; T];
-            let mut nan = _mm256_setzero_si256();
-            for c in (0..body).step_by(16) {
-                let q: &[u8; 16] = codes[c..c + 16].try_into().unwrap();
-                let ([lo, hi], bad) = fp8_weights::<E5M2>(q, sv);
-                nan = _mm256_or_si256(nan, bad);
+            let mut acc = [[_mm256_setzero_ps(); 4]; T];
+            // the 16 codes from c into sums k and k + 1 of each token
+            let step = |c: usize, k: usize, acc: &mut [[__m256; 4]; T]| {
+                let [lo, hi] = fp8_halves::<E5M2>(fp8_load(codes, c));
                 for (t, a) in acc.iter_mut().enumerate() {
                     // SAFETY: c + 16 <= body <= n, so the 16 floats lie in token t's row.
                     let (x0, x1) = unsafe {
                         let p = x.as_ptr().add(t * n + c);
                         (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
                     };
-                    a[0] = _mm256_fmadd_ps(lo, x0, a[0]);
-                    a[1] = _mm256_fmadd_ps(hi, x1, a[1]);
+                    a[k] = _mm256_fmadd_ps(lo, x0, a[k]);
+                    a[k + 1] = _mm256_fmadd_ps(hi, x1, a[k + 1]);
                 }
+            };
+            let mut twice = _mm256_setzero_si256();
+            let mut c = 0;
+            while c + 32 <= body {
+                if !E5M2 {
+                    // SAFETY: c + 32 <= body <= n: the 32 bytes lie in the row.
+                    let b = unsafe { _mm256_loadu_si256(codes.as_ptr().add(c).cast()) };
+                    twice = _mm256_max_epu8(twice, _mm256_add_epi8(b, b));
+                }
+                step(c, 0, &mut acc);
+                step(c + 16, 2, &mut acc);
+                c += 32;
             }
-            if _mm256_testz_si256(nan, nan) == 0 {
-                exact(&mut w);
+            let mut twice = _mm_max_epu8(
+                _mm256_castsi256_si128(twice),
+                _mm256_extracti128_si256::<1>(twice),
+            );
+            if c < body {
+                let b = fp8_load(codes, c);
+                twice = _mm_max_epu8(twice, _mm_add_epi8(b, b));
+                step(c, 0, &mut acc);
+            }
+            if !E5M2 && fp8_nan(twice) {
+                exact();
                 continue;
             }
-            let tail = &mut w[body..];
+            let tail = &mut [0f32; 16][..n - body];
             super::decode_row::<f32, E5M2>(&codes[body..], s, tail);
             for (t, (y, a)) in out.iter_mut().zip(acc).enumerate() {
                 let xt = &x[t * n + body..(t + 1) * n];
                 let rest: f32 = tail.iter().zip(xt).map(|(w, v)| w * v).sum();
-                *y = sum(_mm256_add_ps(a[0], a[1])) + rest;
+                let both = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+                *y = sum(both) * f + rest;
             }
         }
     }
 
     /// `super::fp8_rows_impl` on x (tokens rows of n) for f32 when `fp8_available()`:
-    /// the GEMV (`fp8_gemv`) for 1-3 tokens, else by tiles (`tiled`), each row's KC
-    /// codes decoded (`fp8_decode`) once for every token.
-    pub fn fp8_rows(weight: Fp8Weight<'_>, x: &[f32], tokens: usize, yt: &mut [f32]) {
+    /// the GEMV (`fp8_gemv`) for 1-3 tokens when x is `foldable`, else by tiles
+    /// (`tiled`), each row's KC codes decoded (`fp8_decode`) once for every token.
+    pub fn fp8_rows(
+        weight: Fp8Weight<'_>,
+        x: &[f32],
+        tokens: usize,
+        foldable: bool,
+        yt: &mut [f32],
+    ) {
         assert!(fp8_available());
         let e5m2 = weight.fmt == super::f8::E5M2;
         // SAFETY: the CPU has AVX2, FMA and F16C (asserted above).
         unsafe {
-            match (e5m2, tokens) {
+            match (e5m2, if foldable { tokens } else { 0 }) {
                 (false, 1) => return fp8_gemv::<false, 1>(weight, x, yt),
                 (false, 2) => return fp8_gemv::<false, 2>(weight, x, yt),
                 (false, 3) => return fp8_gemv::<false, 3>(weight, x, yt),
@@ -739,6 +779,18 @@ fn simd_gemv<C: Compute>(x: &[C]) -> bool {
     }
     let _ = x;
     false
+}
+
+/// Whether the fp8 GEMV (`avx2::fp8_rows`) may multiply each row's sum of h x by the
+/// scale once (h = fp8(q) or fp8(q) 2^-8, of magnitude 2^-17 to 2^16, or 0): every x zero
+/// or of magnitude in [2^-100, 2^64], so that each h x is a normal f32 (exact in a fused
+/// multiply-add) and a row's sum stays finite; else the GEMM's exact weights serve.
+fn fp8_foldable<C: Compute>(x: &[C]) -> bool {
+    let (tiny, huge) = (C::from_f64(2f64.powi(-100)), C::from_f64(2f64.powi(64)));
+    x.iter().all(|&v| {
+        let m = if v < C::ZERO { C::ZERO - v } else { v };
+        m == C::ZERO || (m >= tiny && m <= huge)
+    })
 }
 
 /// Whether `avx2::gemm` serves the calls that `fused_dot` does not: f32 on a CPU with AVX2
@@ -1083,6 +1135,8 @@ pub fn fp8_matmul<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, out: u
     let per_row = weight.scales.len() > 1;
     #[cfg(target_arch = "x86_64")]
     let simd = tiled_gemm::<C>() && avx2::fp8_available();
+    #[cfg(target_arch = "x86_64")]
+    let foldable = tokens < 4 && fp8_foldable(x);
     let block = |(b, chunk): (usize, &mut [C])| {
         let first = b * ROW_BLOCK;
         let rows = chunk.len() / tokens;
@@ -1101,7 +1155,7 @@ pub fn fp8_matmul<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, out: u
             let yt = unsafe {
                 std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
             };
-            return avx2::fp8_rows(part, f32s(x), tokens, yt);
+            return avx2::fp8_rows(part, f32s(x), tokens, foldable, yt);
         }
         fp8_rows_kernel(part, x, tokens, chunk);
     };
@@ -1787,6 +1841,15 @@ mod tests {
     }
 
     #[test]
+    fn fp8_gemv_folds_the_scale_only_for_x_in_range() {
+        assert!(fp8_foldable(&[0.0f32, -1e-20, 3.0, 1e19]));
+        assert!(!fp8_foldable(&[1.0f32, 1e-35]));
+        assert!(!fp8_foldable(&[f32::from_bits(1)]));
+        assert!(!fp8_foldable(&[1.0f32, -1e20]));
+        assert!(!fp8_foldable(&[f32::NAN]));
+    }
+
+    #[test]
     fn quantize_row_follows_the_formula() {
         let w = [0.0f32, 1.5, -3.0, 0.75];
         let (mut codes, mut scales, mut zeros) = ([0i8; 4], [0f32; 1], [0i8; 1]);
@@ -1901,9 +1964,12 @@ mod tests {
                     in_features: n,
                 };
                 for tokens in [1usize, 2, 3, 4, 7, 13] {
-                    let x: Vec<f32> = (0..tokens * n)
+                    let mut x: Vec<f32> = (0..tokens * n)
                         .map(|i| ((i as f32) * 0.61).sin() * 3.0)
                         .collect();
+                    if per_row {
+                        x[n / 3] = 1e-35; // not `fp8_foldable`: tiles for 1-3 tokens too
+                    }
                     let mut want = vec![0f32; rows * tokens];
                     fp8_rows_kernel(weight, &x, tokens, &mut want);
                     let got = fp8_matmul(weight, &x, tokens, rows);
