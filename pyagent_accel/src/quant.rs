@@ -21,11 +21,12 @@
 //! FP8 weights (`quantize_fp8`, `dequantize_fp8`, `dequant_matmul_fp8`) reuse the KV
 //! cache's fp8 codec (`attention::fp8`). The matmul never builds the float weight. For
 //! f32 on x86-64 CPUs with AVX2, FMA and F16C (`avx2::fp8_rows`) 16 codes become half
-//! floats by shifts and a mask and F16C widens them (`avx2::fp8_weights`: the weights
-//! `dequantize_fp8` gives, bit for bit): the GEMV (1-3 tokens) multiplies them with the
-//! tokens as they are decoded, the GEMM decodes tiles for `avx2::tiled`, as the integer
-//! GEMM does. Elsewhere each row is decoded (`decode_row`, branch-free bit placement that
-//! vectorises) into a buffer of one row, dotted with four tokens per read.
+//! floats by shifts and a mask and F16C widens them exactly (`avx2::fp8_halves`): the
+//! GEMV (1-3 tokens) multiplies them with the tokens as they are decoded and scales each
+//! row's sum once; the GEMM decodes tiles of `dequantize_fp8`'s weights (bit for bit) for
+//! `avx2::tiled`, as the integer GEMM does. Elsewhere each row is decoded (`decode_row`,
+//! branch-free bit placement that vectorises) into a buffer of one row, dotted with four
+//! tokens per read.
 
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -670,8 +671,10 @@ mod avx2 {
                 _mm256_extracti128_si256::<1>(twice),
             );
             if c < body {
-                let b = fp8_load(codes, c);
-                twice = _mm_max_epu8(twice, _mm_add_epi8(b, b));
+                if !E5M2 {
+                    let b = fp8_load(codes, c);
+                    twice = _mm_max_epu8(twice, _mm_add_epi8(b, b));
+                }
                 step(c, 0, &mut acc);
             }
             if !E5M2 && fp8_nan(twice) {
@@ -785,6 +788,7 @@ fn simd_gemv<C: Compute>(x: &[C]) -> bool {
 /// scale once (h = fp8(q) or fp8(q) 2^-8, of magnitude 2^-17 to 2^16, or 0): every x zero
 /// or of magnitude in [2^-100, 2^64], so that each h x is a normal f32 (exact in a fused
 /// multiply-add) and a row's sum stays finite; else the GEMM's exact weights serve.
+#[cfg(target_arch = "x86_64")]
 fn fp8_foldable<C: Compute>(x: &[C]) -> bool {
     let (tiny, huge) = (C::from_f64(2f64.powi(-100)), C::from_f64(2f64.powi(64)));
     x.iter().all(|&v| {
@@ -1840,6 +1844,7 @@ mod tests {
         assert_eq!(simd_gemv(&[0.0f32, -1e-20, 3.0]), avx2::available());
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn fp8_gemv_folds_the_scale_only_for_x_in_range() {
         assert!(fp8_foldable(&[0.0f32, -1e-20, 3.0, 1e19]));
