@@ -19,9 +19,14 @@
 //! reference's results bit for bit.
 //!
 //! FP8 weights (`quantize_fp8`, `dequantize_fp8`, `dequant_matmul_fp8`) reuse the KV
-//! cache's fp8 codec (`attention::fp8`). The matmul never builds the float weight: each
-//! row is decoded (`decode_row`, branch-free bit placement that vectorises; the values
-//! `dequantize_fp8` gives) into a buffer of one row, dotted with four tokens per read.
+//! cache's fp8 codec (`attention::fp8`). The matmul never builds the float weight. For
+//! f32 on x86-64 CPUs with AVX2, FMA and F16C (`avx2::fp8_rows`) 16 codes become half
+//! floats by shifts and a mask and F16C widens them exactly (`avx2::fp8_halves`): the
+//! GEMV (1-3 tokens) multiplies them with the tokens as they are decoded and scales each
+//! row's sum once; the GEMM decodes tiles of `dequantize_fp8`'s weights (bit for bit) for
+//! `avx2::tiled`, as the integer GEMM does. Elsewhere each row is decoded (`decode_row`,
+//! branch-free bit placement that vectorises) into a buffer of one row, dotted with four
+//! tokens per read.
 
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -225,7 +230,7 @@ fn fused_dot<C: Lane, const BITS: usize>(
 /// into one multiply-add (so results differ from `fused_dot` in the last bits).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Weight, LANES};
+    use super::{Fp8Weight, Weight, LANES};
     use std::arch::x86_64::*;
 
     /// The bits of 2^23 in f32.
@@ -402,23 +407,18 @@ mod avx2 {
     /// y rows of a block of at most ROWS rows for any number of tokens (`super::rows_impl`
     /// without `permuted`), for f32 when `available()`: for each KC columns, the rows'
     /// float weights (q - z) s, as `dequantize` gives them, decoded once into a tile that
-    /// every token then meets (ROWS x 6 sums per pass of `micro`). Each column block's
-    /// sums start from zero and are added to the row's total (the order of the sum).
+    /// every token then meets (`tiled`).
     pub fn gemm(weight: Weight<'_, f32>, x: &[f32], tokens: usize, yt: &mut [f32]) {
         let (bits, words, scales, zeros) = (weight.bits, weight.words, weight.scales, weight.zeros);
         assert!(available());
         let rows = yt.len() / tokens;
-        assert!(rows <= ROWS);
         let n = x.len() / tokens;
         let (per_row, groups) = (words.len() / rows, scales.len() / rows);
         let group = n / groups;
         let per = 32 / bits;
-        let mut wt = vec![0f32; KC * ROWS];
         let mut tw = vec![0i32; KC * ROWS];
         let mut codes = vec![0i32; KC];
-        let mut tile = vec![0f32; ROWS * tokens];
-        for k0 in (0..n).step_by(KC) {
-            let kc = KC.min(n - k0);
+        tiled(x, tokens, yt, |k0, kc, wt| {
             if group % per == 0 {
                 // the tile's words side by side per word column, then decoded 8 rows at once
                 for (r, row) in words.chunks_exact(per_row).enumerate() {
@@ -438,7 +438,7 @@ mod avx2 {
                     }
                     let columns = (c - k0) / per..(end - k0) / per;
                     // SAFETY: the CPU has AVX2 and FMA (asserted above).
-                    unsafe { decode_tile(bits, &tw, columns, &s, &z, &mut wt) };
+                    unsafe { decode_tile(bits, &tw, columns, &s, &z, wt) };
                     c = end;
                 }
             } else {
@@ -452,6 +452,29 @@ mod avx2 {
                     }
                 }
             }
+        });
+    }
+
+    /// y rows (yt, rows x tokens) of a block of at most ROWS rows, by tiles: for each KC
+    /// columns from k0, `decode(k0, kc, wt)` writes the rows' float weights side by side
+    /// per column (wt[k * ROWS + r] for column k0 + k), then every token meets the tile
+    /// (ROWS x 6 sums per pass of `micro`). Each column block's sums start from zero and
+    /// are added to the row's total (the order of the sum). For f32 when `available()`.
+    fn tiled(
+        x: &[f32],
+        tokens: usize,
+        yt: &mut [f32],
+        mut decode: impl FnMut(usize, usize, &mut [f32]),
+    ) {
+        assert!(available());
+        let rows = yt.len() / tokens;
+        assert!(rows <= ROWS);
+        let n = x.len() / tokens;
+        let mut wt = vec![0f32; KC * ROWS];
+        let mut tile = vec![0f32; ROWS * tokens];
+        for k0 in (0..n).step_by(KC) {
+            let kc = KC.min(n - k0);
+            decode(k0, kc, &mut wt);
             let token = |t: usize| &x[t * n + k0..t * n + k0 + kc];
             let mut t = 0;
             while t < tokens {
@@ -500,6 +523,219 @@ mod avx2 {
             }
         }
     }
+
+    // FP8 weights, 16 codes per instruction group and no table: byte b moved into the
+    // high byte of a 16-bit lane (b << 8) is the half float of e5m2 code b's value (the
+    // same layout: sign, 5 exponent bits of bias 15, 2 mantissa bits; infinities and NaNs
+    // included). For e4m3fn, (b & 0x80) << 8 | (b & 0x7F) << 7 (b sign-extended to 16
+    // bits, shifted left by 7, bit 14 cleared) is the half of its value times 2^-8 (4
+    // exponent bits of bias 7 read with bias 15, the 3 mantissa bits on top of the
+    // half's, normal and subnormal codes alike), except its NaN codes 0x7F / 0xFF (1.875
+    // 2^-8 there, so detected apart: b + b wraps to 0xFE for them alone). F16C widens the
+    // halves to f32 exactly: h = fp8(q) 2^-8 (e4m3fn) or fp8(q) (e5m2). The GEMM's tiles
+    // take h times s 2^8 (or s), exact while finite: fp8(q) s rounded once, the weights
+    // of `dequantize_fp8` bit for bit. The GEMV sums h x per row and multiplies the sum
+    // by s 2^8 once (`fp8_foldable` keeps every h x a normal f32 and the sum finite).
+
+    /// Whether the CPU runs the fp8 kernels (`fp8_rows`): AVX2, FMA and F16C.
+    pub fn fp8_available() -> bool {
+        available() && is_x86_feature_detected!("f16c")
+    }
+
+    /// The values h of the 16 codes `bytes`: fp8(q) 2^-8 (e4m3fn, NaN codes aside) or
+    /// fp8(q) (e5m2), exact.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8_halves<const E5M2: bool>(bytes: __m128i) -> [__m256; 2] {
+        let h = if E5M2 {
+            _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(bytes))
+        } else {
+            let t = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(bytes));
+            _mm256_and_si256(t, _mm256_set1_epi16(!0x4000))
+        };
+        let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        [lo, _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h))]
+    }
+
+    /// 16 codes from `codes` at `at` (at + 16 <= codes.len()).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8_load(codes: &[u8], at: usize) -> __m128i {
+        assert!(at + 16 <= codes.len());
+        // SAFETY: the 16 bytes lie in `codes` (asserted above).
+        unsafe { _mm_loadu_si128(codes.as_ptr().add(at).cast()) }
+    }
+
+    /// Whether any byte of `twice` (the codes' b + b, max-accumulated) is 0xFE: a code
+    /// that is e4m3fn's NaN.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8_nan(twice: __m128i) -> bool {
+        let hit = _mm_cmpeq_epi8(twice, _mm_set1_epi8(0xFEu8 as i8));
+        _mm_testz_si128(hit, hit) == 0
+    }
+
+    /// s as the kernels multiply h by it, None where s 2^8 overflows (`decode_row`).
+    fn fp8_factor<const E5M2: bool>(s: f32) -> Option<f32> {
+        let f = if E5M2 { s } else { s * 256.0 };
+        f.is_finite().then_some(f)
+    }
+
+    /// One row of codes as weights fp8(q) s (`super::decode_row`'s values): 16 codes per
+    /// `fp8_halves`; a block holding a NaN code and the partial block at the end, and a
+    /// row whose s 2^8 overflows, through `decode_row`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn fp8_decode<const E5M2: bool>(codes: &[u8], s: f32, w: &mut [f32]) {
+        let Some(f) = fp8_factor::<E5M2>(s) else {
+            return super::decode_row::<f32, E5M2>(codes, s, w);
+        };
+        let sv = _mm256_set1_ps(f);
+        let body = codes.len() - codes.len() % 16;
+        for (c, o) in (0..body).step_by(16).zip(w.chunks_exact_mut(16)) {
+            let bytes = fp8_load(codes, c);
+            if !E5M2 && fp8_nan(_mm_add_epi8(bytes, bytes)) {
+                super::decode_row::<f32, E5M2>(&codes[c..c + 16], s, o);
+                continue;
+            }
+            let [lo, hi] = fp8_halves::<E5M2>(bytes);
+            // SAFETY: o holds 16 floats.
+            unsafe {
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_mul_ps(lo, sv));
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), _mm256_mul_ps(hi, sv));
+            }
+        }
+        super::decode_row::<f32, E5M2>(&codes[body..], s, &mut w[body..codes.len()]);
+    }
+
+    /// y rows (yt, rows x T) of T = 1-3 tokens (x: T rows of n, `fp8_foldable`) and the
+    /// fp8 weight rows (the GEMV): each row's codes decoded 16 at a time (`fp8_halves`),
+    /// met by every token in the same pass (4 T sums of multiply-adds, two blocks of 16 in
+    /// flight), each token's sum times s 2^8 (or s) once. The partial block at a row's
+    /// end as `decode_row`'s weights; a row holding a NaN code, or whose s 2^8
+    /// overflows or s is below 2^-100, wholly through `decode_row` (so a NaN code makes
+    /// its row's sums NaN, as the contract's weight does).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn fp8_gemv<const E5M2: bool, const T: usize>(
+        weight: Fp8Weight<'_>,
+        x: &[f32],
+        yt: &mut [f32],
+    ) {
+        let n = weight.in_features;
+        let body = n - n % 16;
+        assert!(x.len() == T * n && weight.codes.len() == yt.len() / T * n);
+        for (o, (out, codes)) in yt
+            .chunks_exact_mut(T)
+            .zip(weight.codes.chunks_exact(n))
+            .enumerate()
+        {
+            let s = weight.scales[if weight.scales.len() > 1 { o } else { 0 }];
+            let mut exact = || {
+                let mut w = vec![0f32; n];
+                super::decode_row::<f32, E5M2>(codes, s, &mut w);
+                for (t, y) in out.iter_mut().enumerate() {
+                    *y = super::dot1(&w, &x[t * n..(t + 1) * n]);
+                }
+            };
+            // s of magnitude >= 2^-100 (or 0): the weights fp8(q) s are normal f32, so that
+            // their one rounding, which the sum skips, is relative
+            let normal = s == 0.0 || s.abs() >= 2f32.powi(-100);
+            let Some(f) = fp8_factor::<E5M2>(s).filter(|_| normal) else {
+                exact();
+                continue;
+            };
+            let mut acc = [[_mm256_setzero_ps(); 4]; T];
+            // the 16 codes from c into sums k and k + 1 of each token
+            let step = |c: usize, k: usize, acc: &mut [[__m256; 4]; T]| {
+                let [lo, hi] = fp8_halves::<E5M2>(fp8_load(codes, c));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: c + 16 <= body <= n, so the 16 floats lie in token t's row.
+                    let (x0, x1) = unsafe {
+                        let p = x.as_ptr().add(t * n + c);
+                        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+                    };
+                    a[k] = _mm256_fmadd_ps(lo, x0, a[k]);
+                    a[k + 1] = _mm256_fmadd_ps(hi, x1, a[k + 1]);
+                }
+            };
+            let mut twice = _mm256_setzero_si256();
+            let mut c = 0;
+            while c + 32 <= body {
+                if !E5M2 {
+                    // SAFETY: c + 32 <= body <= n: the 32 bytes lie in the row.
+                    let b = unsafe { _mm256_loadu_si256(codes.as_ptr().add(c).cast()) };
+                    twice = _mm256_max_epu8(twice, _mm256_add_epi8(b, b));
+                }
+                step(c, 0, &mut acc);
+                step(c + 16, 2, &mut acc);
+                c += 32;
+            }
+            let mut twice = _mm_max_epu8(
+                _mm256_castsi256_si128(twice),
+                _mm256_extracti128_si256::<1>(twice),
+            );
+            if c < body {
+                if !E5M2 {
+                    let b = fp8_load(codes, c);
+                    twice = _mm_max_epu8(twice, _mm_add_epi8(b, b));
+                }
+                step(c, 0, &mut acc);
+            }
+            if !E5M2 && fp8_nan(twice) {
+                exact();
+                continue;
+            }
+            let tail = &mut [0f32; 16][..n - body];
+            super::decode_row::<f32, E5M2>(&codes[body..], s, tail);
+            for (t, (y, a)) in out.iter_mut().zip(acc).enumerate() {
+                let xt = &x[t * n + body..(t + 1) * n];
+                let rest: f32 = tail.iter().zip(xt).map(|(w, v)| w * v).sum();
+                let both = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+                *y = sum(both) * f + rest;
+            }
+        }
+    }
+
+    /// `super::fp8_rows_impl` on x (tokens rows of n) for f32 when `fp8_available()`:
+    /// the GEMV (`fp8_gemv`) for 1-3 tokens when x is `foldable`, else by tiles
+    /// (`tiled`), each row's KC codes decoded (`fp8_decode`) once for every token.
+    pub fn fp8_rows(
+        weight: Fp8Weight<'_>,
+        x: &[f32],
+        tokens: usize,
+        foldable: bool,
+        yt: &mut [f32],
+    ) {
+        assert!(fp8_available());
+        let e5m2 = weight.fmt == super::f8::E5M2;
+        // SAFETY: the CPU has AVX2, FMA and F16C (asserted above).
+        unsafe {
+            match (e5m2, if foldable { tokens } else { 0 }) {
+                (false, 1) => return fp8_gemv::<false, 1>(weight, x, yt),
+                (false, 2) => return fp8_gemv::<false, 2>(weight, x, yt),
+                (false, 3) => return fp8_gemv::<false, 3>(weight, x, yt),
+                (true, 1) => return fp8_gemv::<true, 1>(weight, x, yt),
+                (true, 2) => return fp8_gemv::<true, 2>(weight, x, yt),
+                (true, 3) => return fp8_gemv::<true, 3>(weight, x, yt),
+                _ => {}
+            }
+        }
+        let n = weight.in_features;
+        let rows = yt.len() / tokens;
+        tiled(x, tokens, yt, |k0, kc, wt| {
+            let mut w = [0f32; KC];
+            for r in 0..rows {
+                let s = weight.scales[if weight.scales.len() > 1 { r } else { 0 }];
+                let codes = &weight.codes[r * n + k0..r * n + k0 + kc];
+                // SAFETY: the CPU has AVX2, FMA and F16C (asserted above).
+                unsafe {
+                    match e5m2 {
+                        true => fp8_decode::<true>(codes, s, &mut w[..kc]),
+                        false => fp8_decode::<false>(codes, s, &mut w[..kc]),
+                    }
+                }
+                for (i, &v) in w[..kc].iter().enumerate() {
+                    wt[i * ROWS + r] = v;
+                }
+            }
+        });
+    }
 }
 
 /// Whether `fused_dot` serves a layer: every block of LANES words in one group.
@@ -546,6 +782,19 @@ fn simd_gemv<C: Compute>(x: &[C]) -> bool {
     }
     let _ = x;
     false
+}
+
+/// Whether the fp8 GEMV (`avx2::fp8_rows`) may multiply each row's sum of h x by the
+/// scale once (h = fp8(q) or fp8(q) 2^-8, of magnitude 2^-17 to 2^16, or 0): every x zero
+/// or of magnitude in [2^-100, 2^64], so that each h x is a normal f32 (exact in a fused
+/// multiply-add) and a row's sum stays finite; else the GEMM's exact weights serve.
+#[cfg(target_arch = "x86_64")]
+fn fp8_foldable<C: Compute>(x: &[C]) -> bool {
+    let (tiny, huge) = (C::from_f64(2f64.powi(-100)), C::from_f64(2f64.powi(64)));
+    x.iter().all(|&v| {
+        let m = if v < C::ZERO { C::ZERO - v } else { v };
+        m == C::ZERO || (m >= tiny && m <= huge)
+    })
 }
 
 /// Whether `avx2::gemm` serves the calls that `fused_dot` does not: f32 on a CPU with AVX2
@@ -888,6 +1137,10 @@ pub fn fp8_matmul<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, out: u
     }
     let n = weight.in_features;
     let per_row = weight.scales.len() > 1;
+    #[cfg(target_arch = "x86_64")]
+    let simd = tiled_gemm::<C>() && avx2::fp8_available();
+    #[cfg(target_arch = "x86_64")]
+    let foldable = tokens < 4 && fp8_foldable(x);
     let block = |(b, chunk): (usize, &mut [C])| {
         let first = b * ROW_BLOCK;
         let rows = chunk.len() / tokens;
@@ -900,10 +1153,18 @@ pub fn fp8_matmul<C: Lane>(weight: Fp8Weight<'_>, x: &[C], tokens: usize, out: u
             },
             ..weight
         };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: C is f32 (`simd` says so), the chunk too.
+            let yt = unsafe {
+                std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast::<f32>(), chunk.len())
+            };
+            return avx2::fp8_rows(part, f32s(x), tokens, foldable, yt);
+        }
         fp8_rows_kernel(part, x, tokens, chunk);
     };
     let chunks = yt.chunks_mut(ROW_BLOCK * tokens).enumerate();
-    if tokens * out * n >= PARALLEL {
+    if tokens * out * n >= PARALLEL && rayon::current_num_threads() > 1 {
         chunks.par_bridge().for_each(block);
     } else {
         chunks.for_each(block);
@@ -1583,6 +1844,16 @@ mod tests {
         assert_eq!(simd_gemv(&[0.0f32, -1e-20, 3.0]), avx2::available());
     }
 
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fp8_gemv_folds_the_scale_only_for_x_in_range() {
+        assert!(fp8_foldable(&[0.0f32, -1e-20, 3.0, 1e19]));
+        assert!(!fp8_foldable(&[1.0f32, 1e-35]));
+        assert!(!fp8_foldable(&[f32::from_bits(1)]));
+        assert!(!fp8_foldable(&[1.0f32, -1e20]));
+        assert!(!fp8_foldable(&[f32::NAN]));
+    }
+
     #[test]
     fn quantize_row_follows_the_formula() {
         let w = [0.0f32, 1.5, -3.0, 0.75];
@@ -1627,6 +1898,109 @@ mod tests {
                         })
                         .sum();
                     assert!((yt[o * tokens + t] - want).abs() < 1e-9, "{o} {t}");
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fp8_simd_decode_is_every_codes_value_times_the_scale() {
+        // all 256 codes of both formats (NaN codes in blocks of their own and among
+        // others, a partial block at the end), scales normal, subnormal and 2^121 (s 2^8
+        // overflows), bit for bit
+        if !avx2::fp8_available() {
+            return;
+        }
+        let mut codes: Vec<u8> = (0..=255).collect();
+        codes.extend((0..=255u8).rev().step_by(3));
+        for s in [1.0f32, 0.37, 3.0e-5, 1.0e-40, 2f32.powi(121), 0.0] {
+            for fmt in [f8::E4M3, f8::E5M2] {
+                let mut w = vec![0f32; codes.len()];
+                // SAFETY: fp8_available() (checked above).
+                unsafe {
+                    match fmt == f8::E5M2 {
+                        true => avx2::fp8_decode::<true>(&codes, s, &mut w),
+                        false => avx2::fp8_decode::<false>(&codes, s, &mut w),
+                    }
+                }
+                for (&c, &got) in codes.iter().zip(&w) {
+                    let want = f8::decode(c, fmt) * s;
+                    assert!(
+                        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                        "{c:#x} {s} {}: {got} {want}",
+                        fmt.bias
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_kernels_agree_with_the_portable_rows() {
+        // the AVX2 GEMV (1-3 tokens) and tiled GEMM against the portable kernel on f32: a
+        // partial tile of rows, partial blocks of 16 and of KC columns, per-row and
+        // per-tensor scales; a row holding e4m3fn's NaN code gives NaN, e5m2's infinity
+        // infinity (or NaN against a zero x)
+        for (fmt, rows, n) in [
+            (f8::E4M3, 21usize, 300usize),
+            (f8::E5M2, 19, 129),
+            (f8::E4M3, 3, 7),
+        ] {
+            let mut codes: Vec<u8> = (0..rows * n)
+                .map(|i| ((i * 73 + i / 7) % 256) as u8)
+                .map(|c| {
+                    if f8::decode(c, fmt).is_finite() {
+                        c
+                    } else {
+                        c & 0x3F
+                    }
+                })
+                .collect();
+            codes[n + n / 2] = if fmt == f8::E5M2 { 0x7C } else { 0xFF };
+            for per_row in [true, false] {
+                let scales: Vec<f32> = (0..if per_row { rows } else { 1 })
+                    .map(|r| 0.01 + r as f32 * 0.37)
+                    .collect();
+                let weight = Fp8Weight {
+                    codes: &codes,
+                    scales: &scales,
+                    fmt,
+                    in_features: n,
+                };
+                for tokens in [1usize, 2, 3, 4, 7, 13] {
+                    let mut x: Vec<f32> = (0..tokens * n)
+                        .map(|i| ((i as f32) * 0.61).sin() * 3.0)
+                        .collect();
+                    if per_row {
+                        x[n / 3] = 1e-35; // not `fp8_foldable`: tiles for 1-3 tokens too
+                    }
+                    let mut want = vec![0f32; rows * tokens];
+                    fp8_rows_kernel(weight, &x, tokens, &mut want);
+                    let got = fp8_matmul(weight, &x, tokens, rows);
+                    for o in 0..rows {
+                        let mag: f32 = (0..n)
+                            .map(|i| {
+                                (f8::decode(codes[o * n + i], fmt)
+                                    * scales[if per_row { o } else { 0 }])
+                                .abs()
+                                    * 3.0
+                            })
+                            .sum();
+                        for t in 0..tokens {
+                            let (g, w) = (got[o * tokens + t], want[o * tokens + t]);
+                            let same = g == w || (g.is_nan() && w.is_nan());
+                            let tol = 2.0 * n as f32 * f32::EPSILON * mag;
+                            assert!(
+                                same || (g - w).abs() <= tol,
+                                "{} {o} {t} {tokens}: {g} {w}",
+                                fmt.bias
+                            );
+                            if o == 1 {
+                                assert!(!g.is_finite(), "{} {t} {tokens}: {g}", fmt.bias);
+                            }
+                        }
+                    }
                 }
             }
         }
