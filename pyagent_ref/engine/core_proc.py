@@ -43,6 +43,7 @@ the frontend's interpreter exits without `close`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import itertools
@@ -445,6 +446,7 @@ class EngineCoreClient:
         self._requests: dict[str, Request] = {}  # sent, and not known to have finished
         self._aborting: dict[str, int] = {}  # id -> aborts the core has not confirmed
         self._steps: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
         self._calls: dict[int, Future] = {}
         self._call_ids = itertools.count()
         self._send_lock = threading.Lock()
@@ -551,6 +553,27 @@ class EngineCoreClient:
                 raise EngineDeadError(self.failure)
             outputs += self._take(message)
         return EngineCoreOutputs(outputs, messages[-1].state.stats.last)
+
+    async def step_async(self) -> EngineCoreOutputs:
+        """`step` for an event loop: the reader thread wakes the loop when a step
+        arrives, so no worker thread waits on the queue (one thread handoff per step
+        fewer than ``asyncio.to_thread(step)``, on the server's busy GIL)."""
+        loop = asyncio.get_running_loop()
+        while self._steps.empty():
+            waiter = loop.create_future()
+            self._waiter = (loop, waiter)
+            if self._steps.empty():  # else the reader put one after the check above
+                await waiter
+            self._waiter = None
+        return self.step()
+
+    def _wake(self) -> None:
+        """After a put on the step queue (reader thread): wake `step_async`'s loop."""
+        waiter = self._waiter
+        if waiter is not None:
+            loop, future = waiter
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(_set_done, future)
 
     def _take(self, step: Step) -> list[EngineCoreOutput]:
         """The outputs of one step meant for the requests sent from here; their mirror
@@ -681,6 +704,7 @@ class EngineCoreClient:
                     self._calls.pop(message.call_id).set_result(message)
                 else:
                     self._steps.put(message)
+                    self._wake()
                 continue
             if not (self._closing or self._stopped.is_set()):
                 self.process.join()
@@ -694,6 +718,7 @@ class EngineCoreClient:
         logger.error("%s", failure)
         self.failure = failure
         self._steps.put(_DEAD)
+        self._wake()
         for call_id in list(self._calls):
             self._calls.pop(call_id).set_exception(EngineDeadError(failure))
 
@@ -706,6 +731,11 @@ class EngineCoreClient:
 
     def _stop_process(self) -> None:
         self._finalizer()
+
+
+def _set_done(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _stop_core_process(process: multiprocessing.Process, stopped: threading.Event) -> None:

@@ -915,7 +915,10 @@ class AsyncLLM(_Frontend):
                     self._deliver()
                     return
                 try:
-                    outputs = await asyncio.to_thread(self.core.step)
+                    if isinstance(self.core, EngineCore):
+                        outputs = await asyncio.to_thread(self.core.step)
+                    else:  # the core's process steps; its reader thread wakes this loop
+                        outputs = await self.core.step_async()
                     self._process(outputs.outputs)
                 except Exception as exc:
                     logger.exception("an engine step failed; ending the requests in flight")
