@@ -27,7 +27,9 @@ reference on numpy (float32 only: numpy has no bfloat16; its erf is `math.erf` o
 element at a time) and on torch CPU tensors, and accel on the same torch tensors.
 Attention (`bench_attention_ops`) times reshape_and_cache, a prefill chunk and a decode
 batch over the paged cache at two models' shapes, the same way (the write and the decode
-also into and over an fp8 (e4m3) cache of uint8 codes), and DeepSeek-V2-Lite's
+also into and over an fp8 (e4m3) cache of uint8 codes), the decode step of
+bench_engine's 64-request workload on the embedded model (64 sequences of 20-130
+positions, head_size 32), and DeepSeek-V2-Lite's
 multi-head latent attention at its real shape (`MLA_MODEL`: 16 heads over one latent of
 512 + 64): the latent write `concat_and_cache_mla`, and the absorbed attention of a
 prefill chunk and of a decode batch, `paged_attention` / `paged_decode_attention` with
@@ -632,6 +634,16 @@ def attention_cases(heads: int, kv_heads: int, d: int, quick: bool, rng: np.rand
     return cases
 
 
+def engine_decode_case(heads: int, kv_heads: int, d: int, rng: np.random.Generator):
+    """(row label, op name, float32 numpy args) of the decode step of bench_engine's
+    64-request workload: 64 sequences of 20-130 positions (about 100 once decoding)."""
+    lens = rng.integers(20, 131, 64).tolist()
+    kc, vc, table = paged_cache(lens, kv_heads, d, rng)
+    q = rng.standard_normal((64, heads, d), dtype=np.float32)
+    args = (q, kc, vc, table, np.array(lens, np.int32), d**-0.5)
+    return "engine decode 64 x 20-130", "paged_decode_attention", args
+
+
 # DeepSeek-V2-Lite's MLA: 16 heads, a latent of kv_lora_rank 512 + qk_rope_head_dim 64
 MLA_MODEL = ("MLA V2-Lite", 16, 512, 64)
 
@@ -698,6 +710,7 @@ def bench_attention_ops(quick: bool, budget: float, min_reps: int) -> list[dict]
         for model, heads, kv_heads, d in ATTENTION_MODELS
         for case in attention_cases(heads, kv_heads, d, quick, rng)
     ]
+    grid += [(ATTENTION_MODELS[0][0], engine_decode_case(*ATTENTION_MODELS[0][1:], rng))]
     grid += [(MLA_MODEL[0], case) for case in mla_cases(*MLA_MODEL[1:], quick, rng)]
     for model, (label, op, args) in grid:
         ref_fn, acc_fn = getattr(ref_attention, op), getattr(accel_attention, op)

@@ -18,13 +18,18 @@
 //! no key get zeros.
 //!
 //! Items run in parallel (rayon) when the batch has enough work to share
-//! (`PARALLEL_WORK`); a small batch stays on the calling thread. Vectors are padded to a multiple of `LANES` so the
-//! dot products and weighted sums are fixed-width lane loops that the compiler
-//! vectorises; `attend_item` compiles them for AVX-512, AVX2 and baseline x86-64 and
-//! picks one at run time (`crate::float::multiversion`). As in `crate::float`, no build
-//! contracts `a * b + c` into an FMA, so every build gives the same bits.
+//! (`PARALLEL_WORK`); a small batch stays on the calling thread. Vectors are padded to
+//! a multiple of `LANES` so the dot products and weighted sums are fixed-width lane
+//! loops that the compiler vectorises; a cache of the compute type whose head_size is a
+//! multiple of `LANES` is read without a copy (values always, keys where a tile keeps
+//! them row-major: see `Tile`); `attend_item` compiles them for AVX-512, AVX2 and
+//! baseline x86-64 and picks one at run time (`crate::float::multiversion`). As in
+//! `crate::float`, no build contracts `a * b + c` into an FMA, and every sum has one
+//! fixed order (a tile's softmax max and sum pairwise: `reduce`), so every build gives
+//! the same bits.
 
-use std::ops::Range;
+use std::any::TypeId;
+use std::ops::{Range, RangeInclusive};
 
 use numpy::ndarray::{ArrayView2, ArrayView3, Axis};
 use rayon::prelude::*;
@@ -39,7 +44,7 @@ const TILE: usize = 16;
 /// Query tokens per work item of a prefill chunk (items of one request run in parallel).
 const TOKENS_PER_ITEM: usize = 32;
 /// Rough cost, in per-element stores, of the sum across lanes that ends a row-major dot
-/// product: key tiles are transposed when rows * this >= head_size (see `KeyTile`).
+/// product: key tiles are transposed when rows * this >= head_size (see `Tile`).
 const LANE_SUM_COST: usize = 32;
 /// The reference's floor on a softmax denominator (a row with no visible key gets 0).
 const MIN_SUM: f64 = 1e-30;
@@ -95,15 +100,32 @@ pub struct Scoring<C> {
 }
 
 impl<C: Compute> Scoring<C> {
-    /// scale * dot, plus the ALiBi bias slope[head] * (j - p), then the soft cap.
+    /// The scores of a tile's keys from their dot products with one query row of `head`:
+    /// scale * dot, plus the ALiBi bias slope[head] * (j - p), then the soft cap; key jj
+    /// sits `distance + jj` positions from the query, and keys outside `visible` get -inf.
     #[inline(always)]
-    fn score(&self, dot: C, head: usize, distance: i64) -> C {
-        let mut x = dot * self.scale;
+    fn scores(
+        &self,
+        dots: &[C; TILE],
+        head: usize,
+        distance: i64,
+        visible: RangeInclusive<usize>,
+    ) -> [C; TILE] {
+        let mut x = dots.map(|dot| dot * self.scale);
         if let Some(slopes) = &self.alibi {
-            x = x + slopes[head] * C::from_f64(distance as f64);
+            for (jj, x) in x.iter_mut().enumerate() {
+                *x = *x + slopes[head] * C::from_f64((distance + jj as i64) as f64);
+            }
         }
         if let Some(cap) = self.soft_cap {
-            x = cap * (x / cap).tanh_();
+            for x in &mut x {
+                *x = cap * (*x / cap).tanh_();
+            }
+        }
+        for (jj, x) in x.iter_mut().enumerate() {
+            if !visible.contains(&jj) {
+                *x = C::NEG_INF;
+            }
         }
         x
     }
@@ -298,29 +320,14 @@ fn attend_item_imp<E: Elem, C: Compute>(
     let first_key = scoring.first_visible(position(tokens.start));
     let last_key = scoring.last_visible(position(tokens.end - 1), req.seq_len);
 
-    let mut keys = KeyTile {
-        data: vec![C::ZERO; TILE * dp],
-        transposed: rows * LANE_SUM_COST >= d,
-        dp,
-        row: vec![C::ZERO; d],
-    };
-    let mut values = vec![C::ZERO; TILE * dp];
+    let mut tile = Tile::new(cache, rows * LANE_SUM_COST >= d);
     let mut max = vec![C::NEG_INF; rows];
     let mut sum = vec![C::ZERO; rows];
     let mut acc = vec![C::ZERO; rows * dp];
     let mut j0 = first_key;
     while j0 <= last_key {
         let n = (last_key - j0 + 1).min(TILE as i64) as usize;
-        load_tile(
-            cache,
-            req.blocks,
-            kv_head,
-            j0 as usize,
-            n,
-            dp,
-            &mut keys,
-            &mut values,
-        );
+        tile.load(cache, req.blocks, kv_head, j0 as usize, n);
         for (ti, i) in tokens.clone().enumerate() {
             let p = position(i);
             let lo = scoring.first_visible(p).max(j0);
@@ -328,23 +335,21 @@ fn attend_item_imp<E: Elem, C: Compute>(
             if lo > hi {
                 continue;
             }
-            let mask = req.mask.map(|m| &m[i * req.seq_len..(i + 1) * req.seq_len]);
+            let (first, last) = ((lo - j0) as usize, (hi - j0) as usize);
+            let mask = req.mask.map(|m| &m[i * req.seq_len + lo as usize..]);
             for k in 0..group {
                 let m = ti * group + k;
-                let dots = keys.dots(
-                    &q[m * dp..][..dp],
-                    (lo - j0) as usize..(hi - j0 + 1) as usize,
-                );
-                let mut scores = [C::NEG_INF; TILE];
-                for j in lo..=hi {
-                    if mask.is_some_and(|mask| !mask[j as usize]) {
-                        continue;
+                let dots = tile.dots(&q[m * dp..][..dp], first..last + 1);
+                let mut scores = scoring.scores(&dots, kv_head * group + k, j0 - p, first..=last);
+                if let Some(mask) = mask {
+                    for (s, &seen) in scores[first..=last].iter_mut().zip(mask) {
+                        if !seen {
+                            *s = C::NEG_INF;
+                        }
                     }
-                    let jj = (j - j0) as usize;
-                    scores[jj] = scoring.score(dots[jj], kv_head * group + k, j - p);
                 }
                 let row = &mut acc[m * dp..][..dp];
-                accumulate(&scores, n, &values, dp, &mut max[m], &mut sum[m], row);
+                tile.accumulate(&scores, &mut max[m], &mut sum[m], row);
             }
         }
         j0 += TILE as i64;
@@ -361,33 +366,116 @@ fn attend_item_imp<E: Elem, C: Compute>(
     out
 }
 
-/// The keys of a tile in `C`, in one of two layouts for the dot products q . k_j.
+/// The keys and values of up to TILE consecutive positions of one KV head, as rows of
+/// `dp` values in `C` (head_size values, then zeros).
 ///
-/// Row-major (TILE rows of dp): one dot product per key, ending in a sum across
-/// lanes; best when few query rows share the tile (decode). Transposed (dp rows of
-/// TILE: element c of every key side by side): the scores of all TILE keys build up
-/// in one vector, q[c] times row c, without a sum across lanes; the transposition costs
-/// a scattered write per element, repaid when many rows share the tile (prefill) or
-/// the vectors are short (head_size <= rows * LANE_SUM_COST).
-struct KeyTile<C> {
-    data: Vec<C>,
+/// A cache of `C` with head_size a multiple of LANES is read in place: the tile only
+/// notes where each position's row starts (a decode step reads each key and value
+/// once, so a copy would cost as much as the arithmetic). Any other cache is converted
+/// into the tile's buffers. Keys take one of two layouts for the dot products q . k_j.
+/// Row-major: one dot product per key, ending in a sum across lanes; best when few
+/// query rows share the tile (decode). Transposed (dp rows of TILE: element c of every
+/// key side by side): the scores of all TILE keys build up in one vector, q[c] times
+/// row c, without a sum across lanes; the transposition costs a scattered write per
+/// element, repaid when many rows share the tile (prefill: rows * LANE_SUM_COST >=
+/// head_size).
+struct Tile<'c, C> {
+    /// The key cache as `C`, read in place (row-major keys only), else None.
+    key_cache: Option<&'c [C]>,
+    /// The value cache as `C`, read in place, else None.
+    value_cache: Option<&'c [C]>,
     transposed: bool,
     dp: usize,
-    /// One key in `C`, on its way to the transposed layout.
-    row: Vec<C>,
+    /// Positions in the tile.
+    n: usize,
+    /// Where each position's row starts in the caches.
+    at: [usize; TILE],
+    /// Converted keys (TILE rows of dp, or dp rows of TILE when transposed) and values
+    /// (TILE rows of dp), when not read in place.
+    keys: Vec<C>,
+    values: Vec<C>,
 }
 
-impl<C: Compute> KeyTile<C> {
-    /// Stores key `jj` of the tile (head_size values; the padding stays zero).
-    #[inline(always)]
-    fn set<E: Elem>(&mut self, jj: usize, key: &[E]) {
-        if self.transposed {
-            C::widen(key, &mut self.row);
-            for (c, &x) in self.row.iter().enumerate() {
-                self.data[c * TILE + jj] = x;
-            }
+impl<'c, C: Compute> Tile<'c, C> {
+    fn new<E: Elem>(cache: &Cache<'c, E>, transposed: bool) -> Self {
+        let dp = cache.head_size.next_multiple_of(LANES);
+        let in_place = |x| {
+            (dp == cache.head_size)
+                .then(|| as_compute::<E, C>(x))
+                .flatten()
+        };
+        let key_cache = if transposed {
+            None
         } else {
-            C::widen(key, &mut self.data[jj * self.dp..][..key.len()]);
+            in_place(cache.keys)
+        };
+        let value_cache = in_place(cache.values);
+        let buffer = |cache: Option<&[C]>| match cache {
+            Some(_) => Vec::new(),
+            None => vec![C::ZERO; TILE * dp],
+        };
+        Tile {
+            keys: buffer(key_cache),
+            values: buffer(value_cache),
+            key_cache,
+            value_cache,
+            transposed,
+            dp,
+            n: 0,
+            at: [0; TILE],
+        }
+    }
+
+    /// Loads positions start..start + n (n <= TILE) of a request of `blocks`.
+    #[inline(always)]
+    fn load<E: Elem>(
+        &mut self,
+        cache: &Cache<'_, E>,
+        blocks: &[i64],
+        kv_head: usize,
+        start: usize,
+        n: usize,
+    ) {
+        let (bs, d, dp) = (cache.block_size, cache.head_size, self.dp);
+        let (mut block, mut row) = (start / bs, start % bs);
+        self.n = n;
+        for jj in 0..n {
+            let at = cache.row(blocks[block] as usize, row, kv_head);
+            self.at[jj] = at;
+            let key = &cache.keys[at..at + d];
+            if self.transposed {
+                for (column, &x) in self.keys.chunks_exact_mut(TILE).zip(key) {
+                    column[jj % TILE] = C::from_elem(x);
+                }
+            } else if self.key_cache.is_none() {
+                load_row(key, &mut self.keys[jj * dp..][..d]);
+            }
+            if self.value_cache.is_none() {
+                load_row(&cache.values[at..at + d], &mut self.values[jj * dp..][..d]);
+            }
+            row += 1;
+            if row == bs {
+                row = 0;
+                block += 1;
+            }
+        }
+    }
+
+    /// Row-major key jj (dp values).
+    #[inline(always)]
+    fn key(&self, jj: usize) -> &[C] {
+        match self.key_cache {
+            Some(keys) => &keys[self.at[jj]..][..self.dp],
+            None => &self.keys[jj * self.dp..][..self.dp],
+        }
+    }
+
+    /// Value jj (dp values).
+    #[inline(always)]
+    fn value(&self, jj: usize) -> &[C] {
+        match self.value_cache {
+            Some(values) => &values[self.at[jj]..][..self.dp],
+            None => &self.values[jj * self.dp..][..self.dp],
         }
     }
 
@@ -401,7 +489,7 @@ impl<C: Compute> KeyTile<C> {
             for (c4, q4) in q.chunks_exact(4).enumerate() {
                 for (i, &qc) in q4.iter().enumerate() {
                     let k: &[C; TILE] =
-                        self.data[(4 * c4 + i) * TILE..][..TILE].try_into().unwrap();
+                        self.keys[(4 * c4 + i) * TILE..][..TILE].try_into().unwrap();
                     for l in 0..TILE {
                         part[i][l] = part[i][l] + qc * k[l];
                     }
@@ -412,39 +500,53 @@ impl<C: Compute> KeyTile<C> {
             }
         } else {
             for jj in range {
-                out[jj] = dot(q, &self.data[jj * self.dp..][..self.dp]);
+                out[jj] = dot(q, self.key(jj));
             }
         }
         out
     }
-}
 
-/// Keys and values of positions start..start + n of a request (KV head `kv_head`),
-/// converted to `C`; values as rows of `dp` (the padding stays zero).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn load_tile<E: Elem, C: Compute>(
-    cache: &Cache<'_, E>,
-    blocks: &[i64],
-    kv_head: usize,
-    start: usize,
-    n: usize,
-    dp: usize,
-    keys: &mut KeyTile<C>,
-    values: &mut [C],
-) {
-    let (bs, d) = (cache.block_size, cache.head_size);
-    let (mut block, mut row) = (start / bs, start % bs);
-    for jj in 0..n {
-        let at = cache.row(blocks[block] as usize, row, kv_head);
-        keys.set(jj, &cache.keys[at..at + d]);
-        C::widen(&cache.values[at..at + d], &mut values[jj * dp..][..d]);
-        row += 1;
-        if row == bs {
-            row = 0;
-            block += 1;
+    /// Online softmax step of one row over the tile: `scores` (-inf where not visible)
+    /// update the row's running max, sum and weighted sum of the values (`acc`, dp).
+    #[inline(always)]
+    fn accumulate(&self, scores: &[C; TILE], max: &mut C, sum: &mut C, acc: &mut [C]) {
+        let tile_max = reduce(*scores, |a, b| if b > a { b } else { a });
+        if tile_max == C::NEG_INF {
+            return; // nothing visible in this tile
+        }
+        if tile_max > *max {
+            if *max != C::NEG_INF {
+                let f = (*max - tile_max).exp_fast();
+                *sum = *sum * f;
+                for a in acc.iter_mut() {
+                    *a = *a * f;
+                }
+            }
+            *max = tile_max;
+        }
+        let mut w = [C::ZERO; TILE];
+        for jj in 0..TILE {
+            w[jj] = (scores[jj] - *max).exp_fast();
+        }
+        *sum = *sum + reduce(w, |a, b| a + b);
+        for c in (0..self.dp).step_by(LANES) {
+            let mut a: [C; LANES] = acc[c..c + LANES].try_into().unwrap();
+            for (jj, &wj) in w[..self.n].iter().enumerate() {
+                let v: &[C; LANES] = self.value(jj)[c..c + LANES].try_into().unwrap();
+                for l in 0..LANES {
+                    a[l] = a[l] + wj * v[l];
+                }
+            }
+            acc[c..c + LANES].copy_from_slice(&a);
         }
     }
+}
+
+/// `x` as a slice of `C` when E is C (read in place), else None.
+fn as_compute<E: Elem, C: Compute>(x: &[E]) -> Option<&[C]> {
+    // SAFETY: E and C are the same type (checked first).
+    (TypeId::of::<E>() == TypeId::of::<C>())
+        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
 }
 
 /// q . k over rows padded to a multiple of LANES: LANES partial sums, then their sum.
@@ -461,50 +563,35 @@ fn dot<C: Compute>(q: &[C], k: &[C]) -> C {
     acc.iter().fold(C::ZERO, |s, &x| s + x)
 }
 
-/// Online softmax step of one row over one tile: `scores` (-inf where not visible) of
-/// the tile's first `n` positions update the row's running max, sum and weighted sum
-/// of `values` (n rows of dp).
+/// `op` over the N values, pairwise: the upper half onto the lower half until one value
+/// is left (a fixed order, and a few vector operations rather than a chain of N - 1).
 #[inline(always)]
-fn accumulate<C: Compute>(
-    scores: &[C; TILE],
-    n: usize,
-    values: &[C],
-    dp: usize,
-    max: &mut C,
-    sum: &mut C,
-    acc: &mut [C],
-) {
-    let tile_max = scores
-        .iter()
-        .fold(C::NEG_INF, |a, &b| if b > a { b } else { a });
-    if tile_max == C::NEG_INF {
-        return; // nothing visible in this tile
-    }
-    if tile_max > *max {
-        if *max != C::NEG_INF {
-            let f = (*max - tile_max).exp_fast();
-            *sum = *sum * f;
-            for a in acc.iter_mut() {
-                *a = *a * f;
-            }
+fn reduce<C: Copy, const N: usize>(mut x: [C; N], op: impl Fn(C, C) -> C) -> C {
+    let mut half = N / 2;
+    while half > 0 {
+        for l in 0..half {
+            x[l] = op(x[l], x[l + half]);
         }
-        *max = tile_max;
+        half /= 2;
     }
-    let mut w = [C::ZERO; TILE];
-    for jj in 0..TILE {
-        w[jj] = (scores[jj] - *max).exp_fast();
-    }
-    *sum = w.iter().fold(*sum, |s, &x| s + x);
-    for c in (0..dp).step_by(LANES) {
-        let mut a = [C::ZERO; LANES];
-        a.copy_from_slice(&acc[c..c + LANES]);
-        for jj in 0..n {
-            let (wj, v) = (w[jj], &values[jj * dp + c..][..LANES]);
-            for l in 0..LANES {
-                a[l] = a[l] + wj * v[l];
-            }
+    x[0]
+}
+
+/// `dst[c] = src[c]` in `C` for the `src.len()` values: a loop over whole vectors that
+/// the compiler keeps inline (a key or value row is too short to pay for a memcpy call).
+#[inline(always)]
+fn load_row<E: Elem, C: Compute>(src: &[E], dst: &mut [C]) {
+    let whole = src.len() / LANES * LANES;
+    for (d, s) in dst[..whole]
+        .chunks_exact_mut(LANES)
+        .zip(src[..whole].chunks_exact(LANES))
+    {
+        for l in 0..LANES {
+            d[l] = C::from_elem(s[l]);
         }
-        acc[c..c + LANES].copy_from_slice(&a);
+    }
+    for (d, &s) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = C::from_elem(s);
     }
 }
 
