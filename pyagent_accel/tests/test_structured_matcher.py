@@ -223,6 +223,19 @@ def test_an_eos_with_bytes_and_repeated_eos_ids():
         assert_same_state(ref, accel)
 
 
+def test_the_walk_counter_counts_the_nodes_a_mask_stepped():
+    """`last_mask_nodes` (the benchmark's measure of a mask's work): none before a mask;
+    for [ab]* at least the 30 trie nodes spelled over "ab" (each is stepped to allow its
+    token), and more than for "b", whose walk stops below its first byte."""
+    counts = {}
+    for pattern in ("[ab]*", "b"):
+        _, accel = both(Grammar({"S": ((Terminal.regex(pattern),),)}, "S"))
+        assert accel._core.last_mask_nodes() == 0  # noqa: SLF001 - the debug counter
+        accel.fill_next_token_bitmask(np.zeros((1, WORDS), np.int32), 0)
+        counts[pattern] = accel._core.last_mask_nodes()  # noqa: SLF001
+    assert 0 < counts["b"] < counts["[ab]*"] and counts["[ab]*"] >= 2 + 4 + 8 + 16
+
+
 # --- errors ---------------------------------------------------------------------------------
 
 
